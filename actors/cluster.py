@@ -1,0 +1,123 @@
+"""Connecting to Ray and placing vfray's actors: a local Ray kept on loopback when none is
+running, an existing cluster when an address (or ``ray job submit``) says so."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors.model_server import ScriptedModelServer
+from actors.sandbox_host import SandboxHost
+from actors.sink import TraceSink
+from vfray.rollout import RolloutPlan
+
+log = logging.getLogger(__name__)
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Make sure Ray is initialised; returns True when this call started a local Ray.
+
+    With no ``address`` and no ``RAY_ADDRESS`` (which ``ray job submit`` sets) a local Ray is
+    started on 127.0.0.1 — Ray otherwise listens on every interface.
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    # Ray 2.60 turns token auth on by default; a local single-user Ray does not need it, and a
+    # cluster that wants it sets RAY_AUTH_MODE itself.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    log.info("started a local Ray")
+    return True
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+
+
+def local_node_strategy() -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def start_scripted_model(policy: str, options: dict[str, Any]) -> Any:
+    actor_cls = ray.remote(ScriptedModelServer)
+    return actor_cls.options(
+        num_cpus=0, max_concurrency=10_000, scheduling_strategy=local_node_strategy()
+    ).remote(policy, options)
+
+
+def start_hosts(
+    count: int,
+    plan: RolloutPlan,
+    *,
+    base_url: str,
+    api_key_var: str | None,
+    harness_options: dict[str, Any],
+    runtime_options: dict[str, Any],
+    max_concurrency: int,
+    max_restarts: int = -1,
+) -> list[Any]:
+    """Create ``count`` SandboxHosts spread over the nodes. They reserve no Ray CPUs: sandbox
+    processes are theirs to manage, and a reservation would starve the episode tasks."""
+    actor_cls = ray.remote(SandboxHost)
+    return [
+        actor_cls.options(
+            num_cpus=0,
+            max_concurrency=max_concurrency,
+            max_restarts=max_restarts,
+            scheduling_strategy="SPREAD",
+        ).remote(
+            plan,
+            base_url=base_url,
+            api_key_var=api_key_var,
+            harness_options=harness_options,
+            runtime_options=runtime_options,
+        )
+        for _ in range(count)
+    ]
+
+
+def start_sink(run_dir: str, header: dict[str, Any], flush_rows: int, flush_seconds: float) -> Any:
+    """The sink writes the run folder, so it lives on the driver's node."""
+    actor_cls = ray.remote(TraceSink)
+    return actor_cls.options(
+        num_cpus=0, max_concurrency=1, scheduling_strategy=local_node_strategy()
+    ).remote(run_dir, header, flush_rows=flush_rows, flush_seconds=flush_seconds)
+
+
+def placement_check() -> Any:
+    """A function telling why no node could host a task's box (None when one can), from the
+    largest node's resources, so an impossible task fails fast instead of hanging."""
+    nodes = alive_nodes()
+    max_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    max_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
+    max_mem_gb = max((n["Resources"].get("memory", 0.0) for n in nodes), default=0.0) / 1e9
+
+    def unfit(task: Any) -> str | None:
+        res = task.data.resources
+        if res.cpu > max_cpu:
+            return f"task needs {res.cpu:g} CPUs; the largest node has {max_cpu:g}"
+        if res.gpu:
+            count = res.gpu.split(":")[-1]
+            wanted = float(count) if count.replace(".", "", 1).isdigit() else 1.0
+            if wanted > max_gpu:
+                return f"task needs GPU {res.gpu!r}; the largest node has {max_gpu:g} GPUs"
+        if res.memory is not None and res.memory > max_mem_gb:
+            return f"task needs {res.memory:g} GB memory; the largest node has {max_mem_gb:.1f}"
+        return None
+
+    return unfit

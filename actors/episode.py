@@ -1,0 +1,91 @@
+"""Episodes as Ray tasks: ``run_episode`` receives the n finished rollouts of one task as
+ObjectRef arguments (so it holds no worker while they run), runs the group rewards, and sends
+the rows to the TraceSink; the driver gets back a small :class:`EpisodeOutcome`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from pydantic import BaseModel, ConfigDict
+
+from vfray.episode import Episode, finalize_episode
+from vfray.task import Task
+from vfray.trace import Trace
+from vfray.traces.convert import traces_to_table
+from vfray.traces.episodes import episodes_to_table
+
+
+class RolloutOutcome(BaseModel):
+    """What the driver needs to know about one finished rollout (its progress line)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    reward: float | None
+    error_type: str | None
+    stop_condition: str | None
+    input_tokens: int
+    output_tokens: int
+
+    @classmethod
+    def of(cls, trace: Trace) -> RolloutOutcome:
+        err = trace.error()
+        return cls(
+            ok=trace.ok,
+            reward=trace.reward,
+            error_type=err.type if err else None,
+            stop_condition=trace.stop_condition.value if trace.stop_condition else None,
+            input_tokens=trace.usage.input_tokens,
+            output_tokens=trace.usage.output_tokens,
+        )
+
+
+class EpisodeOutcome(BaseModel):
+    """The driver's view of a finished episode; ``episode`` is filled only when streaming."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    episode_id: str
+    task_key: str
+    rollouts: list[RolloutOutcome]
+    mean_reward: float | None
+    episode: Episode | None = None
+
+
+def finish_episode(
+    task: Task[Any],
+    run_id: str | None,
+    episode_id: str,
+    sink: Any,
+    overrides: dict[str, str],
+    keep: bool,
+    previous: list[Trace],
+    *traces: Trace,
+) -> EpisodeOutcome:
+    """Body of the ``run_episode`` Ray task. ``previous`` are a resumed group's rollouts that
+    already succeeded: they take part in the group rewards but are not written again."""
+    new = list(traces)
+    episode = asyncio.run(
+        finalize_episode(task, [*previous, *new], overrides, episode_id=episode_id)
+    )
+    episode.traces.sort(key=lambda t: t.rollout_index)
+    if sink is not None:
+        ray.get(
+            sink.append.remote(
+                traces_to_table(new), episodes_to_table([episode], run_id), episode_id
+            )
+        )
+    return EpisodeOutcome(
+        episode_id=episode.episode_id,
+        task_key=task.key,
+        rollouts=[RolloutOutcome.of(t) for t in new],
+        mean_reward=episode.mean_reward,
+        episode=episode if keep else None,
+    )
+
+
+run_episode = ray.remote(num_cpus=0, max_retries=3)(finish_episode)
+"""The Ray task: ``run_episode.remote(task, run_id, episode_id, sink, overrides, keep,
+previous, *rollout_refs)``. Zero CPUs: it is short and must never wait behind sandboxes."""

@@ -1,0 +1,133 @@
+"""The SandboxHost actor: an async Ray actor that owns many runtimes at once and runs the
+rollout state machine for each, with the node's interception endpoint served in-process.
+
+Why the interception lives in the host rather than in a separate Ray Serve replica: every
+session's register/conclude then is a function call instead of an RPC, and a host's crash takes
+its sessions and its rollouts down together, so turns are never lost silently — the driver sees
+the actor die and retries those rollouts elsewhere. With the default of one host per node this is
+exactly "one endpoint per node shared by all its rollouts". Serve's own HTTP proxy measured
+~10 ms p50 here versus ~0.5 ms for uvicorn in an actor, so direct ingress is the default anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+import ray
+
+from actors.episode import RolloutOutcome
+from vfray.environment import InProcessBroker
+from vfray.harnesses.registry import make_harness
+from vfray.interception import InterceptionApp, Upstream
+from vfray.rollout import RolloutPlan, execute_rollout
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.registry import make_runtime
+from vfray.task import Task
+from vfray.testing.serving import serve_in_loop
+from vfray.trace import Trace
+
+
+class SandboxHost:
+    """Runs rollouts; created with ``ray.remote(SandboxHost).options(max_concurrency=...)``."""
+
+    def __init__(
+        self,
+        plan: RolloutPlan,
+        *,
+        base_url: str,
+        api_key_var: str | None = None,
+        harness_options: dict[str, Any] | None = None,
+        runtime_options: dict[str, Any] | None = None,
+        bind_host: str | None = None,
+    ) -> None:
+        self.plan = plan
+        # The key is read here, on the host's node, so it never travels through the driver.
+        api_key = os.environ.get(api_key_var) if api_key_var else None
+        self.app = InterceptionApp(
+            Upstream(base_url=base_url, api_key=api_key, model=plan.model, sampling=plan.sampling)
+        )
+        self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
+        self.runtime_options = dict(runtime_options or {})
+        self.bind_host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self._stack = contextlib.AsyncExitStack()
+        self._url: str | None = None
+        self._lock = asyncio.Lock()
+        self._in_flight: dict[str, asyncio.Task[Trace]] = {}
+        self.completed = 0
+
+    async def url(self) -> str:
+        """The interception endpoint (``.../v1``), started on first use."""
+        async with self._lock:
+            if self._url is None:
+                base = await self._stack.enter_async_context(
+                    serve_in_loop(self.app, host=self.bind_host)
+                )
+                self._url = base + "/v1"
+            return self._url
+
+    async def run_rollout(
+        self,
+        task: Task[Any],
+        rollout_index: int = 0,
+        attempt: int = 0,
+        run_id: str | None = None,
+        episode_id: str | None = None,
+    ) -> tuple[RolloutOutcome, Trace]:
+        """Run one rollout; returns a small outcome (for the driver) and the trace (for the
+        episode task) as two Ray objects when called with ``num_returns=2``."""
+        url = await self.url()
+        runtime = make_runtime(
+            self.plan.runtime_type, RuntimeSpec.from_task(task.data), **self.runtime_options
+        )
+        job = asyncio.ensure_future(
+            execute_rollout(
+                task,
+                plan=self.plan,
+                harness=self.harness,
+                runtime=runtime,
+                broker=InProcessBroker(self.app),
+                interception_url=url,
+                rollout_index=rollout_index,
+                attempt=attempt,
+                run_id=run_id,
+                episode_id=episode_id,
+            )
+        )
+        key = f"{task.key}/{rollout_index}/{attempt}/{time.monotonic_ns()}"
+        self._in_flight[key] = job
+        try:
+            trace = await job
+        finally:
+            self._in_flight.pop(key, None)
+        self.completed += 1
+        return RolloutOutcome.of(trace), trace
+
+    async def set_policy_version(self, version: int | None) -> None:
+        self.app.policy_version = version
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "in_flight": len(self._in_flight),
+            "completed": self.completed,
+            "sessions": self.app.session_count,
+            "url": self._url,
+        }
+
+    async def shutdown(self) -> int:
+        """Cancel every rollout (each tears its sandbox down) and stop the endpoint."""
+        jobs = list(self._in_flight.values())
+        for job in jobs:
+            job.cancel()
+        if jobs:
+            await asyncio.gather(*jobs, return_exceptions=True)
+        await self._stack.aclose()
+        with contextlib.suppress(Exception):
+            await self.app.aclose()
+        self._url = None
+        return len(jobs)

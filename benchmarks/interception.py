@@ -1,0 +1,229 @@
+"""Interception throughput and added latency: N concurrent sessions doing chat turns.
+
+Three processes: the scripted model (zero latency), a proxy, and this load generator. Proxies:
+``direct`` (none: the baseline for added latency), ``bare-httpx`` and ``bare-aiohttp`` (a
+pass-through that forwards bytes with one shared client and records nothing: this also picks
+the forwarder's client library), and ``vfray`` (the real InterceptionApp: auth, limits, parse,
+record). Prints turns/s, p50/p99 latency added over ``direct``, and the ratio vfray / bare.
+
+    python benchmarks/interception.py            # ~2 minutes
+    python benchmarks/interception.py --quick    # ~30 seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the served processes --------------------------------------------------------------------
+
+
+def _bare_app(upstream: str, library: str) -> Any:
+    """A pass-through proxy: same routes, bytes in, bytes out, nothing parsed or recorded."""
+    import httpx
+
+    state: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        url = upstream + scope["path"].removeprefix("/v1")
+        headers = {"content-type": "application/json"}
+        if library == "httpx":
+            client = state.setdefault("client", httpx.AsyncClient(timeout=60))
+            response = await client.post(url, content=b"".join(chunks), headers=headers)
+            status, body = response.status_code, response.content
+        else:
+            if "client" not in state:
+                connector = aiohttp.TCPConnector(limit=4096, limit_per_host=4096)
+                state["client"] = aiohttp.ClientSession(connector=connector)
+            async with state["client"].post(url, data=b"".join(chunks), headers=headers) as r:
+                status, body = r.status, await r.read()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def aclose() -> None:
+        if "client" in state:
+            await (state["client"].aclose() if library == "httpx" else state["client"].close())
+
+    app.aclose = aclose  # type: ignore[attr-defined]
+    return app
+
+
+async def _serve(kind: str, upstream: str, sessions: int) -> None:
+    from vfray.interception import InterceptionApp, Upstream
+    from vfray.testing.scripted import ScriptedModel
+    from vfray.testing.serving import serve_in_loop
+    from vfray.trace import TaskRecord, Trace
+
+    secrets: list[str] = []
+    app: Any
+    if kind == "model":
+        app = ScriptedModel("echo", latency=0.0, history_size=1)
+    elif kind == "vfray":
+        app = InterceptionApp(Upstream(upstream, model="bench", sampling={"temperature": 0.0}))
+        secrets = [
+            app.register(Trace(task=TaskRecord(key=str(i), hash="h"))) for i in range(sessions)
+        ]
+    else:
+        app = _bare_app(upstream, kind.removeprefix("bare-"))
+    async with serve_in_loop(app, timeout_keep_alive=600) as url:
+        print(json.dumps({"url": url, "secrets": secrets}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    if kind != "model":
+        await app.aclose()
+
+
+class Served:
+    def __init__(self, kind: str, upstream: str = "", sessions: int = 0) -> None:
+        argv = [sys.executable, __file__, "--serve", kind, "--upstream", upstream]
+        self.proc = subprocess.Popen(
+            [*argv, "--sessions", str(sessions)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert self.proc.stdout is not None
+        info = json.loads(self.proc.stdout.readline())
+        self.url: str = info["url"]
+        self.secrets: list[str] = info["secrets"]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the server exits when its stdin closes
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- the load ---------------------------------------------------------------------------------
+
+
+async def _load(url: str, secrets: list[str], sessions: int, seconds: float) -> dict[str, float]:
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        measuring = False
+        deadline = 0.0
+
+        async def session(i: int) -> None:
+            nonlocal errors
+            headers = {"authorization": f"Bearer {secrets[i] if secrets else 'x'}"}
+            messages: list[dict[str, Any]] = []
+            while not measuring or time.perf_counter() < deadline:
+                if len(messages) >= 16:  # an episode of 8 turns, then a fresh conversation
+                    messages = []
+                messages.append({"role": "user", "content": f"session {i} turn {len(messages)}"})
+                body = {"model": "m", "messages": messages}
+                start = time.perf_counter()
+                async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+                    data = await r.json()
+                if r.status != 200:
+                    errors += 1
+                    continue
+                if measuring:
+                    latencies.append(time.perf_counter() - start)
+                messages.append(data["choices"][0]["message"])
+
+        tasks = [asyncio.create_task(session(i)) for i in range(sessions)]
+        await asyncio.sleep(min(1.0, seconds / 3))  # warm up connections and sessions
+        measuring, deadline = True, time.perf_counter() + seconds
+        began = time.perf_counter()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - began
+    latencies.sort()
+    return {
+        "turns_s": len(latencies) / elapsed,
+        "p50": latencies[len(latencies) // 2] * 1000,
+        "p99": latencies[int(len(latencies) * 0.99)] * 1000,
+        "mean": statistics.fmean(latencies) * 1000,
+        "errors": errors,
+    }
+
+
+def _run(kind: str, model_url: str, sessions: int, seconds: float) -> dict[str, float]:
+    if kind == "direct":
+        return asyncio.run(_load(model_url, [], sessions, seconds))
+    proxy = Served(kind, f"{model_url}/v1", sessions)
+    try:
+        return asyncio.run(_load(proxy.url, proxy.secrets, sessions, seconds))
+    finally:
+        proxy.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter runs (about 30 s)")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(_serve(args.serve, args.upstream, args.sessions))
+        return
+    seconds = 2.0 if args.quick else 8.0
+    model = Served("model")
+    try:
+        results: dict[tuple[str, int], dict[str, float]] = {}
+        plan = [("direct", 64), ("bare-httpx", 64), ("bare-aiohttp", 64), ("vfray", 64)]
+        plan += [("direct", 1024), ("bare-aiohttp", 1024), ("vfray", 1024)]
+        for kind, sessions in plan:
+            results[kind, sessions] = _run(kind, model.url, sessions, seconds)
+    finally:
+        model.close()
+
+    print(f"\nscripted model at zero latency, {seconds:.0f} s per row, non-streaming chat turns")
+    print(
+        f"{'proxy':<14}{'sessions':>9}{'turns/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'+p50 ms':>9}{'+p99 ms':>9}{'errors':>8}"
+    )
+    for (kind, sessions), r in results.items():
+        base = results["direct", sessions]
+        print(
+            f"{kind:<14}{sessions:>9}{r['turns_s']:>10.0f}{r['p50']:>9.2f}{r['p99']:>9.2f}"
+            f"{r['p50'] - base['p50']:>9.2f}{r['p99'] - base['p99']:>9.2f}{r['errors']:>8.0f}"
+        )
+    print()
+    httpx_rate, aiohttp_rate = (results[k, 64]["turns_s"] for k in ("bare-httpx", "bare-aiohttp"))
+    print(f"forwarder: aiohttp / httpx throughput at 64 sessions = {aiohttp_rate / httpx_rate:.2f}")
+    for sessions in (64, 1024):
+        bare, ours = results["bare-aiohttp", sessions], results["vfray", sessions]
+        print(
+            f"{sessions:>5} sessions: vfray / bare throughput = "
+            f"{ours['turns_s'] / bare['turns_s']:.2f}, p50 latency ratio = "
+            f"{ours['p50'] / bare['p50']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""End-to-end tests of the Ray farm on a real local Ray: runs, streaming, group rewards,
+retries after a SandboxHost dies, cancel, resume, placement, and code shipping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+import vfray as vf
+from vfray.farm import Farm
+from vfray.tasksets.arithmetic import ArithmeticTaskset, EndlessArithmetic
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def farm(tmp_path: Path, **kw: Any) -> Farm:
+    options: dict[str, Any] = {
+        "model": "scripted:arithmetic?accuracy=0.5",
+        "harness": "null",
+        "runtime": "subprocess",
+        "output_dir": str(tmp_path),
+        "progress": False,
+        "max_concurrent": 32,
+    }
+    options.update(kw)
+    return Farm(**options)
+
+
+def test_run_writes_one_row_per_rollout_and_episode(tmp_path: Path) -> None:
+    with farm(tmp_path) as f:
+        result = f.run(ArithmeticTaskset(num_tasks=50), rollouts_per_task=4)
+    traces = result.traces
+    assert traces.num_rows == 200
+    assert result.episodes.num_rows == 50
+    assert set(traces.column("ok").to_pylist()) == {True}
+    keys = set(
+        zip(
+            traces.column("task_key").to_pylist(),
+            traces.column("rollout_index").to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(keys) == 200
+    rewards = traces.column("rewards").to_pylist()
+    names = {pair["key"] for row in rewards for pair in row}
+    assert {"correct", "brevity_rank"} <= names  # the group reward landed on every row
+    summary = result.summary()
+    assert summary["rollouts"] == 200
+    assert 0.0 < summary["reward_mean"] < 1.2  # accuracy 0.5: a mix of right and wrong
+    assert "pass@4" in summary
+    assert (result.run_dir / "config.json").exists()
+    assert result.run_dir.parent.name == "arithmetic--scripted_arithmetic_accuracy_0.5--null"
+
+
+def test_stream_yields_groups_before_the_run_ends(tmp_path: Path) -> None:
+    async def consume() -> list[float]:
+        seen: list[float] = []
+        with farm(tmp_path, model="scripted:arithmetic?latency=0.2") as f:
+            f.set_policy_version(7)
+            async for group in f.stream(EndlessArithmetic().head(6), rollouts_per_task=2):
+                seen.append(time.monotonic())
+                assert len(group.traces) == 2
+                assert group.table.num_rows == 2
+                assert all(a is not None for a in group.advantages)
+                assert all(c.policy_version == 7 for t in group.traces for c in t.calls)
+        return seen
+
+    assert len(asyncio.run(consume())) == 6
+
+
+def test_group_reward_with_one_rollout_is_refused(tmp_path: Path) -> None:
+    with farm(tmp_path) as f, pytest.raises(vf.ConfigError, match="group"):
+        f.run(ArithmeticTaskset(num_tasks=2), rollouts_per_task=1)
+
+
+def test_unknown_harness_fails_before_anything_runs(tmp_path: Path) -> None:
+    with farm(tmp_path, harness="nul") as f, pytest.raises(vf.ConfigError, match="null"):
+        f.run(ArithmeticTaskset(num_tasks=2), rollouts_per_task=2)
+
+
+class NeedsGpu(vf.Task[vf.TaskData]):
+    @vf.reward
+    def anything(self, trace: vf.Trace) -> float:
+        return 1.0
+
+
+def test_task_no_node_can_fit_fails_fast(tmp_path: Path) -> None:
+    data = vf.TaskData(prompt="hi", resources={"gpu": "H100:8"})  # type: ignore[arg-type]
+    with farm(tmp_path, model="scripted:echo") as f:
+        result = f.run([NeedsGpu(data)], rollouts_per_task=1)
+    row = result.traces.to_pylist()[0]
+    assert row["error_type"] == "SandboxError"
+    assert "GPU" in row["error_message"]
+
+
+class FlakyData(vf.TaskData):
+    marker: str
+
+
+class FlakyTask(vf.Task[FlakyData]):
+    """Fails its setup until a marker file exists: an errored rollout to resume."""
+
+    def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        if not os.path.exists(self.data.marker):
+            raise RuntimeError("not ready yet")
+
+    @vf.reward
+    def done(self, trace: vf.Trace) -> float:
+        return 1.0
+
+
+def test_resume_reruns_only_errored_rollouts(tmp_path: Path) -> None:
+    marker = tmp_path / "ready"
+    tasks = [
+        FlakyTask(FlakyData(prompt=f"task {i}", marker=str(marker)), key=f"t{i}") for i in range(3)
+    ]
+    tasks.append(FlakyTask(FlakyData(prompt="fine", marker=str(tmp_path)), key="ok"))
+    with farm(tmp_path, model="scripted:echo") as f:
+        first = f.run(tasks, rollouts_per_task=2, name="flaky")
+        errors = first.traces.column("error_type").to_pylist()
+        assert errors.count("TaskError") == 6
+        marker.write_text("go")
+        second = f.run(tasks, rollouts_per_task=2, resume=first.run_dir)
+    assert second.run_dir == first.run_dir
+    table = second.traces
+    assert table.num_rows == 8 + 6  # the 6 errored rollouts ran again; the 2 good ones did not
+    final = second.final_traces
+    assert final.num_rows == 8
+    assert all(final.column("ok").to_pylist())
+    attempts = {
+        (k, i): a
+        for k, i, a in zip(
+            final.column("task_key").to_pylist(),
+            final.column("rollout_index").to_pylist(),
+            final.column("attempt").to_pylist(),
+            strict=True,
+        )
+    }
+    assert attempts[("t0", 0)] == 1 and attempts[("ok", 0)] == 0
+
+
+def test_killed_sandbox_host_is_retried_without_loss_or_duplicates(tmp_path: Path) -> None:
+    f = farm(tmp_path, model="scripted:arithmetic?latency=0.3", hosts=2)
+
+    async def chaos() -> vf.Farm:
+        async def killer() -> None:
+            await asyncio.sleep(1.5)
+            ray.kill(f._hosts[0], no_restart=False)
+
+        run = asyncio.ensure_future(
+            f.run_async(ArithmeticTaskset(num_tasks=30), rollouts_per_task=2)
+        )
+        f._start()
+        await killer()
+        return await run  # type: ignore[no-any-return]
+
+    with f:
+        result: Any = asyncio.run(chaos())
+    final = result.final_traces
+    assert final.num_rows == 60
+    assert all(final.column("ok").to_pylist())
+    retried = [r for r in result.traces.to_pylist() if r["error_type"] == "InfrastructureError"]
+    assert retried, "the killed host had rollouts in flight; their lost attempts are rows"
+    assert result.traces.num_rows == 60 + len(retried)
+
+
+def _box_processes() -> list[int]:
+    """PIDs of processes that carry a vfray sandbox marker in their environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if b"VFRAY_BOX_ID=" in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_close_mid_run_tears_every_sandbox_down(tmp_path: Path) -> None:
+    tasks = [vf.Task(vf.TaskData(prompt=f"sleep {i}")) for i in range(8)]
+    f = farm(tmp_path, model="scripted:echo?latency=30", max_concurrent=8)
+
+    async def run_then_close() -> None:
+        run = asyncio.ensure_future(f.run_async(tasks, rollouts_per_task=1))
+        for _ in range(200):
+            await asyncio.sleep(0.1)
+            if len(_box_processes()) >= 8:
+                break
+        assert len(_box_processes()) >= 8, "the harness programs should be running"
+        await asyncio.to_thread(f.close)
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(run_then_close())
+    deadline = time.monotonic() + 10
+    while _box_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _box_processes() == []
+
+
+@pytest.mark.slow
+def test_node_removed_mid_run_on_three_node_cluster(tmp_path: Path, ray_fresh: None) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
+    cluster.wait_for_nodes()
+    try:
+        f = farm(
+            tmp_path, model="scripted:arithmetic?latency=0.3", address=cluster.address, hosts=3
+        )
+
+        async def chaos() -> Any:
+            run = asyncio.ensure_future(
+                f.run_async(ArithmeticTaskset(num_tasks=30), rollouts_per_task=2)
+            )
+            await asyncio.sleep(3.0)
+            cluster.remove_node(workers[0])
+            return await run
+
+        with f:
+            result = asyncio.run(chaos())
+            nodes = {ray.get(h.stats.remote())["node_id"] for h in f._hosts}
+        final = result.final_traces
+        assert final.num_rows == 60
+        assert all(final.column("ok").to_pylist())
+        assert len(nodes) >= 1
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

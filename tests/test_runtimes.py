@@ -1,0 +1,185 @@
+"""Runtime tests on real processes: conformance, floods, forks, hangs, the bwrap network wall."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import Callable
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from vfray.errors import ConfigError, MissingExtraError
+from vfray.runtimes.base import Runtime, RuntimeSpec
+from vfray.runtimes.bwrap import BwrapRuntime, shares_network
+from vfray.runtimes.registry import make_runtime
+from vfray.runtimes.subprocess import box_env, is_secret, marked_pids
+from vfray.testing.conformance import check_runtime
+from vfray.testing.serving import serve_in_loop
+
+HAS_BWRAP = shutil.which("bwrap") is not None
+LOCAL = [
+    "subprocess",
+    pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
+]
+
+FETCH = """
+import sys, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+except Exception as exc:
+    print("ERR", type(exc).__name__, exc)
+    sys.exit(3)
+"""
+
+FORK_IGNORING_TERM = """
+import os, signal, time
+for _ in range(3):
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.setsid()  # leave the process group too: only the box marker or namespace finds it
+        time.sleep(300)
+        os._exit(0)
+print("forked", flush=True)
+"""
+
+
+async def _hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello from host")
+
+
+APP = Starlette(routes=[Route("/hi", _hello)])
+
+
+def factory(kind: str, **options: object) -> Callable[[], Runtime]:
+    return lambda: make_runtime(kind, RuntimeSpec(), **options)
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_conformance(kind: str) -> None:
+    await check_runtime(factory(kind))
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_flood_is_truncated_not_hung(kind: str) -> None:
+    async with make_runtime(kind, output_cap=4096) as rt:
+        script = (
+            "import sys\nfor i in range(200000): sys.stdout.write('x' * 99 + '\\n')\nprint('END')"
+        )
+        result = await rt.run([sys.executable, "-c", script], timeout=60)
+    assert result.ok and result.truncated
+    assert len(result.stdout) == 4096 and result.stdout.endswith("END\n")
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_forked_children_ignoring_sigterm_die_on_stop(kind: str) -> None:
+    rt = make_runtime(kind)
+    await rt.start()
+    box_id = rt.box_id  # type: ignore[attr-defined]
+    result = await rt.run([sys.executable, "-c", FORK_IGNORING_TERM], timeout=30)
+    assert "forked" in result.stdout
+    await rt.stop()
+    for _ in range(100):
+        if not marked_pids(box_id):
+            break
+        await asyncio.sleep(0.02)
+    assert marked_pids(box_id) == []
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_hang_times_out(kind: str) -> None:
+    async with make_runtime(kind) as rt:
+        result = await rt.run([sys.executable, "-c", "import time; time.sleep(300)"], timeout=0.5)
+    assert result.timed_out and not result.ok
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_uv_script_without_dependencies(kind: str) -> None:
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed (pip install uv)")
+    script = "# /// script\n# dependencies = []\n# ///\nimport sys\nprint('uv', sys.argv[1])\n"
+    async with make_runtime(kind) as rt:
+        result = await rt.run_uv_script(script, ["ok"], timeout=120)
+    assert result.ok, result.stderr
+    assert result.stdout.strip() == "uv ok"
+
+
+async def test_subprocess_scrubs_and_keeps_env() -> None:
+    env = box_env(
+        {"PATH": "/bin", "OPENAI_API_KEY": "k", "AWS_REGION": "x", "LANG": "C"}, "/w", "m"
+    )
+    assert env == {"PATH": "/bin", "LANG": "C", "HOME": "/w", "VFRAY_BOX_ID": "m"}
+    assert is_secret("HF_TOKEN") and is_secret("my_api_key") and not is_secret("PATH")
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_bwrap_box_reaches_bridged_url_but_not_other_host_ports() -> None:
+    async with serve_in_loop(APP) as model, serve_in_loop(APP) as other, BwrapRuntime() as rt:
+        url = await rt.host_url(model)
+        await rt.prepare_execution([url])
+        reached = await rt.run([sys.executable, "-c", FETCH, f"{url}/hi"], timeout=30)
+        refused = await rt.run([sys.executable, "-c", FETCH, f"{other}/hi"], timeout=30)
+    assert reached.stdout.strip() == "hello from host", reached
+    assert refused.exit_code == 3 and "Connection refused" in refused.stdout
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_bwrap_shares_network_only_when_asked() -> None:
+    assert not shares_network(RuntimeSpec(), None)
+    assert shares_network(RuntimeSpec(network_allow=("pypi.org",)), None)
+    assert not shares_network(RuntimeSpec(network_allow=("pypi.org",)), False)
+    async with serve_in_loop(APP) as other, BwrapRuntime(share_network=True) as rt:
+        reached = await rt.run([sys.executable, "-c", FETCH, f"{other}/hi"], timeout=30)
+    assert reached.ok, reached
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_bwrap_filesystem_is_read_only_outside_the_box() -> None:
+    async with BwrapRuntime() as rt:
+        denied = await rt.run(["sh", "-c", "echo x > /usr/vfray-escape"], timeout=30)
+        tmp = await rt.run(["sh", "-c", "echo kept > /tmp/t"], timeout=30)
+        assert await rt.read("/tmp/t") == b"kept\n"
+    assert denied.exit_code != 0 and tmp.ok
+
+
+def test_unknown_runtime_suggests_near_match() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'bwrap'"):
+        make_runtime("bwarp")
+    with pytest.raises(ConfigError, match="bad options"):
+        make_runtime("subprocess", no_such_option=1)
+
+
+async def test_modal_without_the_sdk_names_the_extra() -> None:
+    try:
+        import modal  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("modal is installed")
+    rt = make_runtime("modal", RuntimeSpec(cpu=2, memory_gb=1.5))
+    with pytest.raises(MissingExtraError, match=r"pip install 'vfray\[modal\]'"):
+        await rt.start()
+    await rt.stop()
+
+
+async def test_modal_argument_mapping() -> None:
+    rt = make_runtime(
+        "modal",
+        RuntimeSpec(cpu=2, memory_gb=1.5, image="img:1"),
+        public_base_url="https://x.example/p",
+    )
+    assert rt.create_options() == {  # type: ignore[attr-defined]
+        "timeout": 3600,
+        "workdir": "/work",
+        "cpu": 2.0,
+        "block_network": True,
+        "memory": 1536,
+    }
+    assert rt.image == "img:1"  # type: ignore[attr-defined]
+    assert await rt.host_url("http://127.0.0.1:8000/v1?a=1") == "https://x.example/p/v1?a=1"
+    with pytest.raises(ConfigError, match="public_base_url"):
+        await make_runtime("modal").host_url("http://127.0.0.1:1/v1")

@@ -1,0 +1,80 @@
+"""vfray: run agentic LLM rollouts at cluster scale on Ray, for evaluation and RL training.
+
+``import vfray`` never imports Ray: :class:`Farm` is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vfray.environment import LocalEnvironment, run_episode, run_rollout
+from vfray.episode import Episode, finalize_episode
+from vfray.errors import (
+    ConfigError,
+    HarnessError,
+    InterceptionError,
+    ProviderError,
+    SandboxError,
+    TaskError,
+    TasksetError,
+    VfrayError,
+)
+from vfray.runtimes.base import Runtime
+from vfray.runtimes.registry import make_runtime
+from vfray.scoring import group_reward, metric, reward, stop
+from vfray.task import Task, TaskData
+from vfray.taskset import Taskset
+from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
+from vfray.traces import read_traces, to_samples, write_traces
+
+if TYPE_CHECKING:
+    from vfray.config import EvalConfig
+    from vfray.farm import Farm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Branch",
+    "ConfigError",
+    "Episode",
+    "EvalConfig",
+    "Farm",
+    "HarnessError",
+    "InterceptionError",
+    "LocalEnvironment",
+    "Message",
+    "ModelCall",
+    "ProviderError",
+    "Runtime",
+    "SandboxError",
+    "StopCondition",
+    "Task",
+    "TaskData",
+    "TaskError",
+    "Taskset",
+    "TasksetError",
+    "Trace",
+    "VfrayError",
+    "finalize_episode",
+    "group_reward",
+    "make_runtime",
+    "metric",
+    "read_traces",
+    "reward",
+    "run_episode",
+    "run_rollout",
+    "stop",
+    "to_samples",
+    "write_traces",
+]
+
+_LAZY = {"Farm": "vfray.farm", "EvalConfig": "vfray.config"}
+
+
+def __getattr__(name: str) -> Any:
+    # Farm pulls in Ray; load it only when asked for.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vfray' has no attribute {name!r}")

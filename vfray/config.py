@@ -1,0 +1,168 @@
+"""The one config tree shared by the ``vfray`` command, TOML files and the Python API.
+
+``EvalConfig`` reads, in increasing precedence: defaults, ``VFRAY_*`` environment variables
+(nested with ``__``: ``VFRAY_ENV__HARNESS__ID=null``), a TOML file, then dotted overrides such as
+``env.harness.id=bash`` (which the command line produces from ``--env.harness.id bash``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vfray.errors import ConfigError
+from vfray.interception.limits import Limits
+from vfray.rollout import Timeouts
+
+
+class ModelConfig(BaseModel):
+    """The model endpoint: a built-in ``scripted:<policy>``, or a name served at ``base_url``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("scripted:arithmetic", description="model name, or scripted:<policy>")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. vLLM's /v1")
+    api_key_var: str | None = Field(None, description="environment variable holding the API key")
+
+
+class SamplingConfig(BaseModel):
+    """Sampling parameters imposed on every forwarded request; extra keys pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    temperature: float | None = Field(None, description="sampling temperature")
+    top_p: float | None = Field(None, description="nucleus sampling")
+    max_tokens: int | None = Field(None, description="completion tokens per call")
+    seed: int | None = Field(None, description="sampling seed, when the endpoint honours it")
+
+    def as_params(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class HarnessSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field("bash", description="harness id: null, bash, ...")
+    options: dict[str, Any] = Field(default_factory=dict, description="harness config fields")
+
+
+class RuntimeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field("subprocess", description="runtime: subprocess, bwrap, docker, modal")
+    options: dict[str, Any] = Field(default_factory=dict, description="runtime options")
+
+
+class EnvConfig(BaseModel):
+    """How each rollout runs: harness, runtime, limits, phase deadlines, scoring overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: HarnessSettings = Field(default_factory=HarnessSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    max_turns: int | None = Field(None, description="model calls per rollout")
+    max_input_tokens: int | None = Field(None, description="prompt tokens of one call")
+    max_output_tokens: int | None = Field(None, description="completion tokens per rollout")
+    max_total_tokens: int | None = Field(None, description="all tokens per rollout")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    scoring: dict[str, str] = Field(
+        default_factory=dict, description="hook name -> 'pkg.mod:fn' or 'file.py:fn'"
+    )
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_turns=self.max_turns,
+            max_input_tokens=self.max_input_tokens,
+            max_output_tokens=self.max_output_tokens,
+            max_total_tokens=self.max_total_tokens,
+        )
+
+
+class EvalConfig(BaseSettings):
+    """A whole evaluation run."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VFRAY_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    taskset: str = Field("arithmetic", description="built-in id, module:Class or file.py:Class")
+    taskset_args: dict[str, Any] = Field(default_factory=dict, description="taskset constructor")
+    num_tasks: int | None = Field(None, ge=1, description="use only the first N tasks")
+    rollouts_per_task: int = Field(1, ge=1, description="rollouts per task (group size)")
+    max_concurrent: int = Field(32, ge=1, description="rollouts in flight at once")
+    shuffle: bool = Field(False, description="shuffle tasks (seeded) before taking -n")
+    seed: int = Field(0, description="shuffle seed")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    output_dir: str = Field("outputs", description="parent folder of run folders")
+    address: str | None = Field(None, description="Ray cluster address (default: local)")
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p.replace("-", "_") for p in dotted.split(".")]
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    toml_path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> EvalConfig:
+    """Build an :class:`EvalConfig` from env vars, an optional TOML file and dotted overrides."""
+    data: dict[str, Any] = {}
+    if toml_path is not None:
+        path = Path(toml_path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        # Environment variables sit under the file and the flags: init kwargs win in
+        # pydantic-settings, so merge env-derived values first.
+        env_values = EvalConfig().model_dump(exclude_unset=True)
+        return EvalConfig(**_deep_merge(env_values, data))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """Yield (dotted name, annotation, description) for every leaf field of the tree."""
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from iter_fields(annotation, dotted + ".")
+        else:
+            yield dotted, annotation, field.description or ""

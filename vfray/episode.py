@@ -1,0 +1,134 @@
+"""Episodes: the n traces of one task, their group rewards, pass@k and RL advantages.
+
+:func:`finalize_episode` is what runs once all n rollouts of a task are done: it runs the
+task's ``@group_reward`` hooks, stamps each trace with the episode id and its advantage, and
+returns the :class:`Episode` record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field, computed_field
+
+from vfray.scoring import (
+    HookKind,
+    Overrides,
+    run_levels,
+    select_hooks,
+    spread_keys,
+    store_score,
+    to_score,
+    validate_group_config,
+)
+from vfray.task import Task
+from vfray.trace import TaskRecord, Trace, new_id
+
+
+class Episode(BaseModel):
+    """The n rollouts of one task.
+
+    A trace without a reward (every reward hook failed or was skipped, or the rollout errored
+    before scoring) has reward ``None``: it counts as a failure for :meth:`pass_at_k` and is
+    left out of the mean, so its advantage is ``None`` (a broken sandbox is not a policy signal).
+    """
+
+    episode_id: str = Field(default_factory=new_id)
+    task: TaskRecord
+    traces: list[Trace] = Field(default_factory=list)
+    group_rewards: dict[str, list[float | None]] = Field(default_factory=dict)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def rewards(self) -> list[float | None]:
+        """Each trace's total reward (group rewards included once they ran)."""
+        return [t.reward for t in self.traces]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mean_reward(self) -> float | None:
+        scored = [r for r in self.rewards if r is not None]
+        return sum(scored) / len(scored) if scored else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def advantages(self) -> list[float | None]:
+        """Reward minus the group's mean reward (GRPO-style, not divided by the std)."""
+        mean = self.mean_reward
+        if mean is None:
+            return [None] * len(self.traces)
+        return [None if r is None else r - mean for r in self.rewards]
+
+    def pass_at_k(self, k: int, threshold: float = 1.0) -> float:
+        """Unbiased pass@k (Chen et al., 2021): ``1 - C(n-c, k) / C(n, k)``.
+
+        A trace passes when its reward is at least ``threshold``.
+        """
+        n = len(self.traces)
+        if not 1 <= k <= n:
+            raise ValueError(f"pass@k needs 1 <= k <= n; got k={k}, n={n}")
+        c = sum(1 for r in self.rewards if r is not None and r >= threshold)
+        if n - c < k:
+            return 1.0
+        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _column(raw: Any, n: int) -> list[tuple[float | None, str | None]]:
+    """A group reward's per-trace values; a wrong shape or length fails the whole column."""
+    if isinstance(raw, BaseException) or raw is None:
+        return [to_score(raw)] * n
+    if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Sequence):
+        return [(None, f"expected a list of {n} values, got {type(raw).__name__}")] * n
+    if len(raw) != n:
+        return [(None, f"returned {len(raw)} values for {n} traces")] * n
+    return [to_score(item) for item in raw]
+
+
+async def score_group(
+    task: Task[Any], traces: Sequence[Trace], overrides: Overrides | None = None
+) -> dict[str, list[float | None]]:
+    """Run the ``@group_reward`` hooks over the n traces of one task; one value per trace and key.
+
+    Each value is also written to its trace as ``RewardRecord(group=True)``; a hook that fails
+    or returns the wrong number of values yields ``None`` for every trace with the error recorded.
+    """
+    hooks = select_hooks(task, overrides, HookKind.GROUP_REWARD)
+    n = len(traces)
+    if hooks:
+        validate_group_config(type(task), n, overrides)
+    out: dict[str, list[float | None]] = {}
+    async for level in run_levels(hooks, task, {"traces": list(traces), "task": task}, True):
+        for hook, result in level:
+            for key, raw in spread_keys(hook, result).items():
+                column = _column(raw, n)
+                out[key] = [value for value, _ in column]
+                for trace, (value, error) in zip(traces, column, strict=True):
+                    store_score(trace, hook, key, value, error)
+    return out
+
+
+async def finalize_episode(
+    task: Task[Any],
+    traces: Sequence[Trace],
+    overrides: Overrides | None = None,
+    episode_id: str | None = None,
+) -> Episode:
+    """Run the task's group rewards over its traces and build the :class:`Episode`.
+
+    Stamps every trace with ``episode_id`` (a resumed group keeps the id its traces share) and
+    its ``advantage``.
+    """
+    if episode_id is None:
+        ids = {t.episode_id for t in traces}
+        shared = ids.pop() if len(ids) == 1 else None
+        episode_id = shared or new_id()
+    group = await score_group(task, traces, overrides) if traces else {}
+    episode = Episode(
+        episode_id=episode_id, task=task.record(), traces=list(traces), group_rewards=group
+    )
+    for trace, advantage in zip(episode.traces, episode.advantages, strict=True):
+        trace.episode_id = episode_id
+        trace.advantage = advantage
+    return episode

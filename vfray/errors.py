@@ -1,0 +1,105 @@
+"""The one error tree of vfray, rooted at :class:`VfrayError`.
+
+::
+
+    VfrayError
+    ├── ConfigError            bad configuration, caught before anything runs
+    │   └── IncompatibleError  a harness/runtime/taskset pairing that cannot work
+    ├── TasksetError           a taskset that cannot be loaded (duplicate keys, bad shuffle)
+    ├── MissingExtraError      an optional dependency is not installed (says the pip line)
+    └── RolloutError           anything that fails one rollout; recorded on its trace as data
+        ├── TaskError          the task's own code failed (setup, finalize, validate, a score hook)
+        ├── HarnessError       the agent program crashed or misbehaved
+        ├── SandboxError       the box died or could not be started
+        ├── ProviderError      the model endpoint failed (after the SDK's retries)
+        ├── InterceptionError  the interception lost the session or could not record a turn
+        ├── PhaseTimeoutError  a phase ran past its deadline
+        └── InfrastructureError  an actor or node died under the rollout (retried elsewhere)
+"""
+
+from __future__ import annotations
+
+
+class VfrayError(Exception):
+    """Base class of every error vfray raises on purpose."""
+
+
+class ConfigError(VfrayError):
+    """The configuration is invalid; raised before any rollout starts."""
+
+
+class IncompatibleError(ConfigError):
+    """A harness, runtime and taskset combination that cannot work together."""
+
+
+class TasksetError(VfrayError):
+    """A taskset could not be loaded or iterated as asked."""
+
+
+class MissingExtraError(VfrayError, ImportError):
+    """An optional dependency is missing; the message carries the exact install line."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        self.extra = extra
+        self.module = module
+        super().__init__(
+            f"{module!r} is not installed; install it with: pip install 'vfray[{extra}]'"
+        )
+
+
+class RolloutError(VfrayError):
+    """Base of the errors that fail a single rollout and are stored on its trace."""
+
+
+class TaskError(RolloutError):
+    """The task's own code (setup, finalize, validate or scoring) raised."""
+
+
+class HarnessError(RolloutError):
+    """The harness program exited badly or broke the harness contract."""
+
+
+class SandboxError(RolloutError):
+    """The runtime box could not start, died, or refused an operation."""
+
+
+class ProviderError(RolloutError):
+    """The upstream model endpoint failed in a way the rollout cannot absorb."""
+
+
+class InterceptionError(RolloutError):
+    """The interception layer lost or could not serve the rollout's session."""
+
+
+class PhaseTimeoutError(RolloutError):
+    """A rollout phase ran past its deadline."""
+
+
+class InfrastructureError(RolloutError):
+    """An actor or node failed under the rollout; the farm retries it elsewhere."""
+
+
+ROLLOUT_ERROR_TYPES: dict[str, type[RolloutError]] = {
+    cls.__name__: cls
+    for cls in (
+        RolloutError,
+        TaskError,
+        HarnessError,
+        SandboxError,
+        ProviderError,
+        InterceptionError,
+        PhaseTimeoutError,
+        InfrastructureError,
+    )
+}
+"""Error classes by name, so a recorded ``error_type`` string maps back to its class."""
+
+
+def optional_import(module: str, extra: str) -> object:
+    """Import an optional dependency or raise :class:`MissingExtraError` naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(extra, module) from exc

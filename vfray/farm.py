@@ -1,0 +1,450 @@
+"""``Farm``: the public Python API over the Ray layer — run a taskset to a run folder, or
+stream scored episode groups into a training loop.
+
+The driver iterates tasks lazily with at most ``max_concurrent`` rollouts in flight; rollouts
+run in SandboxHost actors spread over the nodes, episodes are Ray tasks, and rows stream into
+Parquet parts through a TraceSink actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import platform
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from vfray.config import EvalConfig, ModelConfig
+from vfray.environment import parse_scripted_model
+from vfray.episode import Episode
+from vfray.errors import ConfigError
+from vfray.progress import live_progress
+from vfray.results import RunResult, final_rows
+from vfray.rollout import RolloutPlan
+from vfray.scoring import validate_group_config
+from vfray.task import Task
+from vfray.trace import AgentInfo, Trace
+from vfray.traces.convert import table_to_traces, traces_to_table
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class EpisodeGroup:
+    """One task's n scored rollouts, as ``Farm.stream`` yields them."""
+
+    episode: Episode
+
+    @property
+    def traces(self) -> list[Trace]:
+        return self.episode.traces
+
+    @property
+    def table(self) -> pa.Table:
+        return traces_to_table(self.episode.traces)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return self.episode.rewards
+
+    @property
+    def advantages(self) -> list[float | None]:
+        return self.episode.advantages
+
+    @property
+    def group_rewards(self) -> dict[str, list[float | None]]:
+        return self.episode.group_rewards
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, also inside a running loop (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="vfray-farm")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    result: T = box["value"]
+    return result
+
+
+class Farm:
+    """Runs rollouts on a Ray cluster (a local one is started when none is given)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: EvalConfig | None = None,
+        harness: str | None = None,
+        runtime: str | None = None,
+        max_concurrent: int | None = None,
+        output_dir: str | None = None,
+        base_url: str | None = None,
+        api_key_var: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        address: str | None = None,
+        hosts: int | None = None,
+        host_concurrency: int = 4096,
+        max_retries: int = 2,
+        progress: bool = True,
+        flush_rows: int = 1000,
+        flush_seconds: float = 5.0,
+        num_cpus: int | None = None,
+    ) -> None:
+        cfg = (config or EvalConfig()).model_copy(deep=True)
+        if model is not None or base_url is not None or api_key_var is not None:
+            cfg.model = ModelConfig(
+                name=model or cfg.model.name,
+                base_url=base_url or cfg.model.base_url,
+                api_key_var=api_key_var or cfg.model.api_key_var,
+            )
+        if harness is not None:
+            cfg.env.harness.id = harness
+        if runtime is not None:
+            cfg.env.runtime.type = runtime
+        if max_concurrent is not None:
+            cfg.max_concurrent = max_concurrent
+        if output_dir is not None:
+            cfg.output_dir = output_dir
+        if sampling is not None:
+            cfg.sampling = cfg.sampling.model_validate(sampling)
+        if address is not None:
+            cfg.address = address
+        self.config = EvalConfig.model_validate(cfg.model_dump())
+        self._validate_endpoint()
+        self.num_hosts = hosts
+        self.host_concurrency = host_concurrency
+        self.max_retries = max_retries
+        self.progress = progress
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self.num_cpus = num_cpus
+        self.policy_version: int | None = None
+        self._started_ray = False
+        self._hosts: list[Any] = []
+        self._model_actor: Any = None
+        self._closed = False
+
+    def _validate_endpoint(self) -> None:
+        m = self.config.model
+        if parse_scripted_model(m.name) is None and not m.base_url:
+            raise ConfigError(
+                f"model {m.name!r} needs a base_url (an OpenAI-compatible endpoint such as "
+                "vLLM's http://host:8000/v1), or use a built-in 'scripted:<policy>' model"
+            )
+
+    @property
+    def plan(self) -> RolloutPlan:
+        env = self.config.env
+        return RolloutPlan(
+            model=self.config.model.name,
+            harness_id=env.harness.id,
+            runtime_type=env.runtime.type,
+            sampling=self.config.sampling.as_params(),
+            limits=env.limits(),
+            timeouts=env.timeouts,
+            scoring_overrides=env.scoring,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Farm is closed")
+        if self._hosts:
+            return
+        import ray
+
+        from actors import cluster
+        from vfray.harnesses.registry import make_harness
+        from vfray.runtimes.registry import runtime_class
+
+        # Refuse a broken pairing here, before any actor exists.
+        make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
+        runtime_class(self.config.env.runtime.type)
+        self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
+        scripted = parse_scripted_model(self.config.model.name)
+        if scripted is not None:
+            self._model_actor = cluster.start_scripted_model(*scripted)
+            base_url = ray.get(self._model_actor.url.remote())
+        else:
+            base_url = self.config.model.base_url
+        count = self.num_hosts or max(1, len(cluster.alive_nodes()))
+        self._hosts = cluster.start_hosts(
+            count,
+            self.plan,
+            base_url=base_url,
+            api_key_var=self.config.model.api_key_var,
+            harness_options=dict(self.config.env.harness.options),
+            runtime_options=dict(self.config.env.runtime.options),
+            max_concurrency=self.host_concurrency,
+        )
+        # Fail here, with the host's own error, when a host cannot come up.
+        ray.get([h.url.remote() for h in self._hosts])
+        if self.policy_version is not None:
+            self.set_policy_version(self.policy_version)
+
+    def close(self) -> None:
+        """Cancel every rollout (tearing its sandbox down) and release the actors."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._hosts and self._model_actor is None:
+            return
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.get([h.shutdown.remote() for h in self._hosts], timeout=120)
+        for actor in [*self._hosts, self._model_actor]:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        self._hosts = []
+        self._model_actor = None
+        if self._started_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> Farm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_policy_version(self, version: int | None) -> None:
+        """Stamp ``version`` on every ModelCall from now on (RL: the trainer's step)."""
+        self.policy_version = version
+        if self._hosts:
+            import ray
+
+            ray.get([h.set_policy_version.remote(version) for h in self._hosts])
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def _run_dir(self, name: str, resume: str | Path | None) -> tuple[Path, str]:
+        if resume is not None:
+            run_dir = Path(resume)
+            if not (run_dir / "config.json").exists():
+                raise ConfigError(f"cannot resume {run_dir}: it has no config.json")
+            result = RunResult(run_dir)
+            return run_dir, str(result.config.get("run_id") or run_dir.name)
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_id = f"{stamp}-{uuid.uuid4().hex[:6]}"
+        model = self.config.model.name
+        folder = f"{_slug(name)}--{_slug(model)}--{_slug(self.config.env.harness.id)}"
+        run_dir = Path(self.config.output_dir) / folder / run_id
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"run folder {run_dir} is not empty; resume it instead")
+        return run_dir, run_id
+
+    def _header(self, run_id: str, name: str, n: int) -> dict[str, Any]:
+        import ray
+
+        import vfray
+
+        return {
+            "run_id": run_id,
+            "taskset": name,
+            "rollouts_per_task": n,
+            "config": self.config.model_dump(mode="json"),
+            "versions": {
+                "vfray": vfray.__version__,
+                "ray": ray.__version__,
+                "python": platform.python_version(),
+            },
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        }
+
+    def run(
+        self,
+        tasks: Iterable[Task[Any]],
+        rollouts_per_task: int = 1,
+        *,
+        resume: str | Path | None = None,
+        name: str | None = None,
+    ) -> RunResult:
+        """Run every task ``rollouts_per_task`` times; blocks, showing live progress."""
+        return run_sync(self.run_async(tasks, rollouts_per_task, resume=resume, name=name))
+
+    async def run_async(
+        self,
+        tasks: Iterable[Task[Any]],
+        rollouts_per_task: int = 1,
+        *,
+        resume: str | Path | None = None,
+        name: str | None = None,
+    ) -> RunResult:
+
+        name = name or getattr(tasks, "name", None) or "tasks"
+        run_dir, run_id = self._run_dir(name, resume)
+        resume_state = _resume_state(run_dir) if resume is not None else {}
+        driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, resume_state)
+        total = _known_length(tasks, rollouts_per_task)
+        try:
+            async with live_progress(driver.progress, total, enabled=self.progress):
+                await driver.run(self._checked(tasks, rollouts_per_task))
+        finally:
+            await sink.close.remote()
+        return RunResult(run_dir)
+
+    async def stream(
+        self, tasks: Iterable[Task[Any]], rollouts_per_task: int = 2, *, name: str | None = None
+    ) -> AsyncIterator[EpisodeGroup]:
+        """Yield each task's scored group as soon as it finishes (for RL training loops).
+        Rows are also written to a run folder, as with :meth:`run`."""
+        name = name or getattr(tasks, "name", None) or "tasks"
+        run_dir, run_id = self._run_dir(name, None)
+        queue: asyncio.Queue[EpisodeGroup | None] = asyncio.Queue()
+
+        async def deliver(outcome: Any) -> None:
+            if outcome.episode is not None:
+                await queue.put(EpisodeGroup(outcome.episode))
+
+        driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, {}, deliver)
+        runner = asyncio.ensure_future(driver.run(self._checked(tasks, rollouts_per_task)))
+        runner.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (group := await queue.get()) is not None:
+                yield group
+            runner.result()
+        finally:
+            if not runner.done():
+                runner.cancel()
+                with contextlib.suppress(BaseException):
+                    await runner
+            await sink.close.remote()
+
+    def _driver(
+        self,
+        run_dir: Path,
+        run_id: str,
+        name: str,
+        n: int,
+        resume: dict[str, Any],
+        on_episode: Any = None,
+    ) -> tuple[Any, Any]:
+        from actors import cluster
+        from actors.driver import HostPool, RunDriver, RunPlan
+
+        self._start()
+        sink = cluster.start_sink(
+            str(run_dir), self._header(run_id, name, n), self.flush_rows, self.flush_seconds
+        )
+        plan = RunPlan(
+            run_id=run_id,
+            rollouts_per_task=n,
+            max_concurrent=self.config.max_concurrent,
+            max_retries=self.max_retries,
+            scoring_overrides=dict(self.config.env.scoring),
+            agent=AgentInfo(
+                harness=self.config.env.harness.id,
+                runtime=self.config.env.runtime.type,
+                model=self.config.model.name,
+                sampling=self.config.sampling.as_params(),
+            ),
+            keep_episodes=on_episode is not None,
+        )
+        driver = RunDriver(
+            plan, HostPool(self._hosts), sink, on_episode, resume, cluster.placement_check()
+        )
+        return driver, sink
+
+    @staticmethod
+    def _checked(tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
+        """Validate each task class once, lazily (a group reward with n < 2 is refused)."""
+        seen: set[type] = set()
+        for task in tasks:
+            if not isinstance(task, Task):
+                raise ConfigError(f"expected vfray Task objects, got {type(task).__name__}")
+            if type(task) not in seen:
+                validate_group_config(type(task), n)
+                ship_by_value(type(task))
+                seen.add(type(task))
+            yield task
+
+
+def ship_by_value(cls: type) -> None:
+    """Let Ray workers unpickle ``cls`` even when its module is not importable there (a
+    notebook cell, a test file, a taskset passed by path): pickle that module by value."""
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    module = sys.modules.get(cls.__module__)
+    if module is None or cls.__module__ == "__main__":
+        return  # __main__ is pickled by value already
+    top = cls.__module__.split(".")[0]
+    if top in ("vfray", "actors"):
+        return
+    origin = getattr(module, "__file__", None) or ""
+    installed = any(
+        origin.startswith(p)
+        for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    )
+    if not installed:
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+
+
+def _known_length(tasks: Iterable[Any], n: int) -> int | None:
+    try:
+        return len(tasks) * n  # type: ignore[arg-type]
+    except (TypeError, Exception):
+        return None
+
+
+def _resume_state(run_dir: Path) -> dict[str, Any]:
+    """Per task key: the rollouts that already succeeded and the next attempt numbers."""
+    from actors.driver import ResumeState
+
+    folder = run_dir / "traces"
+    if not folder.exists():
+        return {}
+    table = RunResult(run_dir).traces
+    if table.num_rows == 0:
+        return {}
+    attempts: dict[tuple[str, int], int] = {}
+    for key, index, attempt in zip(
+        table.column("task_key").to_pylist(),
+        table.column("rollout_index").to_pylist(),
+        table.column("attempt").to_pylist(),
+        strict=True,
+    ):
+        attempts[(key, index)] = max(attempts.get((key, index), -1), attempt)
+    states: dict[str, ResumeState] = {}
+    for trace in table_to_traces(final_rows(table)):
+        state = states.setdefault(trace.task.key, ResumeState(episode_id=trace.episode_id or ""))
+        if trace.ok:
+            state.done[trace.rollout_index] = trace
+    for (key, index), attempt in attempts.items():
+        state = states.setdefault(key, ResumeState(episode_id=uuid.uuid4().hex))
+        state.next_attempt[index] = attempt + 1
+    for state in states.values():
+        if not state.episode_id:
+            state.episode_id = uuid.uuid4().hex
+    return states

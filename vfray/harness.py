@@ -1,0 +1,242 @@
+"""The :class:`Harness` contract: a real agent program launched in a runtime box.
+
+A harness talks to the model only through the interception endpoint, with the rollout's secret
+as its API key. Its capability flags let the environment refuse impossible pairings at config
+time (:func:`check_compatibility`), and :func:`classify_exit` turns a finished program into a
+typed rollout error or a clean end.
+"""
+
+from __future__ import annotations
+
+import abc
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vfray.errors import (
+    ConfigError,
+    HarnessError,
+    IncompatibleError,
+    PhaseTimeoutError,
+    RolloutError,
+    SandboxError,
+)
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.task import TaskData
+from vfray.trace import Message
+
+STDERR_TAIL_CHARS = 2000
+"""How much of a crashed program's output a :class:`HarnessError` carries."""
+
+
+class HarnessConfig(BaseModel):
+    """Options every harness understands; subclasses add their own fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tool_output_chars: int = Field(16384, gt=0)
+    """Tool output longer than this is cut in the middle (head and tail kept)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the program (the host's own are never forwarded)."""
+    extra_args: tuple[str, ...] = ()
+    """Extra command-line arguments appended to the program's argv."""
+
+
+class LaunchContext(BaseModel):
+    """Everything one segment of the program needs; built by the rollout per segment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    """The interception's OpenAI-style base URL as seen from inside the box."""
+    secret: str
+    """The rollout's bearer secret, given to the program as its API key."""
+    model: str
+    data: TaskData
+    timeout: float | None = None
+    """Seconds this segment may run (what is left of the agent budget)."""
+
+
+class Harness(abc.ABC):
+    """Base of every harness. Subclasses set ``id`` and the flags, and implement :meth:`launch`.
+
+    One instance serves many rollouts at once, so it keeps no per-rollout state: everything a
+    segment needs arrives in its :class:`LaunchContext` and runtime.
+    """
+
+    id: ClassVar[str]
+    config_type: ClassVar[type[HarnessConfig]] = HarnessConfig
+
+    APPENDS_SYSTEM_PROMPT: ClassVar[bool] = False
+    """The program sends the task's system prompt as a system message; when False it is folded
+    into the first user message."""
+    SUPPORTS_MCP: ClassVar[bool] = False
+    """The program can use tools a taskset serves over MCP."""
+    SUPPORTS_RESUME: ClassVar[bool] = False
+    """The program can be relaunched on an accumulated conversation (multi-segment)."""
+    EXECUTES_CODE: ClassVar[bool] = True
+    """The program runs model-written code in the box (the subprocess runtime warns)."""
+    NEEDS_CONTAINER: ClassVar[bool] = True
+    """The program needs a container image (refused on non-container runtimes)."""
+
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        self.config = self.parse_config(config)
+
+    @classmethod
+    def parse_config(cls, config: HarnessConfig | Mapping[str, Any] | None) -> HarnessConfig:
+        """Validate ``config`` into this harness's ``config_type`` (ConfigError when invalid)."""
+        if isinstance(config, cls.config_type):
+            return config
+        raw = config.model_dump() if isinstance(config, HarnessConfig) else dict(config or {})
+        try:
+            return cls.config_type.model_validate(raw)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid config for harness {cls.id!r}: {exc}") from None
+
+    # -- the contract --------------------------------------------------------------------------
+
+    def program_files(self) -> dict[str, bytes]:
+        """Files :meth:`setup` uploads into the box (path relative to its work dir → bytes)."""
+        return {}
+
+    async def setup(self, runtime: Runtime) -> None:
+        """Install the program into the box. The default uploads :meth:`program_files`."""
+        for path, content in self.program_files().items():
+            await runtime.write(path, content, mode=0o755)
+
+    @abc.abstractmethod
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        """Run the program's first segment on ``ctx.data``'s prompt and wait for it to exit."""
+
+    async def resume(
+        self, ctx: LaunchContext, runtime: Runtime, messages: Sequence[Message]
+    ) -> ProgramResult:
+        """Run a later segment on ``messages``: the conversation so far plus the new user turn.
+
+        The default relaunches the program with ``messages`` as its prompt.
+        """
+        if not self.SUPPORTS_RESUME:
+            raise HarnessError(f"harness {self.id!r} cannot resume a conversation")
+        return await self.launch(with_conversation(ctx, messages), runtime)
+
+    async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
+        """The conversation the last segment left in the box, when the program writes one."""
+        return None
+
+    def resolve_prompt(self, data: TaskData) -> list[dict[str, Any]]:
+        """The task's prompt as chat messages for this harness, with the system prompt placed
+        as the harness expects (its own message, or folded into the first user message)."""
+        messages = [m.model_dump(exclude_none=True) for m in data.prompt_messages]
+        if self.APPENDS_SYSTEM_PROMPT:
+            return messages
+        system = "\n\n".join(
+            Message.model_validate(m).text for m in messages if m["role"] == "system"
+        )
+        rest = [m for m in messages if m["role"] != "system"]
+        if not system:
+            return rest
+        for i, message in enumerate(rest):
+            if message["role"] == "user":
+                rest[i] = {**message, "content": _prepend_text(system, message.get("content"))}
+                return rest
+        return [{"role": "user", "content": system}, *rest]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r})"
+
+
+def _prepend_text(text: str, content: Any) -> Any:
+    if isinstance(content, list):
+        return [{"type": "text", "text": text}, *content]
+    if not content:
+        return text
+    return f"{text}\n\n{content}"
+
+
+def with_conversation(ctx: LaunchContext, messages: Sequence[Message]) -> LaunchContext:
+    """A context whose task prompt is ``messages`` (already placed, so no system prompt)."""
+    prompt = [m.model_dump(exclude_none=True) for m in messages]
+    data = ctx.data.model_copy(update={"prompt": prompt, "system_prompt": None})
+    return ctx.model_copy(update={"data": data})
+
+
+def check_compatibility(
+    harness: type[Harness] | Harness,
+    runtime: type[Runtime] | Runtime,
+    taskset_has_tools: bool = False,
+    *,
+    has_user: bool = False,
+    needs_image: bool = False,
+) -> None:
+    """Refuse a harness, runtime and taskset pairing that cannot work, naming every reason.
+
+    Raises :class:`IncompatibleError`; returns None when the pairing is fine.
+    """
+    h = harness if isinstance(harness, type) else type(harness)
+    r = runtime if isinstance(runtime, type) else type(runtime)
+    name, rtype = getattr(h, "id", h.__name__), getattr(r, "type", r.__name__)
+    problems: list[str] = []
+    if h.NEEDS_CONTAINER and not r.is_container:
+        problems.append(
+            f"harness {name!r} needs a container but runtime {rtype!r} is not one; "
+            "use a container runtime such as 'docker' or 'modal'"
+        )
+    if needs_image and not r.is_container:
+        problems.append(
+            f"the tasks name a container image but runtime {rtype!r} cannot run images; "
+            "use 'docker' or 'modal'"
+        )
+    if taskset_has_tools and not h.SUPPORTS_MCP:
+        problems.append(
+            f"the taskset serves tools but harness {name!r} cannot use MCP tools; "
+            "pick a harness with SUPPORTS_MCP"
+        )
+    if has_user and not h.SUPPORTS_RESUME:
+        problems.append(
+            f"the taskset has a user who speaks more than once but harness {name!r} cannot "
+            "resume a conversation; pick a harness with SUPPORTS_RESUME (e.g. 'bash' or 'null')"
+        )
+    if problems:
+        raise IncompatibleError("; ".join(problems))
+
+
+def output_tail(result: ProgramResult, limit: int = STDERR_TAIL_CHARS) -> str:
+    """The last ``limit`` characters of stderr, or of stdout when stderr is empty."""
+    text = result.stderr.strip() or result.stdout.strip()
+    return text[-limit:]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def classify_exit(
+    result: ProgramResult, runtime_alive: bool, stopped_by_limit: bool
+) -> RolloutError | None:
+    """The typed error a finished harness program means, or None for a clean end.
+
+    Once a limit stopped the rollout any exit is clean (the program's refused call usually
+    makes it fail). Otherwise a timeout is a :class:`PhaseTimeoutError`, and a non-zero exit is
+    a :class:`SandboxError` when the box died under it, else a :class:`HarnessError` carrying
+    the tail of its stderr.
+    """
+    if stopped_by_limit:
+        return None
+    if result.timed_out:
+        return PhaseTimeoutError(
+            f"the harness program ran past its timeout ({result.duration:.1f}s)"
+        )
+    if result.exit_code == 0:
+        return None
+    how = _describe_exit(result.exit_code)
+    if not runtime_alive:
+        return SandboxError(f"the box died under the harness program ({how})")
+    tail = output_tail(result)
+    return HarnessError(f"the harness program failed ({how})" + (f":\n{tail}" if tail else ""))

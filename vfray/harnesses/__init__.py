@@ -1,0 +1,26 @@
+"""Built-in harnesses (``null``, ``bash``), the harness registry and the segment model."""
+
+from vfray.harnesses.bash import BashHarness
+from vfray.harnesses.chat import ChatLoopConfig, ChatLoopHarness
+from vfray.harnesses.null import NullHarness
+from vfray.harnesses.registry import (
+    available_harnesses,
+    harness_class,
+    make_harness,
+    register_harness,
+)
+from vfray.harnesses.session import HarnessSession, Segment, run_segments
+
+__all__ = [
+    "BashHarness",
+    "ChatLoopConfig",
+    "ChatLoopHarness",
+    "HarnessSession",
+    "NullHarness",
+    "Segment",
+    "available_harnesses",
+    "harness_class",
+    "make_harness",
+    "register_harness",
+    "run_segments",
+]

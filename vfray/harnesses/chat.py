@@ -1,0 +1,127 @@
+"""The shared base of the built-in ``null`` and ``bash`` harnesses: both run the same stdlib-only
+program (``programs/chat_loop.py``) inside the box, and differ only in the tools it enables.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from importlib import resources
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from pydantic import Field
+
+from vfray.errors import SandboxError
+from vfray.harness import Harness, HarnessConfig, LaunchContext
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.trace import Message
+
+PROGRAM_DIR = ".vfray"
+"""Folder (relative to the box's work dir) holding the program, prompts and transcript."""
+PROGRAM_PATH = f"{PROGRAM_DIR}/chat_loop.py"
+TRANSCRIPT_PATH = f"{PROGRAM_DIR}/transcript.json"
+
+
+class ChatLoopConfig(HarnessConfig):
+    """Options of the chat-loop program."""
+
+    max_steps: int = Field(50, gt=0)
+    """Model calls per segment before the program gives up."""
+    command_timeout: float = Field(120.0, gt=0)
+    """Seconds one bash tool call may run before its process group is killed."""
+    request_timeout: float = Field(600.0, gt=0)
+    """Seconds one model call may take."""
+    retries: int = Field(2, ge=0)
+    """Retries of a model call answered 429/5xx or not answered at all."""
+    python: str = "python3"
+    """The interpreter inside the box."""
+
+
+def program_source() -> bytes:
+    """The chat-loop program, as shipped in the package."""
+    return (resources.files("vfray.harnesses") / "programs" / "chat_loop.py").read_bytes()
+
+
+def openai_base_url(endpoint: str) -> str:
+    """``endpoint`` as an OpenAI-style base URL: a bare host gets ``/v1`` appended."""
+    endpoint = endpoint.rstrip("/")
+    return endpoint + "/v1" if urlsplit(endpoint).path in ("", "/") else endpoint
+
+
+def parse_summary(result: ProgramResult) -> dict[str, Any] | None:
+    """The JSON summary the program prints as its last stdout line, if it printed one:
+    ``{"chat_loop": "completed"|"stopped"|"max_steps"|"error", "steps", "tool_calls",
+    "final", ...}``."""
+    for line in reversed(result.stdout.strip().splitlines()):
+        try:
+            summary = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(summary, dict) and "chat_loop" in summary:
+            return summary
+    return None
+
+
+class ChatLoopHarness(Harness):
+    """Runs ``programs/chat_loop.py`` in the box with the tools named in ``TOOLS``."""
+
+    TOOLS: ClassVar[tuple[str, ...]] = ()
+    config_type = ChatLoopConfig
+    config: ChatLoopConfig
+
+    APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_RESUME = True
+    NEEDS_CONTAINER = False
+
+    def program_files(self) -> dict[str, bytes]:
+        return {PROGRAM_PATH: program_source()}
+
+    def argv(self, prompt_path: str) -> list[str]:
+        """The program's command line for one segment."""
+        c = self.config
+        return [
+            c.python,
+            PROGRAM_PATH,
+            "--messages",
+            prompt_path,
+            "--transcript",
+            TRANSCRIPT_PATH,
+            "--tools",
+            ",".join(self.TOOLS),
+            "--max-steps",
+            str(c.max_steps),
+            "--command-timeout",
+            f"{c.command_timeout:g}",
+            "--max-output-chars",
+            str(c.max_tool_output_chars),
+            "--request-timeout",
+            f"{c.request_timeout:g}",
+            "--retries",
+            str(c.retries),
+            *c.extra_args,
+        ]
+
+    def env(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
+            **self.config.env,
+            "VFRAY_BASE_URL": openai_base_url(ctx.endpoint),
+            "VFRAY_API_KEY": ctx.secret,
+            "VFRAY_MODEL": ctx.model,
+        }
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        # A fresh name per segment, so a resumed segment never reads a stale prompt.
+        prompt_path = f"{PROGRAM_DIR}/prompt-{uuid.uuid4().hex[:12]}.json"
+        prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
+        await runtime.write(prompt_path, prompt.encode())
+        return await runtime.run_program(self.argv(prompt_path), self.env(ctx), timeout=ctx.timeout)
+
+    async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
+        try:
+            raw = json.loads(await runtime.read(TRANSCRIPT_PATH))
+        except (OSError, ValueError, SandboxError):
+            return None
+        if not isinstance(raw, list):
+            return None
+        return [Message.model_validate(m) for m in raw if isinstance(m, dict)]

@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""vfray's built-in agent: a stdlib-only chat-completions loop with optional bash and edit tools.
+
+It runs inside the box under any python3, talks only to ``$VFRAY_BASE_URL`` (the interception)
+with ``$VFRAY_API_KEY`` (the rollout secret), and prints one JSON summary line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+EXIT_ERROR = 2
+"""Exit status for a refused request, a malformed reply or a bad configuration."""
+EXIT_UNREACHABLE = 3
+"""Exit status when the endpoint stayed unreachable (or kept failing) after every retry."""
+
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "bash": {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": (
+                "Run a shell command in the working directory and return its combined "
+                "stdout and stderr (long output is cut in the middle)."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command."}},
+                "required": ["command"],
+            },
+        },
+    },
+    "edit": {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "description": (
+                "Edit a text file. With `old`, replace its single occurrence by `new`; "
+                "without `old`, create or overwrite the file with `new`."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path (relative: work dir)."},
+                    "old": {"type": "string", "description": "Exact text to replace."},
+                    "new": {"type": "string", "description": "Replacement or file content."},
+                },
+                "required": ["path", "new"],
+            },
+        },
+    },
+}
+
+
+class Stopped(Exception):
+    """The interception refused the call because a limit ended the rollout: a clean stop."""
+
+
+class Fatal(Exception):
+    """An error the loop cannot continue after; carries the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def log(message: str) -> None:
+    print(f"chat_loop: {message}", file=sys.stderr, flush=True)
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+
+def truncate_middle(text: str, limit: int, omitted: int = 0) -> str:
+    """Keep the head and tail of ``text`` (the start says what ran, the end how it ended)."""
+    if len(text) <= limit and not omitted:
+        return text
+    half = max(limit // 2, 1)
+    cut = omitted + max(len(text) - 2 * half, 0)
+    if len(text) <= 2 * half:
+        head, tail = text[: len(text) // 2], text[len(text) // 2 :]
+    else:
+        head, tail = text[:half], text[-half:]
+    return f"{head}\n[... {cut} characters truncated ...]\n{tail}"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_bash(command: str, timeout: float, limit: int) -> str:
+    """Run ``command`` in its own process group, streaming its output into bounded head and
+    tail buffers so a command that floods stdout cannot exhaust memory."""
+    shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
+    proc = subprocess.Popen(
+        [shell, "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # The rollout secret is for this program, not for the commands the model writes.
+        env={k: v for k, v in os.environ.items() if k != "VFRAY_API_KEY"},
+    )
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    head, tail, total = bytearray(), bytearray(), 0
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    exited_at: float | None = None
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = proc.poll() is None
+            break
+        # A background child may keep the pipe open after the shell exits; give it a short
+        # grace to flush, then stop reading rather than wait for the whole timeout.
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > 0.2:
+            break
+        ready, _, _ = select.select([fd], [], [], min(deadline - now, 0.05))
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        total += len(chunk)
+        if len(head) < limit:
+            take = limit - len(head)
+            head += chunk[:take]
+            chunk = chunk[take:]
+        tail += chunk
+        if len(tail) > limit:
+            del tail[: len(tail) - limit]
+    if timed_out:
+        _kill_group(proc)
+    proc.stdout.close()
+    code = proc.wait()
+    text = head.decode("utf-8", "replace")
+    if total > len(head):
+        rest = tail.decode("utf-8", "replace")
+        dropped = total - len(head) - len(tail)
+        text = truncate_middle(text + rest, limit, omitted=dropped)
+    else:
+        text = truncate_middle(text, limit)
+    if timed_out:
+        return f"{text}\n[command timed out after {timeout:g} s and was killed]"
+    if code != 0:
+        return f"{text}\n[exit code {code}]"
+    return text
+
+
+def run_edit(path: str, new: str, old: str | None) -> str:
+    """Replace the single occurrence of ``old`` by ``new``, or write ``new`` as the file."""
+    if not old:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(new)
+        return f"wrote {path} ({len(new)} characters)"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            content = fh.read()
+    except OSError as exc:
+        return f"error: cannot read {path}: {exc.strerror or exc}"
+    count = content.count(old)
+    if count != 1:
+        where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
+        return f"error: the old text was {where} in {path}"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(content.replace(old, new, 1))
+    return f"edited {path}"
+
+
+def call_tool(name: str, raw_args: Any, tools: list[str], args: argparse.Namespace) -> str:
+    """Execute one tool call; a bad call becomes an error message the model can read."""
+    if name not in tools:
+        return f"error: unknown tool {name!r}; available: {', '.join(tools) or 'none'}"
+    try:
+        params = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args or {})
+    except (ValueError, TypeError) as exc:
+        return f"error: the arguments are not valid JSON: {exc}"
+    if not isinstance(params, dict):
+        return "error: the arguments must be a JSON object"
+    try:
+        if name == "bash":
+            command = params.get("command")
+            if not isinstance(command, str):
+                return "error: `command` (a string) is required"
+            return run_bash(command, args.command_timeout, args.max_output_chars)
+        path, new, old = params.get("path"), params.get("new"), params.get("old")
+        if not isinstance(path, str) or not isinstance(new, str):
+            return "error: `path` and `new` (strings) are required"
+        return run_edit(path, new, old if isinstance(old, str) else None)
+    except OSError as exc:
+        return f"error: {name} failed: {exc}"
+
+
+# -- the model endpoint ------------------------------------------------------------------------
+
+
+def post_chat(url: str, key: str, body: dict[str, Any], args: argparse.Namespace) -> Any:
+    """POST one chat completion, retrying 429/5xx and connection errors with backoff. Each
+    retry says its number in ``x-stainless-retry-count`` so the interception answers it from
+    the stored result instead of sampling again."""
+    data = json.dumps(body).encode()
+    problem = ""
+    for attempt in range(args.retries + 1):
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {key}",
+            "x-stainless-retry-count": str(attempt),
+        }
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")
+            if exc.code == 400 and "rollout stopped" in detail:
+                raise Stopped(_error_message(detail)) from None
+            if exc.code != 429 and exc.code < 500:
+                raise Fatal(f"HTTP {exc.code} from {url}: {detail[:2000]}") from None
+            problem = f"HTTP {exc.code}: {detail[:500]}"
+        except (urllib.error.URLError, OSError) as exc:
+            problem = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
+        except ValueError as exc:
+            raise Fatal(f"the endpoint returned invalid JSON: {exc}") from None
+        if attempt < args.retries:
+            log(f"{problem}; retrying ({attempt + 1}/{args.retries})")
+            time.sleep(args.backoff * 2**attempt)
+    raise Fatal(f"giving up after {args.retries + 1} attempts: {problem}", EXIT_UNREACHABLE)
+
+
+def _error_message(detail: str) -> str:
+    try:
+        payload = json.loads(detail)
+    except ValueError:
+        return detail.strip()
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return detail.strip()
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+def load_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.messages:
+        with open(args.messages, encoding="utf-8") as fh:
+            messages = json.load(fh)
+    elif os.environ.get("VFRAY_MESSAGES"):
+        messages = json.loads(os.environ["VFRAY_MESSAGES"])
+    elif os.environ.get("VFRAY_PROMPT"):
+        messages = [{"role": "user", "content": os.environ["VFRAY_PROMPT"]}]
+    else:
+        raise Fatal("no prompt: pass --messages FILE or set VFRAY_MESSAGES / VFRAY_PROMPT")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise Fatal("the prompt must be a JSON list of chat messages")
+    return messages
+
+
+def save_transcript(path: str | None, messages: list[dict[str, Any]]) -> None:
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(messages, fh)
+    os.replace(tmp, path)
+
+
+def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
+    """Drive the conversation until the model stops calling tools (or max steps)."""
+    base = os.environ.get("VFRAY_BASE_URL", "").rstrip("/")
+    key = os.environ.get("VFRAY_API_KEY", "")
+    model = os.environ.get("VFRAY_MODEL", "")
+    if not base:
+        raise Fatal("VFRAY_BASE_URL is not set")
+    tools = [t for t in args.tools.split(",") if t] if args.tools else []
+    unknown = [t for t in tools if t not in TOOL_SCHEMAS]
+    if unknown:
+        raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
+    messages = state["messages"] = load_messages(args)
+    url = f"{base}/chat/completions"
+    while state["steps"] < args.max_steps:
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = [TOOL_SCHEMAS[t] for t in tools]
+        reply = post_chat(url, key, body, args)
+        state["steps"] += 1
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if not choices or not isinstance(choices[0].get("message"), dict):
+            raise Fatal(f"the endpoint returned no message: {json.dumps(reply)[:1000]}")
+        message = choices[0]["message"]
+        # Sent back unchanged, so the interception sees its own reply as the history prefix.
+        messages.append(message)
+        save_transcript(args.transcript, messages)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            state["status"] = "completed"
+            state["final"] = message.get("content")
+            return
+        for tool_call in calls:
+            function = tool_call.get("function") or {}
+            output = call_tool(str(function.get("name")), function.get("arguments"), tools, args)
+            state["tool_calls"] += 1
+            messages.append(
+                {"role": "tool", "tool_call_id": tool_call.get("id"), "content": output}
+            )
+        save_transcript(args.transcript, messages)
+    state["status"] = "max_steps"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="chat_loop", description=__doc__)
+    parser.add_argument("--messages", help="JSON file with the prompt messages")
+    parser.add_argument("--tools", default="", help="comma-separated tools: bash,edit")
+    parser.add_argument("--transcript", help="write the conversation here after each step")
+    parser.add_argument("--max-steps", type=int, default=50)
+    parser.add_argument("--command-timeout", type=float, default=120.0)
+    parser.add_argument("--max-output-chars", type=int, default=16384)
+    parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--retries", type=int, default=2)
+    parser.add_argument("--backoff", type=float, default=0.5)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    state: dict[str, Any] = {"status": "error", "steps": 0, "tool_calls": 0, "final": None}
+    code = 0
+    try:
+        chat(args, state)
+    except Stopped as exc:
+        state["status"] = "stopped"
+        state["reason"] = str(exc)
+        log(f"stopped by the interception: {exc}")
+    except Fatal as exc:
+        state["error"] = str(exc)
+        log(f"error: {exc}")
+        code = exc.code
+    state.pop("messages", None)
+    print(json.dumps({"chat_loop": state.pop("status"), **state}), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

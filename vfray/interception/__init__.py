@@ -1,0 +1,13 @@
+"""The interception layer: the recording, limiting OpenAI/Anthropic-compatible proxy.
+
+Every model call a harness makes passes through :class:`InterceptionApp`, which forwards it to
+the :class:`Upstream`, records it on the rollout's trace, and enforces the rollout's
+:class:`Limits`.
+"""
+
+from vfray.interception.app import Interception, InterceptionApp
+from vfray.interception.limits import Limits
+from vfray.interception.sessions import StopCheck
+from vfray.interception.upstream import Upstream
+
+__all__ = ["Interception", "InterceptionApp", "Limits", "StopCheck", "Upstream"]

@@ -1,0 +1,323 @@
+"""The interception ASGI app: auth, body cap, limits, retry coalescing and the HTTP routes.
+
+:class:`InterceptionApp` is a plain ASGI callable, so the same object serves under uvicorn
+in-process and inside a Ray Serve replica. :class:`Interception` serves one on 127.0.0.1 for
+tests and single-process runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from types import TracebackType
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from vfray.errors import TaskError
+from vfray.interception.dialects import DIALECTS, Dialect, DialectError
+from vfray.interception.exchange import Exchange
+from vfray.interception.limits import Limits
+from vfray.interception.sessions import Session, SessionRegistry, StopCheck
+from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
+from vfray.interception.upstream import Forwarder, Upstream
+from vfray.testing.serving import serve_in_loop
+from vfray.trace import StopCondition, Trace
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+RETRY_HEADER = "x-stainless-retry-count"
+_MAX_SECRET_CHARS = 256
+
+
+class _RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _secret(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def _is_retry(request: Request) -> bool:
+    try:
+        return int(request.headers.get(RETRY_HEADER, "0")) > 0
+    except ValueError:
+        return False
+
+
+class InterceptionApp:
+    """Records, limits and forwards every model call of the rollouts registered with it."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        forward_headers: Collection[str] = (),
+        connection_limit: int = 4096,
+    ) -> None:
+        self.upstream = upstream
+        self.max_body_bytes = max_body_bytes
+        self.forward_headers = frozenset(h.lower() for h in forward_headers)
+        """Client headers relayed upstream as they are (e.g. a session-affinity header)."""
+        self.policy_version: int | None = None
+        """Stamped on every ModelCall recorded from now on (RL: the weights that sampled it)."""
+        self.sessions = SessionRegistry()
+        self.forwarder = Forwarder(upstream, connection_limit=connection_limit)
+        self._tasks: set[asyncio.Task[None]] = set()
+        routes = [
+            Route(f"/v1{dialect.path}", self._endpoint(dialect), methods=["POST"])
+            for dialect in DIALECTS.values()
+        ]
+        routes += [
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+        ]
+        self._app = Starlette(routes=routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def register(
+        self,
+        trace: Trace,
+        limits: Limits | None = None,
+        stop_check: StopCheck | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> str:
+        """Open a rollout session; returns its fresh 128-bit secret (the harness's API key).
+
+        ``sampling`` overrides the upstream's sampling parameters for this rollout only.
+        """
+        return self.sessions.register(trace, limits, stop_check, sampling)
+
+    def conclude(self, secret: str) -> Trace:
+        """Close a session and return its trace; later calls with the secret get 409."""
+        return self.sessions.conclude(secret)
+
+    @property
+    def session_count(self) -> int:
+        return len(self.sessions)
+
+    async def aclose(self) -> None:
+        """Let in-flight turns finish recording (briefly), then close the upstream client."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=5)
+            for task in pending:
+                task.cancel()
+        await self.forwarder.aclose()
+
+    # -- routes -------------------------------------------------------------------------
+
+    def _endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await self._model_call(request, dialect)
+            except _RequestError as exc:
+                return self._error(dialect, exc.status, str(exc))
+            except ClientDisconnect:
+                return Response(status_code=400)
+
+        return endpoint
+
+    async def _models(self, request: Request) -> Response:
+        model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "vfray"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "sessions": self.session_count})
+
+    def _error(self, dialect: Dialect, status: int, message: str) -> Response:
+        return JSONResponse(dialect.error_body(status, message), status_code=status)
+
+    # -- one model call -----------------------------------------------------------------
+
+    async def _model_call(self, request: Request, dialect: Dialect) -> Response:
+        session = self._authenticate(request)
+        raw = await self._read_body(request)
+        body = _parse_json(raw)
+        try:
+            parsed = dialect.parse_request(body)
+        except DialectError as exc:
+            raise _RequestError(400, f"invalid {dialect.name} request: {exc}") from None
+        except Exception as exc:  # anything else in a client's body is still the client's
+            message = f"invalid {dialect.name} request: {type(exc).__name__}: {exc}"
+            raise _RequestError(400, message) from None
+
+        digest = hashlib.sha256(raw).digest()
+        last = session.last
+        if _is_retry(request) and last is not None and last.body_digest == digest:
+            # An SDK retry of the call just made: join or replay it rather than sample again,
+            # unless it failed (then the retry is a fresh attempt, as the SDK intends).
+            await last.head()
+            if last.ok:
+                return await _respond(last)
+
+        refusal = await self._refusal(session)
+        if refusal is not None:
+            raise _RequestError(400, f"rollout stopped: {refusal}")
+
+        sampling = self.upstream.sampling
+        if session.sampling is not None:
+            sampling = {**sampling, **session.sampling}
+        exchange = Exchange(digest, parsed.stream)
+        session.last = exchange
+        turn = Turn(
+            session=session,
+            dialect=dialect,
+            request=parsed,
+            upstream_body=dialect.impose(body, self.upstream.model, sampling),
+            client_wants_usage=dialect.client_wants_usage(body),
+            client_headers={
+                k: v
+                for k, v in request.headers.items()
+                if k in self.forward_headers or k.startswith("anthropic-")
+            },
+            model=self.upstream.model,
+            api_key=self.upstream.api_key,
+            policy_version=self.policy_version,
+        )
+        # Its own task: a client that hangs up mid-stream must not cancel the upstream call
+        # or its recording (a retry will replay it).
+        task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await _respond(exchange)
+
+    def _authenticate(self, request: Request) -> Session:
+        secret = _secret(request)
+        if secret is None:
+            raise _RequestError(401, "missing API key (Authorization: Bearer, or x-api-key)")
+        if len(secret) <= _MAX_SECRET_CHARS:
+            session = self.sessions.lookup(secret)
+            if session is not None:
+                return session
+            if self.sessions.was_concluded(secret):
+                raise _RequestError(409, "this rollout has concluded; no more calls are accepted")
+        raise _RequestError(401, "unknown API key")
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise _RequestError(400, "invalid Content-Length header") from None
+            if size > self.max_body_bytes:
+                raise _RequestError(413, self._too_large())
+        chunks = []
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > self.max_body_bytes:
+                raise _RequestError(413, self._too_large())
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> str:
+        return f"request body exceeds the {self.max_body_bytes}-byte limit"
+
+    async def _refusal(self, session: Session) -> str | None:
+        """Why the next call must not be forwarded (a limit or a stop hook), or None."""
+        trace = session.trace
+        if trace.stop_condition is not None:
+            return trace.stop_condition.value
+        reached = session.limits.reached(trace)
+        if reached is not None:
+            trace.stop(reached)
+            return reached.value
+        if session.stop_check is None:
+            return None
+        try:
+            hook = await session.stop_check(trace)
+        except Exception as exc:
+            trace.add_error(TaskError(f"stop hook failed: {type(exc).__name__}: {exc}"), "agent")
+            trace.stop(StopCondition.ERROR)
+            return StopCondition.ERROR.value
+        if hook is None:
+            return None
+        trace.stop(StopCondition.STOP_HOOK)
+        trace.notes.append(f"stop hook {hook!r} ended the rollout")
+        return f"{StopCondition.STOP_HOOK.value} ({hook})"
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise _RequestError(400, "malformed JSON body: nested too deeply") from None
+    except ValueError as exc:
+        raise _RequestError(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _RequestError(400, f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+async def _respond(exchange: Exchange) -> Response:
+    status, headers = await exchange.head()
+    if headers.get("content-type") == "text/event-stream":
+        return StreamingResponse(exchange.iter_chunks(), status_code=status, headers=headers)
+    return Response(await exchange.body(), status_code=status, headers=headers or JSON_HEADERS)
+
+
+class Interception:
+    """``async with Interception(upstream) as icpt``: the app served on 127.0.0.1.
+
+    ``icpt.url`` ends in ``/v1`` (OpenAI clients); ``icpt.root_url`` is the bare origin, which
+    Anthropic clients take as their base URL.
+    """
+
+    def __init__(
+        self, upstream: Upstream, *, host: str = "127.0.0.1", port: int = 0, **app_options: Any
+    ) -> None:
+        self.app = InterceptionApp(upstream, **app_options)
+        self.host, self.port = host, port
+        self.root_url = ""
+        self.url = ""
+        self._serving: contextlib.AbstractAsyncContextManager[str] | None = None
+
+    async def __aenter__(self) -> Interception:
+        serving = _serve(self.app, self.host, self.port)
+        self.root_url = await serving.__aenter__()
+        self._serving = serving
+        self.url = f"{self.root_url}/v1"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._serving is not None:
+                await self._serving.__aexit__(exc_type, exc, tb)
+        finally:
+            self._serving = None
+            await self.app.aclose()
+
+
+def _serve(
+    app: InterceptionApp, host: str, port: int
+) -> contextlib.AbstractAsyncContextManager[str]:
+    @contextlib.asynccontextmanager
+    async def serving() -> AsyncIterator[str]:
+        # uvicorn's default keep-alive (5 s) would drop idle harness connections mid-rollout.
+        async with serve_in_loop(app, host, port, timeout_keep_alive=600) as url:
+            yield url
+
+    return serving()

@@ -1,0 +1,251 @@
+"""What every wire dialect provides: request/response normalization, SSE handling, error shapes.
+
+A dialect turns one provider's JSON into vfray's normalized chat :class:`~vfray.trace.Message`s
+(OpenAI chat shape, canonicalized so a reply and the same message sent back next turn get the
+same content id), imposes the eval's model and sampling, and knows its own error body shape.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vfray.trace import Message, Usage, canonical_json, content_text
+
+JSON = dict[str, Any]
+
+# Fields that are noise when null/empty in provider replies; dropping them keeps a reply and the
+# copy the client sends back next turn content-identical, so the branch grows instead of forking.
+_CORE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
+
+
+class DialectError(ValueError):
+    """The body does not fit the dialect; the message says what is wrong (answered 400)."""
+
+
+class Action(enum.Enum):
+    """What the proxy does with one upstream SSE event."""
+
+    RELAY = "relay"
+    HOLD = "hold"  # a final event: sent only after the turn is recorded
+    DROP = "drop"  # an event the client did not ask for (e.g. a usage chunk vfray requested)
+
+
+@dataclass
+class ParsedRequest:
+    """A client request in normalized form."""
+
+    messages: list[Message]
+    tools: list[JSON] | None
+    stream: bool
+
+
+@dataclass
+class ParsedResponse:
+    """A model reply in normalized form, with token ids/logprobs exactly as returned."""
+
+    message: Message | None
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    error: str | None = None
+    """An error the upstream reported inside an otherwise successful (streamed) reply."""
+
+
+@dataclass
+class SSEEvent:
+    """One server-sent event: its raw bytes (relayed verbatim), event name and data."""
+
+    raw: bytes
+    event: str | None
+    data: str
+
+    def json(self) -> JSON | None:
+        """The data parsed as a JSON object, or None (``[DONE]``, comments, junk)."""
+        try:
+            value = json.loads(self.data)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+def parse_sse_block(raw: bytes) -> SSEEvent:
+    event: str | None = None
+    data: list[str] = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    return SSEEvent(raw=raw, event=event, data="\n".join(data))
+
+
+class SSESplitter:
+    """Splits a byte stream into SSE event blocks (each returned with its blank-line end)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk.replace(b"\r\n", b"\n")
+        blocks: list[bytes] = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                return blocks
+            blocks.append(self._buffer[: end + 2])
+            self._buffer = self._buffer[end + 2 :]
+
+    def rest(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+class StreamAccumulator(ABC):
+    """Builds the normalized reply of a stream as its events pass through."""
+
+    @abstractmethod
+    def feed(self, event: SSEEvent) -> Action: ...
+
+    @abstractmethod
+    def result(self) -> ParsedResponse: ...
+
+
+class Dialect(ABC):
+    """One wire format: OpenAI chat completions, OpenAI Responses or Anthropic Messages."""
+
+    name: str
+    path: str
+    sampling_keys: frozenset[str]
+    """Request fields recorded as the call's sampling parameters."""
+
+    @abstractmethod
+    def parse_request(self, body: JSON) -> ParsedRequest: ...
+
+    @abstractmethod
+    def parse_response(self, body: JSON) -> ParsedResponse: ...
+
+    @abstractmethod
+    def accumulator(self, client_wants_usage: bool) -> StreamAccumulator: ...
+
+    @abstractmethod
+    def error_body(self, status: int, message: str) -> JSON: ...
+
+    def impose(self, body: JSON, model: str, sampling: Mapping[str, Any]) -> JSON:
+        """The body to forward: the eval's model and sampling override the client's choice."""
+        out = dict(body)
+        out["model"] = model
+        out.update(sampling)
+        return out
+
+    def client_wants_usage(self, body: JSON) -> bool:
+        return True
+
+    def upstream_headers(self, api_key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        return headers
+
+    def recorded_sampling(self, body: JSON) -> JSON:
+        return {k: body[k] for k in sorted(self.sampling_keys) if k in body}
+
+
+def openai_error(status: int, message: str) -> JSON:
+    kind = {
+        401: "authentication_error",
+        404: "not_found_error",
+        409: "conflict_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        502: "upstream_error",
+        503: "upstream_unavailable",
+        504: "upstream_timeout",
+    }.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise DialectError(message)
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> JSON:
+    """A tool call in canonical chat shape (arguments always a JSON string)."""
+    if not isinstance(arguments, str):
+        arguments = canonical_json(arguments if arguments is not None else {})
+    return {
+        "id": str(call_id) if call_id is not None else "",
+        "type": "function",
+        "function": {"name": str(name) if name is not None else "", "arguments": arguments},
+    }
+
+
+def _canonical_content(content: Any) -> Any:
+    # A text-only part list and the plain string are the same message for training purposes.
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text")
+        for p in content
+    ):
+        return content_text(content)
+    return content
+
+
+def chat_message(raw: Any, where: str) -> Message:
+    """Normalize one OpenAI-chat-shaped message dict into a canonical :class:`Message`."""
+    require(isinstance(raw, dict), f"{where} must be an object")
+    role = raw.get("role")
+    require(isinstance(role, str) and role != "", f"{where}.role must be a non-empty string")
+    fields: JSON = {"role": role}
+    content = _canonical_content(raw.get("content"))
+    if content not in (None, "") or role != "assistant":
+        fields["content"] = content
+    name = raw.get("name")
+    if isinstance(name, str):
+        fields["name"] = name
+    calls = raw.get("tool_calls")
+    if calls:
+        require(isinstance(calls, list), f"{where}.tool_calls must be a list")
+        normalized = []
+        for i, call in enumerate(calls):
+            require(isinstance(call, dict), f"{where}.tool_calls[{i}] must be an object")
+            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            normalized.append(tool_call(call.get("id"), fn.get("name"), fn.get("arguments")))
+        fields["tool_calls"] = normalized
+    if raw.get("tool_call_id") is not None:
+        fields["tool_call_id"] = str(raw["tool_call_id"])
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        fields["reasoning_content"] = reasoning
+    for key, value in raw.items():
+        if key not in _CORE_FIELDS and key != "reasoning" and value not in (None, "", [], {}):
+            fields[key] = value
+    return Message(**fields)
+
+
+def int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
+
+
+def logprob_list(logprobs: Any) -> list[float] | None:
+    """``[entry.logprob]`` from an OpenAI ``logprobs`` object (``{"content": [...]}``)."""
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return None
+    out = []
+    for entry in logprobs["content"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), (int, float)):
+            return None
+        out.append(float(entry["logprob"]))
+    return out
+
+
+def as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,91 @@
+"""The registry of live rollout sessions, keyed by a hash of each rollout's 128-bit secret.
+
+Only the SHA-256 digest of a secret is kept, so neither the registry nor a trace holds it, and
+lookup time does not depend on how much of a guessed secret is right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vfray.interception.exchange import Exchange
+from vfray.interception.limits import Limits
+from vfray.trace import Trace
+
+StopCheck = Callable[[Trace], Awaitable[str | None]]
+"""The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
+
+_CONCLUDED_KEPT = 100_000  # tombstones kept so late calls get 409 rather than 401
+
+
+def digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass(eq=False)
+class Session:
+    """One rollout's state in the proxy: its trace, budgets and the last exchange (for retries)."""
+
+    key: bytes
+    trace: Trace
+    limits: Limits = field(default_factory=Limits)
+    stop_check: StopCheck | None = None
+    sampling: dict[str, Any] | None = None
+    concluded: bool = False
+    last: Exchange | None = None
+
+
+class SessionRegistry:
+    """Secret → :class:`Session`; concluded secrets are remembered (bounded) to answer 409."""
+
+    def __init__(self) -> None:
+        self._live: dict[bytes, Session] = {}
+        self._concluded: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def register(
+        self,
+        trace: Trace,
+        limits: Limits | None = None,
+        stop_check: StopCheck | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> str:
+        secret = secrets.token_hex(16)
+        key = digest(secret)
+        self._live[key] = Session(
+            key=key,
+            trace=trace,
+            limits=limits or Limits(),
+            stop_check=stop_check,
+            sampling=dict(sampling) if sampling is not None else None,
+        )
+        return secret
+
+    def lookup(self, secret: str) -> Session | None:
+        """The live session of ``secret``, or None."""
+        key = digest(secret)
+        session = self._live.get(key)
+        if session is not None and hmac.compare_digest(session.key, key):
+            return session
+        return None
+
+    def was_concluded(self, secret: str) -> bool:
+        return digest(secret) in self._concluded
+
+    def conclude(self, secret: str) -> Trace:
+        """End a session: later calls with its secret get 409. Raises KeyError if unknown."""
+        key = digest(secret)
+        session = self._live.pop(key)
+        session.concluded = True
+        self._concluded[key] = None
+        while len(self._concluded) > _CONCLUDED_KEPT:
+            self._concluded.popitem(last=False)
+        return session.trace

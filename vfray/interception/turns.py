@@ -1,0 +1,172 @@
+"""One forwarded turn: the upstream exchange, the SSE relay with its final event held back, and
+the single ``ModelCall`` recorded for it.
+
+Upstream failures map to statuses SDKs understand: 429/5xx are relayed (SDKs retry them), a
+connection failure is 503, a timeout 504, an unreadable reply 502; a context-length refusal stops
+the rollout cleanly (``StopCondition.CONTEXT_LENGTH``) and is relayed as the 400 it is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
+from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
+from vfray.interception.exchange import Exchange
+from vfray.interception.sessions import Session
+from vfray.interception.upstream import Forwarder
+from vfray.trace import ErrorInfo, StopCondition
+
+CONTEXT_LENGTH_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "prompt is too long",
+    "context length",
+    "context window",
+)
+_RELAYED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
+JSON_HEADERS = {"content-type": "application/json"}
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+def is_context_length_error(status: int, text: str) -> bool:
+    lowered = text.lower()
+    return status in (400, 413, 422) and any(m in lowered for m in CONTEXT_LENGTH_MARKERS)
+
+
+@dataclass
+class Turn:
+    """Everything needed to run and record one call, fixed when the request was admitted."""
+
+    session: Session
+    dialect: Dialect
+    request: ParsedRequest
+    upstream_body: dict[str, Any]
+    client_wants_usage: bool
+    client_headers: dict[str, str]
+    model: str
+    api_key: str | None
+    policy_version: int | None
+    started_at: float = 0.0
+    streamed: bool = False
+    recorded: bool = False
+
+    def record(self, reply: ParsedResponse | None, error: ErrorInfo | None = None) -> None:
+        """Append exactly one ModelCall, unless the rollout concluded meanwhile."""
+        if self.recorded or self.session.concluded:
+            # One ModelCall per exchange; and a concluded rollout has taken its trace, so
+            # mutating it now would race whoever is writing it.
+            return
+        self.recorded = True
+        reply = reply or ParsedResponse(message=None)
+        if error is None and reply.error is not None:
+            error = ErrorInfo(type="ProviderError", message=f"upstream stream error: {reply.error}")
+        self.session.trace.record_call(
+            self.request.messages,
+            reply.message,
+            dialect=self.dialect.name,
+            model=self.model,
+            sampling=self.dialect.recorded_sampling(self.upstream_body),
+            usage=reply.usage,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            finish_reason=reply.finish_reason,
+            streamed=self.streamed,
+            error=error,
+            policy_version=self.policy_version,
+            tools=self.request.tools,
+            prompt_token_ids=reply.prompt_token_ids,
+            completion_token_ids=reply.completion_token_ids,
+            completion_logprobs=reply.completion_logprobs,
+        )
+
+    def fail(self, exchange: Exchange, status: int, message: str, kind: str) -> None:
+        """Answer with vfray's own error (if nothing was sent yet) and record it on the call."""
+        self.record(None, ErrorInfo(type=kind, message=message))
+        if exchange.status == 0:
+            exchange.start(status, dict(JSON_HEADERS))
+            exchange.push(json.dumps(self.dialect.error_body(status, message)).encode())
+
+
+async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None:
+    """Forward ``turn`` upstream, feeding ``exchange``; always records and finishes it."""
+    turn.started_at = time.time()
+    body = json.dumps(turn.upstream_body).encode()
+    headers = turn.dialect.upstream_headers(turn.api_key, turn.client_headers)
+    try:
+        async with forwarder.post(turn.dialect.path, body, headers) as response:
+            if response.status >= 400:
+                await _relay_error(turn, response, exchange)
+            elif response.content_type == "text/event-stream":
+                await _relay_stream(turn, response, exchange)
+            else:
+                await _relay_json(turn, response, exchange)
+    except TimeoutError:
+        turn.fail(exchange, 504, "upstream model endpoint timed out", "ProviderError")
+    except (aiohttp.ClientError, OSError) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if exchange.status == 0:
+            message = f"upstream model endpoint unreachable ({detail})"
+        else:
+            message = f"upstream stream broke ({detail})"
+        turn.fail(exchange, 503, message, "ProviderError")
+    except Exception as exc:  # a reply vfray cannot read must not surface as a 500
+        message = f"could not process the upstream reply ({type(exc).__name__}: {exc})"
+        turn.fail(exchange, 502, message, "InterceptionError")
+    finally:
+        exchange.finish()
+
+
+async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
+    data = await response.read()
+    text = data.decode("utf-8", "replace")
+    headers = {
+        "content-type": response.headers.get("content-type", "application/json"),
+        **{h: response.headers[h] for h in _RELAYED_HEADERS if h in response.headers},
+    }
+    if is_context_length_error(response.status, text):
+        turn.session.trace.stop(StopCondition.CONTEXT_LENGTH)
+    error = ErrorInfo(
+        type="ProviderError", message=f"upstream HTTP {response.status}: {text[:1000]}"
+    )
+    turn.record(None, error)
+    exchange.start(response.status, headers)
+    exchange.push(data)
+
+
+async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
+    data = await response.read()
+    body = json.loads(data)
+    if not isinstance(body, dict):
+        raise ValueError("upstream reply is not a JSON object")
+    reply = turn.dialect.parse_response(body)
+    turn.record(reply)
+    exchange.start(response.status, dict(JSON_HEADERS))
+    exchange.push(data)
+
+
+async def _relay_stream(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
+    turn.streamed = True
+    exchange.start(response.status, dict(SSE_HEADERS))
+    accumulator = turn.dialect.accumulator(turn.client_wants_usage)
+    splitter = SSESplitter()
+    held: list[bytes] = []
+    async for chunk in response.content.iter_any():
+        relay = []
+        for block in splitter.feed(chunk):
+            action = accumulator.feed(parse_sse_block(block))
+            if action is Action.RELAY:
+                relay.append(block)
+            elif action is Action.HOLD:
+                held.append(block)
+        exchange.push(b"".join(relay))
+    exchange.push(splitter.rest())
+    # The turn is on the trace before the client sees the final event, so a client that
+    # exits on [DONE] / response.completed / message_stop cannot race scoring.
+    turn.record(accumulator.result())
+    exchange.push(b"".join(held))

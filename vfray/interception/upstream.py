@@ -1,0 +1,76 @@
+"""The real model endpoint and the forwarder that talks to it.
+
+The forwarder is one shared ``aiohttp.ClientSession`` per event loop with a large connection
+pool: measured in ``benchmarks/interception.py``, it relays several times more requests per
+second than one shared ``httpx.AsyncClient`` on the same box. The upstream API key lives only
+here, in the proxy process; it never reaches a harness, a log line or a trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+
+class Upstream:
+    """Where model calls go: ``base_url`` includes the version prefix (``http://host/v1``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        model: str,
+        sampling: Mapping[str, Any] | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.model = model
+        self.sampling: dict[str, Any] = dict(sampling or {})
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        # Never print the key.
+        return f"Upstream({self.base_url!r}, model={self.model!r}, sampling={self.sampling!r})"
+
+
+class Forwarder:
+    """Posts request bodies to the upstream; created lazily on the loop that serves requests."""
+
+    def __init__(self, upstream: Upstream, connection_limit: int = 4096) -> None:
+        self.upstream = upstream
+        self.connection_limit = connection_limit
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            # A session is bound to its loop; an app served from a new loop (a fresh test
+            # server, a restarted replica) gets its own.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.connection_limit, limit_per_host=self.connection_limit
+                ),
+                timeout=aiohttp.ClientTimeout(total=self.upstream.timeout),
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+            self._loop = loop
+        return self._session
+
+    def post(
+        self, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.client._RequestContextManager:
+        """``async with forwarder.post(...) as response``: the upstream's response."""
+        return self._client().post(f"{self.upstream.base_url}{path}", data=body, headers=headers)
+
+    async def aclose(self) -> None:
+        session = self._session
+        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
+            await session.close()
+        self._session = None

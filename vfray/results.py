@@ -1,0 +1,133 @@
+"""Results of a run, read back from its Parquet files: the final row per rollout, and the
+summary (mean reward ± stderr, pass@k, scores by name, errors by type, tokens, phase times)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from vfray.traces.io import parquet_files, read_traces
+from vfray.traces.schema import PHASES
+
+
+def final_rows(table: pa.Table) -> pa.Table:
+    """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history."""
+    if table.num_rows == 0:
+        return table
+    keys = table.select(["task_key", "rollout_index", "attempt"]).to_pylist()
+    best: dict[tuple[str, int], tuple[int, int]] = {}
+    for row_index, row in enumerate(keys):
+        key = (row["task_key"], row["rollout_index"])
+        if key not in best or row["attempt"] >= best[key][0]:
+            best[key] = (row["attempt"], row_index)
+    return table.take(sorted(i for _, i in best.values()))
+
+
+def _mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def _score_means(column: list[list[dict[str, Any]] | None]) -> dict[str, float | None]:
+    values: dict[str, list[float]] = {}
+    for pairs in column:
+        for pair in pairs or []:
+            bucket = values.setdefault(pair["key"], [])
+            if pair["value"] is not None:
+                bucket.append(pair["value"])
+    return {k: (sum(v) / len(v) if v else None) for k, v in sorted(values.items())}
+
+
+def _pass_at_k(episodes: pa.Table) -> dict[str, float]:
+    if episodes.num_rows == 0:
+        return {}
+    out: dict[str, float] = {}
+    p1 = [v for v in episodes.column("pass_at_1").to_pylist() if v is not None]
+    pn = [v for v in episodes.column("pass_at_n").to_pylist() if v is not None]
+    ns = set(episodes.column("n").to_pylist())
+    if p1:
+        out["pass@1"] = sum(p1) / len(p1)
+    if pn and len(ns) == 1 and next(iter(ns)) > 1:
+        out[f"pass@{next(iter(ns))}"] = sum(pn) / len(pn)
+    return out
+
+
+def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, Any]:
+    """The numbers a results table shows, as a plain dict."""
+    final = final_rows(traces)
+    rows = final.num_rows
+    rewards = [r for r in final.column("reward").to_pylist() if r is not None] if rows else []
+    mean, stderr = _mean_stderr(rewards)
+    errors = Counter(e for e in final.column("error_type").to_pylist() if e) if rows else {}
+    phases: dict[str, float | None] = {}
+    for phase in PHASES:
+        col = f"{phase}_s"
+        if rows and col in final.column_names:
+            phases[phase] = pc.mean(final.column(col)).as_py()
+    return {
+        "rollouts": rows,
+        "attempts": traces.num_rows,
+        "ok": int(sum(1 for v in final.column("ok").to_pylist() if v)) if rows else 0,
+        "reward_mean": mean,
+        "reward_stderr": stderr,
+        **(_pass_at_k(episodes) if episodes is not None else {}),
+        "rewards": _score_means(final.column("rewards").to_pylist()) if rows else {},
+        "metrics": _score_means(final.column("metrics").to_pylist()) if rows else {},
+        "errors": dict(errors),
+        "stop_conditions": dict(Counter(s for s in final.column("stop_condition").to_pylist() if s))
+        if rows
+        else {},
+        "input_tokens": int(pc.sum(final.column("input_tokens")).as_py() or 0) if rows else 0,
+        "output_tokens": int(pc.sum(final.column("output_tokens")).as_py() or 0) if rows else 0,
+        "phase_seconds_mean": phases,
+    }
+
+
+@dataclass
+class RunResult:
+    """A finished (or interrupted) run's folder, with its tables read on demand."""
+
+    run_dir: Path
+
+    @property
+    def traces(self) -> pa.Table:
+        """Every trace row (all attempts), same schema as the Parquet files."""
+        return read_traces(self.run_dir / "traces")
+
+    @property
+    def final_traces(self) -> pa.Table:
+        return final_rows(self.traces)
+
+    @property
+    def episodes(self) -> pa.Table:
+        folder = self.run_dir / "episodes"
+        files = parquet_files(folder) if folder.exists() else []
+        if not files:
+            from vfray.traces.episodes import EPISODE_SCHEMA
+
+            return EPISODE_SCHEMA.empty_table()
+        return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.run_dir / "config.json").read_text())
+        return data
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.traces, self.episodes)
+
+    def to_pandas(self) -> Any:
+        return self.final_traces.to_pandas()

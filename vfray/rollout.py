@@ -1,0 +1,272 @@
+"""The per-rollout phased state machine: boot → setup → agent → finalize → scoring → teardown.
+
+Each phase has its own deadline and timestamps in ``trace.timing``. Failures are recorded on the
+trace as typed errors instead of raised, so one bad rollout never cancels its siblings; the
+runtime is torn down whatever happens, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from vfray.errors import (
+    HarnessError,
+    PhaseTimeoutError,
+    RolloutError,
+    SandboxError,
+    TaskError,
+)
+from vfray.harness import Harness, LaunchContext, classify_exit
+from vfray.interception.limits import Limits
+from vfray.runtimes.base import Runtime
+from vfray.scoring import check_stop, score_rollout
+from vfray.task import Task, TaskData, call_maybe_async
+from vfray.trace import AgentInfo, StopCondition, Trace
+
+log = logging.getLogger(__name__)
+
+PHASES = ("boot", "setup", "agent", "finalize", "scoring", "teardown")
+
+
+class Timeouts(BaseModel):
+    """Default per-phase deadlines in seconds; a task's own ``TaskData.timeout`` wins."""
+
+    model_config = ConfigDict(frozen=True)
+
+    boot: float = 120.0
+    setup: float = 600.0
+    agent: float = 1800.0
+    finalize: float = 600.0
+    scoring: float = 600.0
+    teardown: float = 60.0
+
+    def for_task(self, data: TaskData) -> Timeouts:
+        own = data.timeout.model_dump(exclude_none=True)
+        return self.model_copy(update=own) if own else self
+
+
+class SessionBroker(Protocol):
+    """Where rollouts open and close interception sessions: the in-process app, or (on Ray)
+    the node's interception deployment. ``conclude`` returns the recorded trace."""
+
+    async def register(
+        self,
+        trace: Trace,
+        limits: Limits,
+        stop_check: Callable[[Trace], Awaitable[str | None]] | None,
+        sampling: Mapping[str, Any] | None,
+    ) -> str: ...
+
+    async def conclude(self, secret: str) -> Trace: ...
+
+
+class RolloutPlan(BaseModel):
+    """Everything about a rollout other than its task, fixed for a whole run."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    model: str
+    harness_id: str
+    runtime_type: str
+    sampling: dict[str, Any] = {}
+    limits: Limits = Limits()
+    timeouts: Timeouts = Timeouts()
+    scoring_overrides: dict[str, str] = {}
+
+
+class _PhaseFailed(Exception):
+    """Internal: a phase failed and its error is already on the trace."""
+
+
+async def _run_phase(
+    trace: Trace,
+    phase: str,
+    deadline: float,
+    work: Callable[[], Awaitable[Any]],
+    wrap: type[RolloutError],
+) -> Any:
+    """Run one phase under its deadline; record and raise ``_PhaseFailed`` on failure."""
+    trace.start_phase(phase)
+    try:
+        return await asyncio.wait_for(work(), timeout=deadline)
+    except asyncio.TimeoutError:
+        trace.add_error(PhaseTimeoutError(f"{phase} phase exceeded {deadline:g}s"), phase)
+        trace.stop(StopCondition.TIMEOUT)
+        raise _PhaseFailed(phase) from None
+    except RolloutError as exc:
+        trace.add_error(exc, phase)
+        raise _PhaseFailed(phase) from exc
+    except Exception as exc:
+        trace.add_error(wrap(f"{type(exc).__name__}: {exc}"), phase)
+        raise _PhaseFailed(phase) from exc
+    finally:
+        trace.end_phase(phase)
+
+
+async def execute_rollout(
+    task: Task[Any],
+    *,
+    plan: RolloutPlan,
+    harness: Harness,
+    runtime: Runtime,
+    broker: SessionBroker,
+    interception_url: str,
+    rollout_index: int = 0,
+    attempt: int = 0,
+    run_id: str | None = None,
+    episode_id: str | None = None,
+) -> Trace:
+    """Run one rollout of ``task`` to a scored :class:`Trace`; never raises for rollout
+    failures (they are on the trace), only re-raises cancellation after tearing down."""
+    timeouts = plan.timeouts.for_task(task.data)
+    trace = Trace(
+        task=task.record(),
+        agent=AgentInfo(
+            harness=plan.harness_id,
+            runtime=plan.runtime_type,
+            model=plan.model,
+            sampling=plan.sampling,
+        ),
+        rollout_index=rollout_index,
+        attempt=attempt,
+        run_id=run_id,
+        episode_id=episode_id,
+    )
+    setup_ok = False
+    try:
+        await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
+
+        async def setup() -> None:
+            await call_maybe_async(task.setup, trace, runtime)
+            await harness.setup(runtime)
+
+        await _run_phase(trace, "setup", timeouts.setup, setup, TaskError)
+        setup_ok = True
+        trace = await _agent_phase(
+            task, trace, plan, harness, runtime, broker, interception_url, timeouts.agent
+        )
+        await _run_phase(
+            trace,
+            "finalize",
+            timeouts.finalize,
+            lambda: call_maybe_async(task.finalize, trace, runtime),
+            TaskError,
+        )
+    except _PhaseFailed:
+        pass
+    except asyncio.CancelledError:
+        trace.stop(StopCondition.CANCELLED)
+        raise
+    finally:
+        try:
+            if setup_ok:
+                # Scoring still runs after an agent timeout or a finalize failure: the partial
+                # trajectory is data. It needs the live runtime, so it precedes teardown.
+                with contextlib.suppress(_PhaseFailed):
+                    await _run_phase(
+                        trace,
+                        "scoring",
+                        timeouts.scoring,
+                        lambda: score_rollout(task, trace, runtime, plan.scoring_overrides),
+                        TaskError,
+                    )
+        finally:
+            await _teardown(trace, runtime, timeouts.teardown)
+    return trace
+
+
+async def _agent_phase(
+    task: Task[Any],
+    trace: Trace,
+    plan: RolloutPlan,
+    harness: Harness,
+    runtime: Runtime,
+    broker: SessionBroker,
+    interception_url: str,
+    deadline: float,
+) -> Trace:
+    """Open a session, run the harness program, close the session; returns the recorded trace."""
+    trace.start_phase("agent")
+    secret: str | None = None
+    try:
+        secret = await broker.register(
+            trace, plan.limits, lambda t: check_stop(task, t), plan.sampling
+        )
+        endpoint = await runtime.host_url(interception_url)
+        await runtime.prepare_execution([endpoint])
+        ctx = LaunchContext(
+            endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline
+        )
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(harness.launch(ctx, runtime), timeout=deadline)
+        except asyncio.TimeoutError:
+            result = None
+            log.info("agent phase of %s hit its %gs budget", task.key[:12], deadline)
+        recorded = await broker.conclude(secret)
+        secret = None
+        trace = _merge_recorded(trace, recorded)
+        if result is None:
+            trace.stop(StopCondition.TIMEOUT)
+            trace.notes.append(
+                f"agent budget of {deadline:g}s used up after {time.monotonic() - started:.1f}s"
+            )
+        elif result.timed_out:
+            # The program ran out its own clock: an agent budget stop, scored like one.
+            trace.stop(StopCondition.TIMEOUT)
+        else:
+            stopped = trace.stop_condition is not None
+            error = classify_exit(result, await runtime.alive(), stopped)
+            if error is not None:
+                trace.add_error(error, "agent")
+                trace.stop(StopCondition.ERROR)
+            else:
+                trace.stop(StopCondition.COMPLETED)
+    except (RolloutError, OSError) as exc:
+        wrapped = exc if isinstance(exc, RolloutError) else SandboxError(str(exc))
+        trace.add_error(wrapped, "agent")
+        trace.stop(StopCondition.ERROR)
+    except Exception as exc:
+        trace.add_error(HarnessError(f"{type(exc).__name__}: {exc}"), "agent")
+        trace.stop(StopCondition.ERROR)
+    finally:
+        if secret is not None:
+            with contextlib.suppress(Exception):
+                trace = _merge_recorded(trace, await broker.conclude(secret))
+        trace.end_phase("agent")
+    return trace
+
+
+def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
+    """The broker's trace holds the calls; keep the phases and errors the rollout recorded.
+    In-process both are the same object; across processes the broker's copy is newer."""
+    if recorded is local:
+        return local
+    recorded.timing = {**recorded.timing, **local.timing}
+    recorded.errors = [*local.errors, *recorded.errors]
+    recorded.notes = [*local.notes, *recorded.notes]
+    return recorded
+
+
+async def _teardown(trace: Trace, runtime: Runtime, deadline: float) -> None:
+    """Stop the runtime even when the surrounding task is being cancelled."""
+    trace.start_phase("teardown")
+    stop = asyncio.ensure_future(runtime.stop())
+    try:
+        await asyncio.wait_for(asyncio.shield(stop), timeout=deadline)
+    except asyncio.CancelledError:
+        # Cancelled while tearing down: finish the teardown anyway, then propagate.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(stop, timeout=deadline)
+        raise
+    except Exception as exc:
+        trace.notes.append(f"teardown failed: {type(exc).__name__}: {exc}")
+    finally:
+        trace.end_phase("teardown")

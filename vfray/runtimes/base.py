@@ -1,0 +1,141 @@
+"""The :class:`Runtime` contract: the box a harness runs in, whatever it is made of.
+
+Every implementation (subprocess, bwrap, docker, modal) passes
+``vfray.testing.check_runtime``. ``stop`` is idempotent and always called by the rollout.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from vfray.task import TaskData
+
+
+class ProgramResult(BaseModel):
+    """What a finished program left: exit code, captured output (tail-truncated), duration."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    """True when stdout/stderr were cut to the runtime's output cap."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class RuntimeSpec(BaseModel):
+    """What a runtime is asked to provide for one rollout (from the task and the config)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    image: str | None = None
+    workdir: str | None = None
+    cpu: float = 1.0
+    memory_gb: float | None = None
+    pids: int | None = 512
+    network_allow: tuple[str, ...] = ("*",)
+    network_block: tuple[str, ...] = ()
+
+    @classmethod
+    def from_task(cls, data: TaskData) -> RuntimeSpec:
+        return cls(
+            image=data.image,
+            workdir=data.workdir,
+            cpu=data.resources.cpu,
+            memory_gb=data.resources.memory,
+            network_allow=tuple(data.network_allow),
+            network_block=tuple(data.network_block),
+        )
+
+
+class Runtime(abc.ABC):
+    """A box for one rollout. Paths given to ``read``/``write`` are relative to the work dir
+    unless absolute; ``run`` executes argv inside the box with ``env`` added to a scrubbed
+    environment (the host's API keys never enter a box)."""
+
+    type: ClassVar[str]
+    is_container: ClassVar[bool] = False
+    isolates_network: ClassVar[bool] = False
+
+    def __init__(self, spec: RuntimeSpec | None = None) -> None:
+        self.spec = spec or RuntimeSpec()
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Create the box. Raises :class:`vfray.errors.SandboxError` when it cannot."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Destroy the box and every process in it. Idempotent; safe before/after start."""
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        """Run a command to completion inside the box."""
+
+    async def run_program(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> ProgramResult:
+        """Run the harness program; same as :meth:`run` unless a runtime needs otherwise."""
+        return await self.run(argv, env, timeout=timeout)
+
+    @abc.abstractmethod
+    async def read(self, path: str) -> bytes:
+        """Read a file from the box."""
+
+    @abc.abstractmethod
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write a file into the box, creating parent directories."""
+
+    @abc.abstractmethod
+    async def host_url(self, url: str) -> str:
+        """The URL at which a program inside the box reaches ``url`` on the host
+        (the interception endpoint), setting up any bridge this needs."""
+
+    async def prepare_execution(self, routes: Sequence[str]) -> None:  # noqa: B027
+        """Apply the task's network policy right before the agent runs, keeping ``routes``
+        (the interception and tool URLs, as returned by :meth:`host_url`) reachable."""
+
+    @abc.abstractmethod
+    async def alive(self) -> bool:
+        """Whether the box is still up."""
+
+    async def run_uv_script(
+        self,
+        script: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ProgramResult:
+        """Run a PEP 723 script (inline dependencies) with ``uv run`` inside the box."""
+        from vfray.runtimes.uv import run_uv_script
+
+        return await run_uv_script(self, script, args, env=env, timeout=timeout)
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,274 @@
+"""The ``bwrap`` runtime: each command runs in fresh bubblewrap namespaces over a read-only host.
+
+Every ``run`` spawns ``bwrap --unshare-all --die-with-parent --new-session`` (~6 ms) over the
+box's persistent private dirs (work dir at ``spec.workdir`` or ``/work``, ``/tmp``), so files
+persist between runs while processes never outlive their run. Network rule: the box has only its
+own loopback (default-deny) unless ``share_network=True`` is configured, or the task's
+``network_allow`` names specific hosts (anything but ``"*"``): bubblewrap cannot filter per host,
+so such a task falls back to the shared host network, with a logged warning. In a denied box,
+:meth:`host_url` endpoints are reached through :mod:`vfray.runtimes.bridge` at the same URL.
+Limits use cgroup v1 (memory, cpu, pids) when writable, else rlimits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from vfray.errors import SandboxError
+from vfray.runtimes.base import ProgramResult, RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.subprocess import (
+    OUTPUT_CAP,
+    SubprocessRuntime,
+    box_env,
+    kill_pids,
+    rlimit_setter,
+    run_process_group,
+)
+
+logger = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+BRIDGE_DIR = "/run/vfray-bridge"
+_ROOT_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
+    """The network rule of the module docstring, shared with the docker runtime."""
+    if share_network is not None:
+        return share_network
+    return any(host != "*" for host in spec.network_allow)
+
+
+class CgroupV1:
+    """One box's cgroup in each writable v1 controller (memory, cpu, pids)."""
+
+    def __init__(self, name: str, spec: RuntimeSpec) -> None:
+        self.dirs: list[Path] = []
+        limits: dict[str, dict[str, float | int | None]] = {
+            "memory": {"memory.limit_in_bytes": spec.memory_gb and int(spec.memory_gb * 1024**3)},
+            "cpu": {
+                "cpu.cfs_period_us": 100_000,
+                "cpu.cfs_quota_us": int(spec.cpu * 100_000) if spec.cpu > 0 else None,
+            },
+            "pids": {"pids.max": spec.pids},
+        }
+        for controller, files in limits.items():
+            directory = CGROUP_ROOT / controller / name
+            try:
+                directory.mkdir()
+            except OSError:
+                continue
+            self.dirs.append(directory)
+            for file, value in files.items():
+                if value:
+                    (directory / file).write_text(str(value))
+
+    def join(self) -> None:
+        """Move the calling process in (run in the child before exec)."""
+        pid = str(os.getpid())
+        for directory in self.dirs:
+            (directory / "cgroup.procs").write_text(pid)
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for directory in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+        return found
+
+    async def destroy(self) -> None:
+        """Kill everything inside, then remove the cgroups (retrying while members exit)."""
+        for _ in range(400):
+            members = self.pids()
+            if not members:
+                break
+            kill_pids(sorted(members))
+            # A killed process leaves the cgroup only once the kernel has torn it down.
+            await asyncio.sleep(0.005)
+        for directory in self.dirs:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+class BwrapRuntime(SubprocessRuntime):
+    """Bubblewrap namespaces per run; default-deny network with bridged host endpoints."""
+
+    type = "bwrap"
+    isolates_network = True
+    warn_no_isolation = False
+
+    def __init__(
+        self,
+        spec: RuntimeSpec | None = None,
+        *,
+        share_network: bool | None = None,
+        setup_network: bool = False,
+        ro_binds: Sequence[str] = (),
+        cpu_seconds: int | None = None,
+        output_cap: int = OUTPUT_CAP,
+        use_cgroups: bool = True,
+        root: str | None = None,
+    ) -> None:
+        super().__init__(spec, cpu_seconds=cpu_seconds, output_cap=output_cap, root=root)
+        self.share_network = share_network
+        self.setup_network = setup_network
+        """Whether runs before :meth:`prepare_execution` (task setup) use the host network."""
+        self.ro_binds = tuple(ro_binds)
+        self.use_cgroups = use_cgroups
+        self.box_workdir = self.spec.workdir or "/work"
+        self.base: Path | None = None
+        self.cgroup: CgroupV1 | None = None
+        self.bridges: BridgeSet | None = None
+        self._executing = False
+        self._bwrap = ""
+        self._prefix: list[str] = []
+
+    async def start(self) -> None:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap)")
+        self._bwrap = bwrap
+        await super().start()
+        assert self.workdir is not None
+        self.base = self.workdir
+        self.workdir = self.base / "work"
+        for sub in ("work", "tmp", "bridge"):
+            (self.base / sub).mkdir(mode=0o777)
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        if self.use_cgroups and os.geteuid() == 0:
+            self.cgroup = CgroupV1(f"vfray-{self.box_id}", self.spec)
+            if not self.cgroup.dirs:
+                self.cgroup = None
+        if shares_network(self.spec, self.share_network) and self.share_network is None:
+            logger.warning(
+                "bwrap box %s shares the host network: the task asks for %s, which bubblewrap "
+                "cannot filter per host (network_block is not enforced)",
+                self.box_id,
+                list(self.spec.network_allow),
+            )
+        self._prefix = self._mounts()
+
+    def _mounts(self) -> list[str]:
+        assert self.base is not None and self.workdir is not None
+        args = ["--die-with-parent", "--new-session", "--unshare-all"]
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for d in _ROOT_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        pythons = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+        for path in sorted(pythons | set(self.ro_binds)):
+            if not path.startswith(("/usr/", "/etc/")) and os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(self.base / "tmp"), "/tmp"]
+        args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
+        args += ["--bind", str(self.workdir), self.box_workdir, "--chdir", self.box_workdir]
+        return args
+
+    def _isolated(self) -> bool:
+        if shares_network(self.spec, self.share_network):
+            return False
+        return self._executing or not self.setup_network
+
+    def resolve(self, path: str) -> Path:
+        workdir = self._require_workdir()
+        assert self.base is not None
+        box = Path(self.box_workdir, path)  # an absolute path replaces the work dir
+        for inside, outside in (
+            (Path(self.box_workdir), workdir),
+            (Path("/tmp"), self.base / "tmp"),
+        ):
+            if box == inside or inside in box.parents:
+                return outside / box.relative_to(inside)
+        raise SandboxError(
+            f"{path!r} is outside the box's writable dirs ({self.box_workdir}, /tmp)"
+        )
+
+    def _preexec(self) -> Callable[[], None]:
+        cgroup = self.cgroup
+        limits = rlimit_setter(
+            None if cgroup else self.spec.memory_gb,
+            self.cpu_seconds,
+            None if cgroup else self.spec.pids,
+        )
+
+        def apply() -> None:
+            if cgroup is not None:
+                cgroup.join()
+            limits()
+
+        return apply
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        workdir = self._require_workdir()
+        assert self.bridges is not None
+        prefix = list(self._prefix)
+        if not self._isolated():
+            prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
+        command = list(argv)
+        if self._isolated() and self.bridges.bridges:
+            command = [
+                sys.executable,
+                "-c",
+                BOX_FORWARDER,
+                *self.bridges.forwarder_args(),
+                "--",
+                *argv,
+            ]
+        python_bin = os.path.dirname(sys.executable)
+        base_env = {"PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+        base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
+        return await run_process_group(
+            [self._bwrap, *prefix, "--", *command],
+            box_env(base_env, self.box_workdir, self.box_id, env),
+            str(workdir),
+            timeout=timeout,
+            stdin=stdin,
+            preexec_fn=self._preexec(),
+            on_start=self._pgids.add,
+            output_cap=self.output_cap,
+        )
+
+    async def host_url(self, url: str) -> str:
+        self._require_workdir()
+        assert self.bridges is not None
+        await self.bridges.add(url)
+        return url
+
+    async def prepare_execution(self, routes: Sequence[str]) -> None:
+        for route in routes:
+            await self.host_url(route)
+        self._executing = True
+
+    async def alive(self) -> bool:
+        return await super().alive() and self.base is not None
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self.kill_all()
+        if self.cgroup is not None:
+            await self.cgroup.destroy()
+            self.cgroup = None
+        if self.bridges is not None:
+            await self.bridges.close()
+        if self.base is not None:
+            self.workdir = self.base  # so the whole box dir is removed
+        await super().stop()

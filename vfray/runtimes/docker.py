@@ -1,0 +1,272 @@
+"""The ``docker`` runtime: one container per rollout (``sleep infinity`` + exec), docker SDK.
+
+Containers get the task's CPU, memory and pids limits and, by default, network ``none``; host
+endpoints from :meth:`DockerRuntime.host_url` are reached through the unix-socket bridge
+(:mod:`vfray.runtimes.bridge`), so the image needs a ``python3`` for the in-box forwarder. The
+network rule is the bwrap one (:func:`vfray.runtimes.bwrap.shares_network`). Timeouts kill the
+exec'd process tree from the host, so the engine must be local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from vfray.errors import SandboxError, optional_import
+from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.subprocess import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
+
+DEFAULT_IMAGE = "python:3.11-slim"
+
+
+def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
+    data = data or b""
+    cut = len(data) > cap
+    return data[-cap:].decode("utf-8", errors="replace"), cut
+
+
+class DockerRuntime(Runtime):
+    """One container per rollout; default-deny network with bridged host endpoints."""
+
+    type = "docker"
+    is_container = True
+    isolates_network = True
+
+    def __init__(
+        self,
+        spec: RuntimeSpec | None = None,
+        *,
+        base_url: str | None = None,
+        default_image: str = DEFAULT_IMAGE,
+        share_network: bool | None = None,
+        volumes: Mapping[str, str] | None = None,
+        python: str = "python3",
+        output_cap: int = OUTPUT_CAP,
+    ) -> None:
+        super().__init__(spec)
+        self.base_url = base_url
+        self.image = self.spec.image or default_image
+        self.share_network = share_network
+        self.volumes = dict(volumes or {})
+        """Host paths mounted read-only into the container, host path -> container path."""
+        self.python = python
+        self.output_cap = output_cap
+        self.box_workdir = self.spec.workdir or "/work"
+        self.box_id = uuid.uuid4().hex[:12]
+        self.client: Any = None
+        self.container: Any = None
+        self.base: Path | None = None
+        self.bridges: BridgeSet | None = None
+        self._forwarded: set[int] = set()
+        self._stopped = False
+
+    def _make_client(self) -> Any:
+        docker: Any = optional_import("docker", "docker")
+        if self.base_url is not None:
+            return docker.DockerClient(base_url=self.base_url)
+        return docker.from_env()
+
+    def container_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``client.containers.run`` (public so the mapping is testable)."""
+        assert self.base is not None
+        volumes: dict[str, dict[str, str]] = {
+            str(self.base / "bridge"): {"bind": BRIDGE_DIR, "mode": "rw"}
+        }
+        for host, inside in self.volumes.items():
+            volumes[host] = {"bind": inside, "mode": "ro"}
+        options: dict[str, Any] = {
+            "entrypoint": ["sleep"],
+            "command": ["infinity"],
+            "detach": True,
+            "working_dir": self.box_workdir,
+            "labels": {"vfray.box": self.box_id},
+            "environment": {MARKER_ENV: self.box_id, "HOME": self.box_workdir},
+            "volumes": volumes,
+            "nano_cpus": int(self.spec.cpu * 1e9) if self.spec.cpu > 0 else None,
+            "mem_limit": (
+                f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
+            ),
+            "pids_limit": self.spec.pids,
+        }
+        if not shares_network(self.spec, self.share_network):
+            options["network_mode"] = "none"
+        return {k: v for k, v in options.items() if v is not None}
+
+    async def start(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="vfray-docker-"))
+        (self.base / "bridge").mkdir(mode=0o777)
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        try:
+            self.client = await asyncio.to_thread(self._make_client)
+            self.container = await asyncio.to_thread(
+                self.client.containers.run, self.image, **self.container_options()
+            )
+        except Exception as exc:
+            if isinstance(exc, ImportError):
+                raise
+            raise SandboxError(f"cannot start a {self.image!r} container: {exc}") from exc
+        made = await self.run(["mkdir", "-p", self.box_workdir], timeout=60)
+        if not made.ok:
+            raise SandboxError(f"cannot create {self.box_workdir} in the container: {made.stderr}")
+
+    def _require(self) -> Any:
+        if self.container is None or self._stopped:
+            raise SandboxError("docker runtime is not started")
+        return self.container
+
+    def _box_path(self, path: str) -> PurePosixPath:
+        return PurePosixPath(self.box_workdir, path)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        container = self._require()
+        command = list(argv)
+        if stdin is not None:
+            path = f"/tmp/.vfray-stdin-{uuid.uuid4().hex[:12]}"
+            await self._put(PurePosixPath(path), stdin, 0o600)
+            command = ["sh", "-c", 'exec "$@" < "$0"', path, *argv]
+        api = self.client.api
+        started = time.monotonic()
+        exec_id = (
+            await asyncio.to_thread(
+                api.exec_create,
+                container.id,
+                command,
+                environment={MARKER_ENV: self.box_id, "HOME": self.box_workdir, **(env or {})},
+                workdir=self.box_workdir,
+            )
+        )["Id"]
+        job = asyncio.ensure_future(asyncio.to_thread(api.exec_start, exec_id, demux=True))
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            await self._kill_exec(exec_id)
+            out, err = await job
+        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        stdout, cut_out = _tail(out, self.output_cap)
+        stderr, cut_err = _tail(err, self.output_cap)
+        code = info.get("ExitCode")
+        return ProgramResult(
+            exit_code=-9 if timed_out else (code if code is not None else -1),
+            stdout=stdout,
+            stderr=stderr,
+            duration=time.monotonic() - started,
+            timed_out=timed_out,
+            truncated=cut_out or cut_err,
+        )
+
+    async def _kill_exec(self, exec_id: str) -> None:
+        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        pid = info.get("Pid") or 0
+        if pid > 0:
+            kill_pids(descendants(pid))
+
+    async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            member = tarfile.TarInfo(path.name)
+            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+            tar.addfile(member, io.BytesIO(data))
+        container = self._require()
+        made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
+        if not made.ok:
+            raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
+        ok = await asyncio.to_thread(container.put_archive, str(path.parent), buffer.getvalue())
+        if not ok:
+            raise SandboxError(f"cannot write {path}")
+
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        await self._put(self._box_path(path), data, mode)
+
+    async def read(self, path: str) -> bytes:
+        container = self._require()
+        target = self._box_path(path)
+
+        def _read() -> bytes:
+            chunks, _ = container.get_archive(str(target))
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = tar.next()
+                handle = tar.extractfile(member) if member is not None else None
+                if handle is None:
+                    raise SandboxError(f"{path!r} is not a regular file")
+                return handle.read()
+
+        try:
+            return await asyncio.to_thread(_read)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise SandboxError(f"cannot read {path!r}: {exc}") from exc
+
+    async def host_url(self, url: str) -> str:
+        self._require()
+        assert self.bridges is not None
+        port = await self.bridges.add(url)
+        if "network_mode" in self.container_options() and port not in self._forwarded:
+            await self._start_forwarder(port)
+        return url
+
+    async def _start_forwarder(self, port: int) -> None:
+        container = self._require()
+        spec = f"{port}={BRIDGE_DIR}/{port}.sock"
+        await asyncio.to_thread(
+            container.exec_run,
+            [self.python, "-c", BOX_FORWARDER, spec, "--"],
+            detach=True,
+            environment={MARKER_ENV: self.box_id},
+        )
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1).close()"
+        for _ in range(100):
+            if (await self.run([self.python, "-c", probe], timeout=10)).ok:
+                self._forwarded.add(port)
+                return
+            await asyncio.sleep(0.05)
+        raise SandboxError(f"the in-container forwarder for port {port} did not start")
+
+    async def prepare_execution(self, routes: Sequence[str]) -> None:
+        for route in routes:
+            await self.host_url(route)
+
+    async def alive(self) -> bool:
+        if self.container is None or self._stopped:
+            return False
+        try:
+            await asyncio.to_thread(self.container.reload)
+        except Exception:
+            return False
+        return bool(self.container.status == "running")
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.container is not None:
+            try:
+                await asyncio.to_thread(self.container.remove, force=True)
+            except Exception as exc:
+                if "No such container" not in str(exc):
+                    raise SandboxError(f"cannot remove container: {exc}") from exc
+        if self.bridges is not None:
+            await self.bridges.close()
+        if self.client is not None:
+            await asyncio.to_thread(self.client.close)
+        if self.base is not None:
+            await asyncio.to_thread(shutil.rmtree, self.base, True)

@@ -1,0 +1,396 @@
+"""Scoring hooks: the ``@reward``, ``@metric``, ``@stop`` and ``@group_reward`` decorators, their
+discovery on a Task class (or plugged in from config by import path), and their execution.
+
+Hooks get their arguments injected by parameter name, may be sync or async, and run concurrently
+within a priority level (higher priority levels run first). A failed or skipped hook still leaves
+its keys in the result with value ``None`` and the reason recorded, so a missing score is visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import math
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeAlias, TypeVar, overload
+
+from vfray.errors import ConfigError
+from vfray.plugins import load_object
+from vfray.task import Task
+from vfray.trace import RewardRecord, Trace
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Overrides: TypeAlias = Mapping[str, str | Callable[..., Any]]
+"""Hook name -> ``"pkg.mod:fn"``, ``"path/file.py:fn"`` or a callable."""
+
+HOOK_ATTR = "__vfray_hook__"
+"""Attribute under which a decorated function carries its :class:`HookSpec`."""
+
+
+class HookKind(str, Enum):
+    REWARD = "reward"
+    METRIC = "metric"
+    STOP = "stop"
+    GROUP_REWARD = "group_reward"
+
+
+INJECTABLE: dict[HookKind, frozenset[str]] = {
+    HookKind.REWARD: frozenset({"trace", "task", "runtime"}),
+    HookKind.METRIC: frozenset({"trace", "task", "runtime"}),
+    # Stop hooks run inside the interception before each model call, where no runtime exists.
+    HookKind.STOP: frozenset({"trace", "task"}),
+    HookKind.GROUP_REWARD: frozenset({"traces", "task"}),
+}
+"""Parameter names each kind of hook may ask for."""
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """What a decorator says about a hook: its kind, weight, priority and declared keys."""
+
+    kind: HookKind
+    weight: float = 1.0
+    priority: int = 0
+    keys: tuple[str, ...] = ()
+    """Keys a mapping-returning hook promises; they are present even when the hook fails."""
+
+
+@dataclass(frozen=True)
+class ScoringHook:
+    """A discovered hook: a Task method (``func`` None, looked up by name) or a plugged function."""
+
+    name: str
+    spec: HookSpec
+    params: tuple[str, ...]
+    func: Callable[..., Any] | None = None
+    source: str = ""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.spec.keys or (self.name,)
+
+    @property
+    def needs_runtime(self) -> bool:
+        return "runtime" in self.params
+
+
+# -- decorators ----------------------------------------------------------------------------
+
+
+def _decorate(fn: Any, kind: HookKind, weight: float, priority: int, keys: Sequence[str]) -> Any:
+    spec = HookSpec(kind, float(weight), int(priority), tuple(keys))
+
+    def mark(f: Any) -> Any:
+        target = f.__func__ if isinstance(f, staticmethod | classmethod) else f
+        if not callable(target):
+            raise TypeError(
+                f"@vf.{kind.value} decorates a function; pass options by keyword, "
+                f"e.g. @vf.{kind.value}(weight=0.5)"
+            )
+        setattr(target, HOOK_ATTR, spec)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
+@overload
+def reward(fn: F, /) -> F: ...
+@overload
+def reward(
+    *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
+) -> Callable[[F], F]: ...
+def reward(
+    fn: Any = None, /, *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
+) -> Any:
+    """Mark a Task method as a reward; ``trace.reward`` is the weighted sum of rewards."""
+    return _decorate(fn, HookKind.REWARD, weight, priority, keys)
+
+
+@overload
+def metric(fn: F, /) -> F: ...
+@overload
+def metric(*, priority: int = 0, keys: Sequence[str] = ()) -> Callable[[F], F]: ...
+def metric(fn: Any = None, /, *, priority: int = 0, keys: Sequence[str] = ()) -> Any:
+    """Mark a Task method as a metric: recorded in ``trace.metrics``, not part of the reward."""
+    return _decorate(fn, HookKind.METRIC, 0.0, priority, keys)
+
+
+@overload
+def stop(fn: F, /) -> F: ...
+@overload
+def stop(*, priority: int = 0) -> Callable[[F], F]: ...
+def stop(fn: Any = None, /, *, priority: int = 0) -> Any:
+    """Mark a Task method as a stop condition, checked before each model call (truthy: stop)."""
+    return _decorate(fn, HookKind.STOP, 0.0, priority, ())
+
+
+@overload
+def group_reward(fn: F, /) -> F: ...
+@overload
+def group_reward(
+    *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
+) -> Callable[[F], F]: ...
+def group_reward(
+    fn: Any = None, /, *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
+) -> Any:
+    """Mark a Task method that gets all n ``traces`` of one task and returns one value per trace."""
+    return _decorate(fn, HookKind.GROUP_REWARD, weight, priority, keys)
+
+
+# -- discovery -----------------------------------------------------------------------------
+
+
+def _unwrap(raw: Any) -> tuple[Callable[..., Any] | None, bool]:
+    """The plain function behind a class attribute, and whether its first parameter is bound."""
+    if isinstance(raw, staticmethod):
+        return raw.__func__, False
+    if isinstance(raw, classmethod):
+        return raw.__func__, True
+    if inspect.isfunction(raw):
+        return raw, True
+    return None, False
+
+
+def _injected_params(
+    fn: Callable[..., Any], kind: HookKind, where: str, skip_first: bool
+) -> tuple[str, ...]:
+    allowed = INJECTABLE[kind]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot read its signature: {exc}") from exc
+    names: list[str] = []
+    for p in params[1:] if skip_first else params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.name in allowed:
+            names.append(p.name)
+        elif p.default is p.empty:
+            raise ConfigError(
+                f"{where}: parameter {p.name!r} cannot be injected; a {kind.value} hook "
+                f"may take {', '.join(sorted(allowed))}"
+            )
+    return tuple(names)
+
+
+def _check_unique_keys(hooks: Iterable[ScoringHook], owner: str) -> None:
+    # Rewards and group rewards share trace.rewards, metrics have their own namespace.
+    seen: dict[tuple[str, str], str] = {}
+    for hook in (h for h in hooks if h.spec.kind is not HookKind.STOP):
+        space = "metric" if hook.spec.kind is HookKind.METRIC else "reward"
+        for key in hook.keys:
+            other = seen.setdefault((space, key), hook.name)
+            if other != hook.name:
+                raise ConfigError(
+                    f"{owner}: {space} key {key!r} is produced by {other} and {hook.name}"
+                )
+
+
+@functools.cache
+def _class_hooks(cls: type) -> tuple[ScoringHook, ...]:
+    # A subclass that redefines a hook's method without decorating it keeps the hook (with the
+    # new body); setting the name to None removes it.
+    specs: dict[str, HookSpec] = {}
+    for klass in reversed(cls.__mro__):
+        for name, raw in vars(klass).items():
+            func, _ = _unwrap(raw)
+            spec = getattr(func, HOOK_ATTR, None) if func is not None else None
+            if isinstance(spec, HookSpec):
+                specs[name] = spec
+            elif raw is None:
+                specs.pop(name, None)
+    hooks = []
+    for name, spec in specs.items():
+        where = f"{cls.__qualname__}.{name}"
+        func, bound = _unwrap(inspect.getattr_static(cls, name))
+        if func is None:
+            raise ConfigError(
+                f"{where} is a {spec.kind.value} hook but is overridden by a non-function"
+            )
+        hooks.append(
+            ScoringHook(name, spec, _injected_params(func, spec.kind, where, bound), None, where)
+        )
+    _check_unique_keys(hooks, cls.__qualname__)
+    return tuple(hooks)
+
+
+def scoring_hooks(task_cls: type, overrides: Overrides | None = None) -> list[ScoringHook]:
+    """All hooks of ``task_cls`` (over its MRO), with config overrides applied.
+
+    An override maps a hook name to ``"pkg.mod:fn"``, ``"path/file.py:fn"`` or a callable. It
+    replaces the hook of that name (keeping its kind, weight and priority unless the function is
+    itself decorated), or adds a new reward when no hook has that name.
+    """
+    hooks = {h.name: h for h in _class_hooks(task_cls)}
+    for name, target in (overrides or {}).items():
+        source = target if isinstance(target, str) else getattr(target, "__qualname__", "?")
+        func = load_object(target) if isinstance(target, str) else target
+        if not callable(func):
+            raise ConfigError(f"scoring override {name!r}: {source!r} is not callable")
+        own = getattr(func, HOOK_ATTR, None)
+        fallback = hooks[name].spec if name in hooks else HookSpec(HookKind.REWARD)
+        spec = own if isinstance(own, HookSpec) else fallback
+        where = f"scoring override {name!r} ({source})"
+        params = _injected_params(func, spec.kind, where, skip_first=False)
+        hooks[name] = ScoringHook(name, spec, params, func, str(source))
+    if overrides:
+        _check_unique_keys(hooks.values(), task_cls.__qualname__)
+    return list(hooks.values())
+
+
+def validate_group_config(task_cls: type, n: int, overrides: Overrides | None = None) -> None:
+    """Raise :class:`ConfigError` when ``task_cls`` has group rewards and ``n < 2``."""
+    hooks = scoring_hooks(task_cls, overrides)
+    group = [h.name for h in hooks if h.spec.kind is HookKind.GROUP_REWARD]
+    if group and n < 2:
+        raise ConfigError(
+            f"{task_cls.__qualname__} has group rewards ({', '.join(group)}) which compare "
+            f"the n rollouts of a task; n must be at least 2, got n={n}"
+        )
+
+
+# -- execution -----------------------------------------------------------------------------
+
+
+def select_hooks(
+    task: Task[Any], overrides: Overrides | None, *kinds: HookKind
+) -> list[ScoringHook]:
+    return [h for h in scoring_hooks(type(task), overrides) if h.spec.kind in kinds]
+
+
+async def run_levels(
+    hooks: list[ScoringHook], owner: Any, available: Mapping[str, Any], offload: bool
+) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
+    """Run hooks level by level (highest priority first), concurrently within a level."""
+    priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
+    for level in ([h for h in hooks if h.spec.priority == p] for p in priorities):
+        results = await asyncio.gather(*(_invoke(h, owner, available, offload) for h in level))
+        yield list(zip(level, results, strict=True))
+
+
+async def _invoke(
+    hook: ScoringHook, owner: Any, available: Mapping[str, Any], offload: bool
+) -> Any:
+    """Run one hook; exceptions are returned, not raised, so siblings always finish."""
+    fn = hook.func if hook.func is not None else getattr(owner, hook.name)
+    kwargs = {p: available[p] for p in hook.params}
+    try:
+        if inspect.iscoroutinefunction(fn) or not offload:
+            result = fn(**kwargs)
+        else:
+            # A blocking sync hook must not stall the event loop other rollouts share.
+            result = await asyncio.to_thread(fn, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+    except Exception as exc:
+        return exc
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def spread_keys(hook: ScoringHook, result: Any) -> dict[str, Any]:
+    """Spread a hook's return (or exception) over its keys; a missing key becomes an error."""
+    if isinstance(result, BaseException):
+        return dict.fromkeys(hook.keys, result)
+    if isinstance(result, Mapping):
+        columns = {str(k): v for k, v in result.items()}
+        if not columns and not hook.spec.keys:
+            columns[hook.name] = ValueError("hook returned an empty mapping")
+    elif hook.spec.keys and hook.spec.keys != (hook.name,):
+        got = type(result).__name__
+        return dict.fromkeys(hook.keys, TypeError(f"expected a mapping with keys, got {got}"))
+    else:
+        columns = {hook.name: result}
+    for key in hook.spec.keys:
+        columns.setdefault(key, LookupError(f"hook did not return key {key!r}"))
+    return columns
+
+
+def to_score(raw: Any) -> tuple[float | None, str | None]:
+    """One score as (value, error): numbers and bools become floats, anything else an error."""
+    if isinstance(raw, BaseException):
+        return None, _describe(raw)
+    if raw is None:
+        return None, None
+    if isinstance(raw, str | bytes) or not hasattr(raw, "__float__"):
+        return None, f"TypeError: expected a number or bool, got {type(raw).__name__}"
+    number = float(raw)
+    if not math.isfinite(number):
+        return None, f"ValueError: non-finite value {number}"
+    return number, None
+
+
+def store_score(
+    trace: Trace, hook: ScoringHook, key: str, value: float | None, error: str | None
+) -> None:
+    if hook.spec.kind is HookKind.METRIC:
+        trace.metrics[key] = value
+    else:
+        group = hook.spec.kind is HookKind.GROUP_REWARD
+        trace.rewards[key] = RewardRecord(
+            value=value, weight=hook.spec.weight, group=group, error=error
+        )
+    if error and hook.spec.kind is not HookKind.GROUP_REWARD:
+        trace.notes.append(f"{hook.spec.kind.value} {key!r} ({hook.name}) has no value: {error}")
+
+
+def _skip(trace: Trace, hook: ScoringHook) -> None:
+    # Offline re-scoring keeps a value recorded while the runtime was alive rather than erase it.
+    reason = "skipped: needs a runtime and scoring ran without one"
+    for key in hook.keys:
+        old = (
+            trace.metrics.get(key) if hook.spec.kind is HookKind.METRIC else trace.rewards.get(key)
+        )
+        if (old.value if isinstance(old, RewardRecord) else old) is None:
+            store_score(trace, hook, key, None, reason)
+        else:
+            trace.notes.append(f"{hook.spec.kind.value} {key!r} {reason}; kept the recorded value")
+
+
+async def score_rollout(
+    task: Task[Any], trace: Trace, runtime: Any = None, overrides: Overrides | None = None
+) -> None:
+    """Run the task's rewards and metrics on ``trace``, filling ``trace.rewards``/``metrics``.
+
+    ``runtime=None`` means offline re-scoring: hooks that take ``runtime`` are skipped and noted.
+    """
+    hooks = select_hooks(task, overrides, HookKind.REWARD, HookKind.METRIC)
+    if runtime is None:
+        for hook in (h for h in hooks if h.needs_runtime):
+            _skip(trace, hook)
+        hooks = [h for h in hooks if not h.needs_runtime]
+    available = {"trace": trace, "task": task, "runtime": runtime}
+    async for level in run_levels(hooks, task, available, offload=True):
+        for hook, result in level:
+            for key, raw in spread_keys(hook, result).items():
+                store_score(trace, hook, key, *to_score(raw))
+
+
+async def check_stop(
+    task: Task[Any], trace: Trace, overrides: Overrides | None = None
+) -> str | None:
+    """Run the ``@stop`` hooks; return the name of the first that says stop (truthy), else None.
+
+    Sync stop hooks run inline (they sit on every model call's path and should be cheap
+    predicates); a hook that raises is noted on the trace once and does not stop the rollout.
+    """
+    hooks = select_hooks(task, overrides, HookKind.STOP)
+    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=False)
+    async with contextlib.aclosing(levels):  # closed promptly when a hook says stop
+        async for level in levels:
+            for hook, result in level:
+                if isinstance(result, BaseException):
+                    note = f"stop hook {hook.name!r} failed: {_describe(result)}"
+                    if note not in trace.notes:
+                        trace.notes.append(note)
+                elif result:
+                    return hook.name
+    return None

@@ -1,0 +1,155 @@
+"""Tasks: the serializable :class:`TaskData` row and the :class:`Task` that adds behaviour.
+
+``TaskData`` is the only part of a task that crosses process boundaries and lands in a trace;
+``Task`` holds one and carries the hooks (setup, finalize, validate, and the scoring methods
+decorated in :mod:`vfray.scoring`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vfray.trace import Message, TaskRecord, canonical_json
+
+if TYPE_CHECKING:
+    from vfray.runtimes.base import Runtime
+    from vfray.trace import Trace
+
+
+class TaskTimeout(BaseModel):
+    """Per-phase deadlines in seconds (None: the run's default applies)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    setup: float | None = None
+    agent: float | None = None
+    finalize: float | None = None
+    scoring: float | None = None
+
+
+class TaskResources(BaseModel):
+    """What one rollout's box needs; the farm turns these into Ray resource requests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu: float = 1.0
+    memory: float | None = None
+    """Memory in GB."""
+    gpu: str | None = None
+    """GPU request such as ``"A100:2"`` or ``"1"``."""
+    disk: float | None = None
+    """Disk in GB."""
+
+
+class Artifact(BaseModel):
+    """A path collected from one runtime (after the agent) to be restored into another."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    required: bool = True
+
+
+class TaskData(BaseModel):
+    """One task as data. Subclass it to add typed fields, e.g. ``answer: int``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str | list[dict[str, Any]] | None = None
+    """A user message, a list of chat messages, or None when a user speaks first."""
+    system_prompt: str | None = None
+    image: str | None = None
+    workdir: str | None = None
+    network_allow: list[str] = Field(default_factory=lambda: ["*"])
+    network_block: list[str] = Field(default_factory=list)
+    artifacts: list[Artifact] = Field(default_factory=list)
+    timeout: TaskTimeout = Field(default_factory=TaskTimeout)
+    resources: TaskResources = Field(default_factory=TaskResources)
+
+    @property
+    def hash(self) -> str:
+        """SHA-256 of the canonical JSON of the data (type name included)."""
+        payload = {"type": type(self).__qualname__, "data": self.model_dump(mode="json")}
+        return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+    @property
+    def prompt_messages(self) -> list[Message]:
+        """The prompt as chat messages, with the system prompt first when there is one."""
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append(Message(role="system", content=self.system_prompt))
+        if isinstance(self.prompt, str):
+            messages.append(Message(role="user", content=self.prompt))
+        elif isinstance(self.prompt, list):
+            messages.extend(Message.model_validate(m) for m in self.prompt)
+        return messages
+
+    @property
+    def prompt_text(self) -> str:
+        """The prompt flattened to text (the user-visible parts only)."""
+        return "\n".join(m.text for m in self.prompt_messages if m.role != "system")
+
+
+DataT = TypeVar("DataT", bound=TaskData)
+
+
+async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Call a sync or async callable and await the result when it is awaitable."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class Task(Generic[DataT]):
+    """A task's behaviour around its :class:`TaskData`.
+
+    Override ``setup``/``finalize``/``validate`` (sync or async) and add scoring methods with
+    ``@vf.reward``, ``@vf.metric``, ``@vf.stop`` and ``@vf.group_reward``.
+    """
+
+    data_type: ClassVar[type[TaskData]] = TaskData
+
+    def __init__(self, data: DataT, key: str | None = None) -> None:
+        if not isinstance(data, TaskData):
+            raise TypeError(f"Task data must be a TaskData, got {type(data).__name__}")
+        self.data: DataT = data
+        self._key = key
+
+    @property
+    def hash(self) -> str:
+        return self.data.hash
+
+    @property
+    def key(self) -> str:
+        """Durable identity used by resume; defaults to the data hash."""
+        return self._key if self._key is not None else self.hash
+
+    def record(self) -> TaskRecord:
+        cls = type(self.data)
+        return TaskRecord(
+            key=self.key,
+            hash=self.hash,
+            type=f"{cls.__module__}:{cls.__qualname__}",
+            data=self.data.model_dump(mode="json"),
+        )
+
+    def setup(self, trace: Trace, runtime: Runtime) -> Awaitable[None] | None:
+        """Prepare the box before the agent runs (copy files, install things)."""
+        return None
+
+    def finalize(self, trace: Trace, runtime: Runtime) -> Awaitable[None] | None:
+        """Run after the agent, before scoring (collect artifacts, run a test suite)."""
+        return None
+
+    def validate(self, runtime: Runtime) -> Awaitable[None] | None:
+        """Check that the task can run at all in this runtime; raise to reject it."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(key={self.key[:12]!r})"

@@ -1,0 +1,119 @@
+"""``check_runtime``: the contract every :class:`~vfray.runtimes.base.Runtime` must honour.
+
+Run it on your own runtime plugin: ``await check_runtime(lambda: MyRuntime(spec))``. It raises
+:class:`AssertionError` naming the first violation. It needs the box's processes to be visible in
+this host's ``/proc`` (true for subprocess, bwrap and a local docker engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from vfray.runtimes.base import Runtime
+
+FAKE_SECRET_VAR = "OPENAI_API_KEY"
+
+
+def _processes_with(token: str) -> list[int]:
+    """Live processes whose environment or command line contains ``token``."""
+    needle = token.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            blob = (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"runtime contract violated: {message}")
+
+
+async def check_runtime(runtime_factory: Callable[[], Runtime]) -> None:
+    """Start a fresh runtime from ``runtime_factory`` and check the whole contract on it."""
+    token = f"vfray-conformance-{uuid.uuid4().hex}"
+    secret = f"sk-{token}"
+    previous = os.environ.get(FAKE_SECRET_VAR)
+    os.environ[FAKE_SECRET_VAR] = secret
+    runtime = runtime_factory()
+    try:
+        _check(not await runtime.alive(), "alive() is True before start()")
+        await runtime.start()
+        _check(await runtime.alive(), "alive() is False after start()")
+        await _check_files(runtime)
+        await _check_run(runtime, secret)
+        await _check_timeout(runtime)
+        # A background process the box must take down with it.
+        started = await runtime.run(
+            ["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"],
+            {"VFRAY_CONFORMANCE": token},
+            timeout=30,
+        )
+        _check(started.ok and "started" in started.stdout, f"background start failed: {started}")
+    finally:
+        if previous is None:
+            os.environ.pop(FAKE_SECRET_VAR, None)
+        else:
+            os.environ[FAKE_SECRET_VAR] = previous
+        await runtime.stop()
+    await runtime.stop()  # idempotent
+    _check(not await runtime.alive(), "alive() is True after stop()")
+    for _ in range(100):  # processes may take a moment to be reaped after SIGKILL
+        left = _processes_with(token)
+        if not left:
+            break
+        await asyncio.sleep(0.02)
+    _check(not left, f"processes left behind after stop(): {left}")
+    fresh = runtime_factory()
+    await fresh.stop()  # stop before start must be safe
+
+
+async def _check_files(runtime: Runtime) -> None:
+    payload = bytes(range(256)) * 64
+    await runtime.write("conformance/nested/blob.bin", payload)
+    back = await runtime.read("conformance/nested/blob.bin")
+    _check(back == payload, f"binary write/read round trip changed the data ({len(back)} bytes)")
+    listed = await runtime.run(["cat", "conformance/nested/blob.bin"], timeout=30)
+    _check(listed.ok, f"a written file is not visible to programs in the box: {listed}")
+    await runtime.write("conformance/exec.sh", b"#!/bin/sh\necho executable\n", mode=0o755)
+    ran = await runtime.run(["./conformance/exec.sh"], timeout=30)
+    _check(ran.stdout.strip() == "executable", f"write(mode=0o755) not executable: {ran}")
+    made = await runtime.run(["sh", "-c", "printf made > conformance/made.txt"], timeout=30)
+    _check(made.ok, f"cannot write in the work dir: {made}")
+    _check(await runtime.read("conformance/made.txt") == b"made", "read() misses a box's file")
+
+
+async def _check_run(runtime: Runtime, secret: str) -> None:
+    result = await runtime.run(
+        ["sh", "-c", 'echo "out:$VFRAY_CHECK"; echo "err" >&2; env; exit 7'],
+        {"VFRAY_CHECK": "value"},
+        timeout=30,
+    )
+    _check(result.exit_code == 7, f"exit code not reported (got {result.exit_code})")
+    _check(not result.ok, "ok is True for a non-zero exit")
+    _check("out:value" in result.stdout, f"env not passed or stdout lost: {result.stdout!r}")
+    _check(result.stderr.strip() == "err", f"stderr not captured separately: {result.stderr!r}")
+    _check(secret not in result.stdout, f"the host's {FAKE_SECRET_VAR} leaked into the box")
+    fed = await runtime.run(["cat"], stdin=b"from stdin", timeout=30)
+    _check(fed.stdout == "from stdin", f"stdin not delivered: {fed.stdout!r}")
+    ok = await runtime.run(["true"], timeout=30)
+    _check(ok.ok and ok.exit_code == 0 and not ok.timed_out, f"`true` did not succeed: {ok}")
+    missing = await runtime.run(["vfray-no-such-program"], timeout=30)
+    _check(missing.exit_code != 0, "a missing program reported success")
+
+
+async def _check_timeout(runtime: Runtime) -> None:
+    result = await runtime.run(["sh", "-c", "sleep 60; echo finished"], timeout=0.5)
+    _check(result.timed_out, f"a run past its timeout is not marked timed_out: {result}")
+    _check(not result.ok, "a timed-out run reports ok")
+    _check("finished" not in result.stdout, "the timed-out program kept running")

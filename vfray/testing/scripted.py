@@ -1,0 +1,296 @@
+"""The scripted model server: a real OpenAI/Anthropic-compatible ASGI app with deterministic
+policies, latency, token ids and error injection, the only stand-in for a model provider in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from vfray.testing import wire
+from vfray.testing.policies import POLICIES, Sampler, count_tokens, decide, reply
+from vfray.testing.serving import serve_in_thread
+
+FAIL_HEADER = "x-scripted-fail"
+"""Request header: answer with this error: an HTTP status (400-599) or ``context_length``."""
+FAIL_COUNT_HEADER = "x-scripted-fail-count"
+"""Request header: fail only the first N identical requests carrying ``x-scripted-fail``."""
+LATENCY_HEADER = "x-scripted-latency"
+"""Request header: override the per-call latency (seconds); echoed on every completion."""
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_ANTHROPIC_TYPES = {**_OPENAI_TYPES, 413: "request_too_large", 529: "overloaded_error"}
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """A completion request as the scripted model received it (for tests of what a proxy sends)."""
+
+    route: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class _Failure(Exception):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+def _error_response(dialect: str, failure: _Failure) -> JSONResponse:
+    status = failure.status
+    headers = {"retry-after-ms": "10"} if status == 429 or status >= 500 else {}
+    if dialect == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(
+            status, "api_error" if status >= 500 else "invalid_request_error"
+        )
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": kind, "message": failure.message},
+        }
+    else:
+        kind = _OPENAI_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        code = failure.code or ("rate_limit_exceeded" if status == 429 else None)
+        body = {
+            "error": {
+                "message": failure.message,
+                "type": kind,
+                "param": failure.param,
+                "code": code,
+            }
+        }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+_DIALECTS: dict[str, tuple[Callable[[wire.Json], wire.Request], str]] = {
+    "/v1/chat/completions": (wire.parse_chat, "chat"),
+    "/v1/responses": (wire.parse_responses, "responses"),
+    "/v1/messages": (wire.parse_anthropic, "anthropic"),
+}
+
+
+class ScriptedModel:
+    """A deterministic model server; the instance is the ASGI app.
+
+    ``policy`` is one of ``echo``, ``arithmetic``, ``bash``, ``tokens`` (see
+    :mod:`vfray.testing.policies`). ``accuracy`` is the chance an arithmetic answer is right,
+    drawn from ``seed``, the prompt and a per-call nonce (see :class:`Sampler`). ``latency`` is
+    slept before every completion. With ``context_window`` set, a request whose prompt tokens
+    plus ``max_tokens`` exceed it is refused as a context-length error.
+    """
+
+    def __init__(
+        self,
+        policy: str = "echo",
+        *,
+        latency: float = 0.0,
+        accuracy: float = 1.0,
+        seed: int = 0,
+        model_name: str = "scripted",
+        context_window: int | None = None,
+        history_size: int = 1000,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if latency < 0 or not 0.0 <= accuracy <= 1.0:
+            raise ValueError("latency must be >= 0 and accuracy within [0, 1]")
+        self.policy, self.latency, self.accuracy, self.seed = policy, latency, accuracy, seed
+        self.model_name, self.context_window = model_name, context_window
+        self.calls = 0
+        """Completions answered by the policy (errors and refusals not counted)."""
+        self.history: deque[ReceivedRequest] = deque(maxlen=history_size)
+        """The last ``history_size`` completion requests received, refused ones included."""
+        self._sampler = Sampler(seed)
+        self._lock = threading.Lock()  # fail_next() is called from test threads
+        self._queued: deque[str] = deque()
+        self._header_failures: dict[str, int] = {}
+        self._app = Starlette(
+            routes=[
+                *(Route(path, self._complete, methods=["POST"]) for path in _DIALECTS),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    def fail_next(self, kind: int | str, times: int = 1) -> None:
+        """Answer the next ``times`` completions with an error (a status or ``context_length``)."""
+        _failure_kind(str(kind))
+        with self._lock:
+            self._queued.extend([str(kind)] * times)
+
+    async def _models(self, request: HttpRequest) -> Response:
+        entry = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vfray",
+            "type": "model",
+            "display_name": self.model_name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [entry],
+                "has_more": False,
+                "first_id": self.model_name,
+                "last_id": self.model_name,
+            }
+        )
+
+    async def _health(self, request: HttpRequest) -> Response:
+        return JSONResponse(
+            {"status": "ok", "policy": self.policy, "model": self.model_name, "calls": self.calls}
+        )
+
+    async def _complete(self, request: HttpRequest) -> Response:
+        parse, dialect = _DIALECTS[request.url.path]
+        try:
+            return await self._answer(request, parse, dialect)
+        except wire.BadRequest as exc:
+            return _error_response(dialect, _Failure(400, exc.message, param=exc.param))
+        except _Failure as failure:
+            return _error_response(dialect, failure)
+
+    async def _answer(
+        self, request: HttpRequest, parse: Callable[[wire.Json], wire.Request], dialect: str
+    ) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise wire.BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise wire.BadRequest("request body must be a JSON object")
+        self.history.append(ReceivedRequest(request.url.path, dict(request.headers), body))
+        parsed = parse(body)
+        self._inject_failure(request, raw, parsed, dialect)
+        latency = _latency(request.headers.get(LATENCY_HEADER), self.latency)
+        if latency:
+            await asyncio.sleep(latency)
+        conv = parsed.conv
+        decision = decide(self.policy, conv, self.accuracy, self._sampler)
+        call_id = wire.new_id("toolu_" if dialect == "anthropic" else "call_")
+        answer = reply(decision, conv, policy=self.policy, call_id=call_id)
+        self.calls += 1
+        model = parsed.model or self.model_name
+        headers = {LATENCY_HEADER: repr(latency)}
+        if not parsed.stream:
+            render = {
+                "chat": wire.chat_body,
+                "responses": wire.responses_body,
+                "anthropic": wire.anthropic_body,
+            }[dialect]
+            return JSONResponse(render(answer, model), headers=headers)
+        if dialect == "chat":
+            events = wire.chat_events(answer, model, parsed.include_usage)
+        elif dialect == "responses":
+            events = wire.responses_events(answer, model)
+        else:
+            events = wire.anthropic_events(answer, model)
+        return StreamingResponse(
+            _drip(events),
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+        )
+
+    def _inject_failure(
+        self, request: HttpRequest, raw: bytes, parsed: wire.Request, dialect: str
+    ) -> None:
+        kind = request.headers.get(FAIL_HEADER)
+        if kind is not None:
+            _failure_kind(kind)
+            limit = request.headers.get(FAIL_COUNT_HEADER)
+            if limit is not None:
+                if not limit.isdigit():
+                    raise wire.BadRequest(f"{FAIL_COUNT_HEADER} must be a non-negative integer")
+                # Keyed by body, so an SDK retry of the same request is the one that succeeds.
+                key = kind + hashlib.sha256(raw).hexdigest()
+                seen = self._header_failures.get(key, 0)
+                self._header_failures[key] = seen + 1
+                if seen >= int(limit):
+                    kind = None
+        if kind is None:
+            with self._lock:
+                kind = self._queued.popleft() if self._queued else None
+        needed = count_tokens(list(parsed.conv.texts)) + (parsed.conv.max_tokens or 0)
+        if kind is None and self.context_window is not None and needed > self.context_window:
+            kind = "context_length"
+        if kind == "context_length":
+            window = self.context_window or max(1, needed - 1)
+            raise _context_failure(dialect, needed, window)
+        if kind is not None:
+            raise _Failure(int(kind), f"scripted failure {kind} (injected)")
+
+
+def _failure_kind(kind: str) -> None:
+    if kind != "context_length" and not (kind.isdigit() and 400 <= int(kind) <= 599):
+        raise wire.BadRequest(
+            f"{FAIL_HEADER} must be an HTTP status 400-599 or 'context_length', got {kind!r}"
+        )
+
+
+def _context_failure(dialect: str, needed: int, window: int) -> _Failure:
+    if dialect == "anthropic":
+        return _Failure(400, f"prompt is too long: {needed} tokens > {window} maximum")
+    message = (
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{needed} tokens. Please reduce the length of the messages."
+    )
+    return _Failure(400, message, code="context_length_exceeded", param="messages")
+
+
+def _latency(header: str | None, default: float) -> float:
+    if header is None:
+        return default
+    try:
+        value = float(header)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 600.0:
+        raise wire.BadRequest(f"{LATENCY_HEADER} must be a number of seconds in [0, 600]")
+    return value
+
+
+async def _drip(events: list[str]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event.encode()
+
+
+@contextlib.contextmanager
+def scripted_server(policy: str | ScriptedModel = "echo", **options: Any) -> Iterator[str]:
+    """Serve a :class:`ScriptedModel` on 127.0.0.1 in a thread; yields a base URL ending in /v1.
+
+    Pass a policy name and :class:`ScriptedModel` keyword options, or a ready model (to inspect
+    its ``history`` or call ``fail_next`` while it serves). Anthropic clients take the URL
+    without the ``/v1`` suffix.
+    """
+    model = policy if isinstance(policy, ScriptedModel) else ScriptedModel(policy, **options)
+    with serve_in_thread(model) as url:
+        yield f"{url}/v1"

@@ -1,0 +1,77 @@
+"""Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread, for tests and demos.
+
+The socket is bound before uvicorn starts, so port 0 yields a free port with no race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY: otherwise every response waits ~40 ms
+    # for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off"}
+    options.update(uvicorn_options)
+    return uvicorn.Config(app, **options)
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+) -> Iterator[str]:
+    """Run ``app`` in a daemon thread with its own event loop; yields ``http://host:port``."""
+    sock = _bind(host, port)
+    server = uvicorn.Server(_config(app, **uvicorn_options))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="vfray-serve", daemon=True
+    )
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("server thread exited before it started")
+            threading.Event().wait(0.005)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(
+    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+) -> AsyncIterator[str]:
+    """Run ``app`` as a task on the current event loop; yields ``http://host:port``."""
+    sock = _bind(host, port)
+    server = uvicorn.Server(_config(app, **uvicorn_options))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("server exited before it started")
+            await asyncio.sleep(0.005)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=10)
+        sock.close()

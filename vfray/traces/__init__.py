@@ -1,0 +1,26 @@
+"""vfray's trace tables: a versioned Arrow schema, Parquet reading/writing, and the per-branch
+``samples`` training view, readable unchanged by pandas, HF ``datasets`` and Ray Data.
+"""
+
+from vfray.traces.convert import table_to_traces, traces_to_table
+from vfray.traces.io import TraceWriter, read_traces, write_traces
+from vfray.traces.samples import to_samples
+from vfray.traces.schema import (
+    SAMPLE_SCHEMA,
+    TRACE_SCHEMA,
+    TRACE_SCHEMA_VERSION,
+    schema_version,
+)
+
+__all__ = [
+    "SAMPLE_SCHEMA",
+    "TRACE_SCHEMA",
+    "TRACE_SCHEMA_VERSION",
+    "TraceWriter",
+    "read_traces",
+    "schema_version",
+    "table_to_traces",
+    "to_samples",
+    "traces_to_table",
+    "write_traces",
+]

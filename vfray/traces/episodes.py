@@ -1,0 +1,71 @@
+"""The episodes table: one row per task group (its n rewards, group rewards, advantages, pass@k)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from vfray.episode import Episode
+from vfray.traces.schema import SCHEMA_VERSION_KEY, TRACE_SCHEMA_VERSION
+
+KIND = b"episodes"
+
+EPISODE_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int16(), nullable=False),
+        pa.field("run_id", pa.string()),
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("task_key", pa.string(), nullable=False),
+        pa.field("task_hash", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("trace_ids", pa.list_(pa.string())),
+        pa.field("rollout_indices", pa.list_(pa.int64())),
+        pa.field("rewards", pa.list_(pa.float64())),
+        pa.field("advantages", pa.list_(pa.float64())),
+        pa.field(
+            "group_rewards",
+            pa.list_(
+                pa.struct(
+                    [pa.field("key", pa.string()), pa.field("values", pa.list_(pa.float64()))]
+                )
+            ),
+        ),
+        pa.field("mean_reward", pa.float64()),
+        pa.field("pass_at_1", pa.float64()),
+        pa.field("pass_at_n", pa.float64()),
+        pa.field("num_ok", pa.int64()),
+        pa.field("created_at", pa.float64()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION).encode(), b"vfray.kind": KIND},
+)
+
+
+def episodes_to_table(episodes: Iterable[Episode], run_id: str | None = None) -> pa.Table:
+    rows = []
+    for episode in episodes:
+        n = len(episode.traces)
+        rows.append(
+            {
+                "schema_version": TRACE_SCHEMA_VERSION,
+                "run_id": run_id,
+                "episode_id": episode.episode_id,
+                "task_key": episode.task.key,
+                "task_hash": episode.task.hash,
+                "n": n,
+                "trace_ids": [t.trace_id for t in episode.traces],
+                "rollout_indices": [t.rollout_index for t in episode.traces],
+                "rewards": episode.rewards,
+                "advantages": episode.advantages,
+                "group_rewards": [
+                    {"key": k, "values": v} for k, v in sorted(episode.group_rewards.items())
+                ],
+                "mean_reward": episode.mean_reward,
+                "pass_at_1": episode.pass_at_k(1) if n else None,
+                "pass_at_n": episode.pass_at_k(n) if n else None,
+                "num_ok": sum(1 for t in episode.traces if t.ok),
+                "created_at": time.time(),
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)

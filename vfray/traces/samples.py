@@ -1,0 +1,119 @@
+"""The ``samples`` training view: one row per branch, with its token ids, mask and logprobs.
+
+A branch is one linear context, so its calls' token ids line up into one sequence: the first
+call's prompt, then for every turn the tokens the environment inserted (mask 0) followed by
+the tokens the model sampled (mask 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from vfray.trace import Branch, ModelCall, Trace
+from vfray.traces.columns import MessagesColumn
+from vfray.traces.convert import table_to_traces
+from vfray.traces.schema import SAMPLE_SCHEMA, TRACE_SCHEMA_VERSION
+
+
+@dataclass
+class BranchTokens:
+    """One branch's tokens: the opening prompt, then everything after it with a loss mask."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_mask: list[int]
+    completion_logprobs: list[float] | None
+
+
+def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
+    """Line up the token ids of a branch's calls, or None when they cannot be lined up.
+
+    None when a call lacks token ids, or when a later prompt does not start with the earlier
+    prompt + completion (the tokenizer re-encoded the history differently): such a branch
+    cannot be trained on token-exactly, and guessing would corrupt the sample.
+    Logprobs are None when any call lacks them; inserted tokens get logprob 0.0 (masked).
+    """
+    answered = [c for c in calls if c.response_id is not None]
+    if not answered:
+        return None
+    first = answered[0]
+    if first.prompt_token_ids is None or first.completion_token_ids is None:
+        return None
+    prompt = list(first.prompt_token_ids)
+    completion = list(first.completion_token_ids)
+    mask = [1] * len(completion)
+    logprobs: list[float] | None = (
+        list(first.completion_logprobs) if first.completion_logprobs is not None else None
+    )
+    context = prompt + completion
+    for call in answered[1:]:
+        if call.prompt_token_ids is None or call.completion_token_ids is None:
+            return None
+        if call.prompt_token_ids[: len(context)] != context:
+            return None
+        inserted = call.prompt_token_ids[len(context) :]
+        completion += inserted
+        completion += call.completion_token_ids
+        mask += [0] * len(inserted)
+        mask += [1] * len(call.completion_token_ids)
+        if logprobs is not None and call.completion_logprobs is not None:
+            logprobs += [0.0] * len(inserted)
+            logprobs += call.completion_logprobs
+        else:
+            logprobs = None
+        context = list(call.prompt_token_ids) + list(call.completion_token_ids)
+    return BranchTokens(prompt, completion, mask, logprobs)
+
+
+def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
+    calls = [trace.calls[i] for i in branch.call_indices if i < len(trace.calls)]
+    tokens = branch_tokens(calls)
+    versions = [c.policy_version for c in calls if c.policy_version is not None]
+    stop = trace.stop_condition
+    return {
+        "schema_version": TRACE_SCHEMA_VERSION,
+        "run_id": trace.run_id,
+        "trace_id": trace.trace_id,
+        "episode_id": trace.episode_id,
+        "task_key": trace.task.key,
+        "rollout_index": trace.rollout_index,
+        "attempt": trace.attempt,
+        "branch": branch.id,
+        "num_branches": len(trace.branch_list),
+        "prompt_token_ids": None if tokens is None else tokens.prompt_token_ids,
+        "completion_token_ids": None if tokens is None else tokens.completion_token_ids,
+        "completion_mask": None if tokens is None else tokens.completion_mask,
+        "completion_logprobs": None if tokens is None else tokens.completion_logprobs,
+        "reward": trace.reward,
+        "advantage": trace.advantage,
+        "ok": trace.ok,
+        "stop_condition": None if stop is None else stop.value,
+        "model": trace.agent.model,
+        "policy_version": min(versions) if versions else None,
+    }
+
+
+def to_samples(data: pa.Table | Iterable[Trace]) -> pa.Table:
+    """The training view of traces (or of a trace table): one row per branch.
+
+    Every branch of a trace shares the trace's reward and advantage: a compaction or a
+    sub-agent is part of the same attempt and is credited with its outcome.
+    """
+    traces = table_to_traces(data) if isinstance(data, pa.Table) else data
+    rows: list[dict[str, Any]] = []
+    messages = MessagesColumn()
+    for trace in traces:
+        for branch in trace.branch_list:
+            rows.append(_sample_row(trace, branch))
+            messages.append(trace, branch.message_ids)
+    columns = [
+        messages.finish()
+        if field.name == "messages"
+        else pa.array([row[field.name] for row in rows], type=field.type)
+        for field in SAMPLE_SCHEMA
+    ]
+    return pa.Table.from_arrays(columns, schema=SAMPLE_SCHEMA)
