@@ -24,6 +24,8 @@ def start_local_ray() -> None:
     if ray.is_initialized():
         return
     ray.init(
+        # "local": never join another Ray that happens to run on this machine.
+        address="local",
         num_cpus=4,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

@@ -511,7 +511,7 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
 
 
 async def test_example_arithmetic_scoring() -> None:
-    make = load_object(f"{REPO}/examples/arithmetic.py:make_task")
+    make = load_object(f"{REPO}/vfray/tasksets/arithmetic.py:make_task")
     task = make(12, 30)
     assert task.data.prompt == "What is 12 + 30?"
     replies = ["12 + 30 = 42", "42", "The answer is 41", "I think 42 because 40 + 2 = 42"]

@@ -208,7 +208,7 @@ def test_tasksets_and_views_pickle_with_cloudpickle() -> None:
 
 
 def test_example_arithmetic_taskset() -> None:
-    make = load_object(str(REPO / "examples" / "arithmetic.py") + ":taskset")
+    make = load_object(str(REPO / "vfray" / "tasksets" / "arithmetic.py") + ":taskset")
     ts = make(num_tasks=20)
     tasks = ts.tasks()
     assert len(tasks) == 20 == len(ts)
@@ -217,7 +217,9 @@ def test_example_arithmetic_taskset() -> None:
     assert first.data.prompt == f"What is {first.data.a} + {first.data.b}?"
     assert first.data.answer == first.data.a + first.data.b
     assert [t.key for t in make(num_tasks=20)] == [t.key for t in tasks]  # seeded
-    endless = load_object(str(REPO / "examples" / "arithmetic.py") + ":EndlessArithmetic")()
+    endless = load_object(
+        str(REPO / "vfray" / "tasksets" / "arithmetic.py") + ":EndlessArithmetic"
+    )()
     assert len(endless.head(1000).tasks()) == 1000
     with pytest.raises(TasksetError):
         endless.shuffle()

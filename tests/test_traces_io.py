@@ -323,20 +323,20 @@ def test_hf_datasets_reads_files(
     _same(table_to_traces(loaded.data.table), traces)
 
 
-def test_ray_data_reads_files(
-    tmp_path: Path, traces: list[Trace], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+@pytest.mark.usefixtures("ray_local")
+def test_ray_data_reads_files(tmp_path: Path, traces: list[Trace]) -> None:
+    # The suite's shared local Ray (tests/conftest.py: loopback, RAY_AUTH_MODE=disabled).
     import ray
 
     folder = _write_dir(tmp_path, traces)
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
-    try:
-        ds = ray.data.read_parquet(str(folder))
-        rows = ds.take_all()
-        assert len(rows) == len(traces)
-        assert {r["trace_id"] for r in rows} == {t.trace_id for t in traces}
-        assert "trace_json" in ds.schema().names
-    finally:
-        ray.shutdown()
+    ds = ray.data.read_parquet(str(folder))
+    rows = ds.take_all()
+    assert len(rows) == len(traces)
+    assert {r["trace_id"] for r in rows} == {t.trace_id for t in traces}
+    assert rows[0]["messages"][0]["role"] in {"system", "user"}
+    assert "trace_json" in ds.schema().names
+    samples = tmp_path / "samples"
+    sample_table = to_samples(traces)
+    samples.mkdir()
+    pq.write_table(sample_table, samples / "part-00000.parquet")
+    assert ray.data.read_parquet(str(samples)).count() == sample_table.num_rows

@@ -157,6 +157,22 @@ async def _drain(stream: asyncio.StreamReader | None, sink: _TailBuffer) -> None
         sink.add(chunk)
 
 
+async def _wait_exit(proc: asyncio.subprocess.Process) -> int:
+    """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
+    close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
+    waiter = asyncio.ensure_future(proc.wait())
+    delay = 0.005
+    try:
+        while not waiter.done() and proc.returncode is None:
+            await asyncio.wait([waiter], timeout=delay)
+            delay = min(delay * 2, 0.1)
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+
 async def run_process_group(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -205,7 +221,7 @@ async def run_process_group(
                 await proc.stdin.drain()
             proc.stdin.close()
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(_wait_exit(proc), timeout)
         except asyncio.TimeoutError:
             timed_out = True
             kill_group(proc.pid)

@@ -128,7 +128,10 @@ class AnthropicDialect(Dialect):
             require(isinstance(role, str) and role != "", f"messages[{i}].role must be a string")
             messages.extend(_blocks_to_message(str(role), raw.get("content"), f"messages[{i}]"))
         tools = body.get("tools")
-        require(tools is None or isinstance(tools, list), "'tools' must be a list")
+        require(
+            tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)),
+            "'tools' must be a list of objects",
+        )
         stream = body.get("stream", False)
         require(isinstance(stream, bool), "'stream' must be a boolean")
         return ParsedRequest(messages=messages, tools=tools, stream=stream)

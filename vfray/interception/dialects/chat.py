@@ -68,7 +68,10 @@ class ChatDialect(Dialect):
         require(isinstance(messages, list), "'messages' must be a list of chat messages")
         assert isinstance(messages, list)
         tools = body.get("tools")
-        require(tools is None or isinstance(tools, list), "'tools' must be a list")
+        require(
+            tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)),
+            "'tools' must be a list of objects",
+        )
         stream = body.get("stream", False)
         require(isinstance(stream, bool), "'stream' must be a boolean")
         return ParsedRequest(

@@ -149,7 +149,10 @@ class ResponsesDialect(Dialect):
         elif isinstance(raw_input, list):
             messages.extend(items_to_messages(raw_input, "input"))
         tools = body.get("tools")
-        require(tools is None or isinstance(tools, list), "'tools' must be a list")
+        require(
+            tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)),
+            "'tools' must be a list of objects",
+        )
         stream = body.get("stream", False)
         require(isinstance(stream, bool), "'stream' must be a boolean")
         return ParsedRequest(messages=messages, tools=tools, stream=stream)
