@@ -14,12 +14,11 @@ import datetime as dt
 import logging
 import platform
 import re
-import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 
@@ -28,15 +27,15 @@ from vfray.environment import parse_scripted_model
 from vfray.episode import Episode
 from vfray.errors import ConfigError
 from vfray.progress import live_progress
-from vfray.results import RunResult, final_rows
+from vfray.results import RunResult
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
+from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo, Trace
-from vfray.traces.convert import table_to_traces, traces_to_table
+from vfray.traces.convert import traces_to_table
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass
@@ -68,29 +67,6 @@ class EpisodeGroup:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from sync code, also inside a running loop (Jupyter)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="vfray-farm")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    result: T = box["value"]
-    return result
 
 
 class Farm:
@@ -299,10 +275,12 @@ class Farm:
         resume: str | Path | None = None,
         name: str | None = None,
     ) -> RunResult:
+        """:meth:`run` for async callers; returns when every row is written."""
+        from actors.resume import load_resume_state
 
         name = name or getattr(tasks, "name", None) or "tasks"
         run_dir, run_id = self._run_dir(name, resume)
-        resume_state = _resume_state(run_dir) if resume is not None else {}
+        resume_state = load_resume_state(run_dir) if resume is not None else {}
         driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, resume_state)
         total = _known_length(tasks, rollouts_per_task)
         try:
@@ -377,6 +355,8 @@ class Farm:
     @staticmethod
     def _checked(tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
         """Validate each task class once, lazily (a group reward with n < 2 is refused)."""
+        from actors.shipping import ship_by_value
+
         seen: set[type] = set()
         for task in tasks:
             if not isinstance(task, Task):
@@ -388,63 +368,8 @@ class Farm:
             yield task
 
 
-def ship_by_value(cls: type) -> None:
-    """Let Ray workers unpickle ``cls`` even when its module is not importable there (a
-    notebook cell, a test file, a taskset passed by path): pickle that module by value."""
-    import sys
-    import sysconfig
-
-    from ray import cloudpickle
-
-    module = sys.modules.get(cls.__module__)
-    if module is None or cls.__module__ == "__main__":
-        return  # __main__ is pickled by value already
-    top = cls.__module__.split(".")[0]
-    if top in ("vfray", "actors"):
-        return
-    origin = getattr(module, "__file__", None) or ""
-    installed = any(
-        origin.startswith(p)
-        for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    )
-    if not installed:
-        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-
-
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:
     try:
         return len(tasks) * n  # type: ignore[arg-type]
     except (TypeError, Exception):
         return None
-
-
-def _resume_state(run_dir: Path) -> dict[str, Any]:
-    """Per task key: the rollouts that already succeeded and the next attempt numbers."""
-    from actors.driver import ResumeState
-
-    folder = run_dir / "traces"
-    if not folder.exists():
-        return {}
-    table = RunResult(run_dir).traces
-    if table.num_rows == 0:
-        return {}
-    attempts: dict[tuple[str, int], int] = {}
-    for key, index, attempt in zip(
-        table.column("task_key").to_pylist(),
-        table.column("rollout_index").to_pylist(),
-        table.column("attempt").to_pylist(),
-        strict=True,
-    ):
-        attempts[(key, index)] = max(attempts.get((key, index), -1), attempt)
-    states: dict[str, ResumeState] = {}
-    for trace in table_to_traces(final_rows(table)):
-        state = states.setdefault(trace.task.key, ResumeState(episode_id=trace.episode_id or ""))
-        if trace.ok:
-            state.done[trace.rollout_index] = trace
-    for (key, index), attempt in attempts.items():
-        state = states.setdefault(key, ResumeState(episode_id=uuid.uuid4().hex))
-        state.next_attempt[index] = attempt + 1
-    for state in states.values():
-        if not state.episode_id:
-            state.episode_id = uuid.uuid4().hex
-    return states
