@@ -35,6 +35,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
         return False
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(
+        # "local": start our own, never join some other Ray that happens to run here.
+        address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

@@ -86,6 +86,9 @@ def finish_episode(
     )
 
 
-run_episode = ray.remote(num_cpus=0, max_retries=3)(finish_episode)
+run_episode = ray.remote(num_cpus=0.5, max_retries=3)(finish_episode)
 """The Ray task: ``run_episode.remote(task, run_id, episode_id, sink, overrides, keep,
-previous, *rollout_refs)``. Zero CPUs: it is short and must never wait behind sandboxes."""
+previous, *rollout_refs)``. Half a CPU, not zero: zero-CPU tasks have no concurrency cap, so
+Ray would start a worker process (~60 MB, ~0.5 s) per concurrently finishing episode; with a
+cap, a few warm workers take them all. SandboxHosts reserve no CPUs, so this never waits
+behind sandboxes."""

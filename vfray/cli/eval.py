@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from typing import Any
 
-from vfray.cli.overrides import add_config_options, collect_overrides
+from vfray.cli.overrides import add_config_options, collect_overrides, parse_free_overrides
 from vfray.cli.report import print_results
+from vfray.cli.runlog import capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
 from vfray.taskset import Taskset
 from vfray.tasksets import load_taskset
+
+log = logging.getLogger("vfray.cli")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,19 +32,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config")
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
     add_config_options(parser)
-    parser.set_defaults(run=run)
+    # Leftover --section.key VALUE pairs under open sections (options dicts, sampling).
+    parser.set_defaults(run=run, accepts_extra=True)
     return parser
 
 
 def resolve(args: argparse.Namespace) -> EvalConfig:
     toml = None
     positional = [p for p in (args.taskset, args.config) if p]
-    overrides = collect_overrides(args)
+    overrides = parse_free_overrides(getattr(args, "extra", None) or [])
+    overrides.update(collect_overrides(args))
     for item in positional:
         if item.startswith("@"):
             toml = item[1:]
         elif "taskset" in overrides:
             raise ConfigError(f"taskset given twice: {overrides['taskset']!r} and {item!r}")
+        elif toml is None and item.endswith(".toml"):
+            raise ConfigError(f"to read a config file, write @{item}")
         else:
             overrides["taskset"] = item
     return load_config(toml, overrides)
@@ -56,17 +65,42 @@ def build_tasks(config: EvalConfig) -> Taskset[Any]:
     return taskset
 
 
+def check(config: EvalConfig) -> Taskset[Any]:
+    """Everything that can be refused without Ray: the taskset, the model endpoint, the
+    harness and the runtime names."""
+    from vfray.farm import Farm
+    from vfray.harnesses.registry import make_harness
+    from vfray.runtimes.registry import runtime_class
+
+    tasks = build_tasks(config)
+    Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
+    make_harness(config.env.harness.id, dict(config.env.harness.options))
+    runtime_class(config.env.runtime.type)
+    return tasks
+
+
 def run(args: argparse.Namespace) -> int:
     config = resolve(args)
+    tasks = check(config)
     if args.dry_run:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
-    tasks = build_tasks(config)
     from vfray.farm import Farm
 
-    with Farm(config=config, progress=not args.no_progress) as farm:
-        result = farm.run(tasks, config.rollouts_per_task, name=config.taskset)
-    summary = result.summary()
-    print_results(summary, title=str(result.run_dir))
+    with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
+        log.info("vfray eval %s", " ".join(sys.argv[1:]))
+        log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
+        with Farm(config=config, progress=not args.no_progress) as farm:
+            result = farm.run(tasks, config.rollouts_per_task, name=config.taskset)
+        run_log.open(result.run_dir)
+        summary = result.summary()
+        log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
+    title = f"{config.taskset} · {config.model.name} · {config.env.harness.id}"
+    print_results(summary, title=title)
     print(f"run folder: {result.run_dir}")
+    return exit_code(summary)
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """1 only when every rollout failed; partial failures are data, not a failed command."""
     return 1 if summary["rollouts"] and summary["ok"] == 0 else 0

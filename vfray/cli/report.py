@@ -21,7 +21,9 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     mean, err = summary.get("reward_mean"), summary.get("reward_stderr")
-    reward = _fmt(mean) + (f" ± {err:.3g}" if err is not None else "")
+    # Float noise (identical rewards give a stderr of ~1e-17) would read as a real spread.
+    spread = 0.0 if err is not None and abs(err) < 1e-9 else err
+    reward = _fmt(mean) + (f" ± {spread:.3g}" if spread is not None else "")
     table.add_row("rollouts (ok / total)", f"{summary['ok']} / {summary['rollouts']}")
     if summary.get("attempts", 0) != summary.get("rollouts"):
         table.add_row("attempts (incl. retried)", _fmt(summary.get("attempts")))

@@ -4,13 +4,23 @@ with the configuration saved in its ``config.json``; no rollout is written twice
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vfray.cli.eval import build_tasks
+from pydantic import ValidationError
+
+from vfray.cli.eval import build_tasks, exit_code
 from vfray.cli.report import print_results
-from vfray.config import EvalConfig
+from vfray.cli.runlog import capture_run_log
+from vfray.config import EvalConfig, format_validation_error
 from vfray.errors import ConfigError
+from vfray.results import RunResult
+from vfray.task import Task
+
+log = logging.getLogger("vfray.cli")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,27 +35,60 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def load_run_header(run_dir: Path) -> dict[str, Any]:
-    import json
-
     header_path = run_dir / "config.json"
     if not header_path.exists():
         raise ConfigError(f"{run_dir} is not a vfray run folder (no config.json)")
-    header: dict[str, Any] = json.loads(header_path.read_text())
+    try:
+        header: dict[str, Any] = json.loads(header_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{header_path} is not valid JSON: {exc}") from exc
+    if not isinstance(header.get("config"), dict):
+        raise ConfigError(f"{header_path} has no 'config' section")
     return header
+
+
+def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
+    """How many (task key, rollout index) pairs have no successful final row yet."""
+    final = RunResult(run_dir).final_traces
+    done = {
+        (key, index)
+        for key, index, ok in zip(
+            final.column("task_key").to_pylist(),
+            final.column("rollout_index").to_pylist(),
+            final.column("ok").to_pylist(),
+            strict=True,
+        )
+        if ok
+    }
+    return sum(1 for task in tasks for index in range(n) if (task.key, index) not in done)
 
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     header = load_run_header(run_dir)
-    config = EvalConfig.model_validate(header["config"])
+    try:
+        config = EvalConfig.model_validate(header["config"])
+    except ValidationError as exc:
+        raise ConfigError(f"{run_dir}/config.json: {format_validation_error(exc)}") from exc
     if args.address:
         config.address = args.address
-    from vfray.farm import Farm
+    n = int(header.get("rollouts_per_task", config.rollouts_per_task))
+    tasks = build_tasks(config)
+    todo = missing_rollouts(run_dir, tasks, n)
+    if todo == 0:
+        # Nothing to re-run: no Ray, no actors, just the table again.
+        summary = RunResult(run_dir).summary()
+        print("nothing to resume: every rollout already succeeded")
+    else:
+        from vfray.farm import Farm
 
-    with Farm(config=config, progress=not args.no_progress) as farm:
-        result = farm.run(
-            build_tasks(config), int(header.get("rollouts_per_task", 1)), resume=run_dir
-        )
-    summary = result.summary()
-    print_results(summary, title=str(result.run_dir))
-    return 1 if summary["rollouts"] and summary["ok"] == 0 else 0
+        with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
+            run_log.open(run_dir)
+            log.info("vfray resume %s: %d rollouts to run", run_dir, todo)
+            with Farm(config=config, progress=not args.no_progress) as farm:
+                result = farm.run(tasks, n, resume=run_dir)
+            summary = result.summary()
+            log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
+    print_results(summary, title=run_dir.name)
+    print(f"run folder: {run_dir}")
+    return exit_code(summary)

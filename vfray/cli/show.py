@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir} has no traces/ folder: not a vfray run folder")
     result = RunResult(run_dir)
     if args.rollout is None:
-        print_results(result.summary(), title=str(run_dir))
+        print_results(result.summary(), title=run_dir.name)
+        print(f"run folder: {run_dir}")
         return 0
     table = result.final_traces
     if not 0 <= args.rollout < table.num_rows:
