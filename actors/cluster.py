@@ -73,15 +73,21 @@ def start_hosts(
     max_concurrency: int,
     max_restarts: int = -1,
 ) -> list[Any]:
-    """Create ``count`` SandboxHosts spread over the nodes. They reserve no Ray CPUs: sandbox
-    processes are theirs to manage, and a reservation would starve the episode tasks."""
+    """Create ``count`` SandboxHosts dealt round-robin over the alive nodes (soft affinity, so
+    a host whose node dies restarts elsewhere). They reserve no Ray CPUs: sandbox processes are
+    theirs to manage, and a reservation would starve the episode tasks."""
     actor_cls = ray.remote(SandboxHost)
+    node_ids = sorted(n["NodeID"] for n in alive_nodes())
     return [
         actor_cls.options(
             num_cpus=0,
             max_concurrency=max_concurrency,
             max_restarts=max_restarts,
-            scheduling_strategy="SPREAD",
+            scheduling_strategy=(
+                NodeAffinitySchedulingStrategy(node_ids[i % len(node_ids)], soft=True)
+                if node_ids
+                else "SPREAD"
+            ),
         ).remote(
             plan,
             base_url=base_url,
@@ -89,7 +95,7 @@ def start_hosts(
             harness_options=harness_options,
             runtime_options=runtime_options,
         )
-        for _ in range(count)
+        for i in range(count)
     ]
 
 

@@ -84,6 +84,9 @@ class RunPlan:
     scoring_overrides: dict[str, str] = field(default_factory=dict)
     agent: AgentInfo = field(default_factory=AgentInfo)
     keep_episodes: bool = False
+    max_groups_in_flight: int | None = None
+    """Bound on groups started but not yet delivered to ``on_episode`` (streaming: bounds how
+    stale a trainer's groups can be); None means only ``max_concurrent`` rollouts bound."""
 
 
 @dataclass
@@ -138,6 +141,9 @@ class RunDriver:
         self.unfit = unfit
         self.progress = Progress()
         self._window = asyncio.Semaphore(plan.max_concurrent)
+        self._groups = (
+            asyncio.Semaphore(plan.max_groups_in_flight) if plan.max_groups_in_flight else None
+        )
         self._episodes: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
 
@@ -165,6 +171,8 @@ class RunDriver:
         todo = [i for i in range(n) if i not in state.done]
         if not todo:
             return
+        if self._groups is not None:
+            await self._groups.acquire()
         rollouts: list[asyncio.Task[Any]] = []
         reason = self.unfit(task) if self.unfit is not None else None
         for index in todo:
@@ -187,6 +195,8 @@ class RunDriver:
 
     def _episode_done(self, job: asyncio.Task[None]) -> None:
         self._episodes.discard(job)
+        if self._groups is not None:
+            self._groups.release()
         if self._failure is not None:
             return
         if job.cancelled():

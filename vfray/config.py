@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,19 @@ def load_config(
 
 
 def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: the dotted field, what is wrong, the value given, and for an
+    unknown key the closest real names (a typo is the usual cause)."""
     lines = ["invalid configuration:"]
+    leaves = [dotted for dotted, _, _ in iter_fields(EvalConfig)]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {where}: {err['msg']}")
+        line = f"  {where}: {err['msg']}"
+        if err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(where, leaves, n=3)
+            line += f" (unknown key; did you mean {', '.join(near)}?)" if near else " (unknown key)"
+        elif not isinstance(err.get("input"), dict | list):
+            line += f" (got {err.get('input')!r})"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import ConfigError
+from vfray.harness import check_compatibility
 from vfray.harnesses.registry import make_harness
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
 from vfray.rollout import RolloutPlan, Timeouts, execute_rollout
 from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.registry import make_runtime
+from vfray.runtimes.registry import make_runtime, runtime_class
 from vfray.scoring import validate_group_config
 from vfray.task import Task
 from vfray.trace import Trace
@@ -99,6 +100,9 @@ class LocalEnvironment:
         self.base_url = base_url
         self.api_key = api_key
         self.harness = make_harness(harness, dict(harness_options or {}))
+        # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not
+        # as one failed rollout after another.
+        check_compatibility(self.harness, runtime_class(runtime))
         self.runtime_type = runtime
         self.runtime_options = dict(runtime_options or {})
         self.plan = RolloutPlan(

@@ -212,6 +212,15 @@ class Farm:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def host_stats(self) -> list[dict[str, Any]]:
+        """Per SandboxHost: node, pid, rollouts in flight and completed, live sessions."""
+        if not self._hosts:
+            return []
+        import ray
+
+        stats: list[dict[str, Any]] = ray.get([h.stats.remote() for h in self._hosts])
+        return stats
+
     def set_policy_version(self, version: int | None) -> None:
         """Stamp ``version`` on every ModelCall from now on (RL: the trainer's step)."""
         self.policy_version = version
@@ -265,6 +274,9 @@ class Farm:
         name: str | None = None,
     ) -> RunResult:
         """Run every task ``rollouts_per_task`` times; blocks, showing live progress."""
+        # Start Ray here, on the caller's thread: inside a running loop (Jupyter) run_sync moves
+        # the run to a helper thread, where ray.init cannot install its signal handlers.
+        self._start()
         return run_sync(self.run_async(tasks, rollouts_per_task, resume=resume, name=name))
 
     async def run_async(
@@ -297,7 +309,9 @@ class Farm:
         Rows are also written to a run folder, as with :meth:`run`."""
         name = name or getattr(tasks, "name", None) or "tasks"
         run_dir, run_id = self._run_dir(name, None)
-        queue: asyncio.Queue[EpisodeGroup | None] = asyncio.Queue()
+        # A one-slot queue plus a bound on groups in flight: a trainer that is busy with a
+        # step holds the farm back, so groups are at most ~max_concurrent rollouts stale.
+        queue: asyncio.Queue[EpisodeGroup | None] = asyncio.Queue(maxsize=1)
 
         async def deliver(outcome: Any) -> None:
             if outcome.episode is not None:
@@ -305,11 +319,22 @@ class Farm:
 
         driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, {}, deliver)
         runner = asyncio.ensure_future(driver.run(self._checked(tasks, rollouts_per_task)))
-        runner.add_done_callback(lambda _: queue.put_nowait(None))
         try:
-            while (group := await queue.get()) is not None:
-                yield group
-            runner.result()
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait([getter, runner], return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    group = getter.result()
+                    if group is not None:
+                        yield group
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    item = queue.get_nowait()
+                    if item is not None:
+                        yield item
+                runner.result()
+                break
         finally:
             if not runner.done():
                 runner.cancel()
@@ -346,6 +371,9 @@ class Farm:
                 sampling=self.config.sampling.as_params(),
             ),
             keep_episodes=on_episode is not None,
+            max_groups_in_flight=(
+                max(1, self.config.max_concurrent // n) if on_episode is not None else None
+            ),
         )
         driver = RunDriver(
             plan, HostPool(self._hosts), sink, on_episode, resume, cluster.placement_check()
@@ -363,7 +391,7 @@ class Farm:
                 raise ConfigError(f"expected vfray Task objects, got {type(task).__name__}")
             if type(task) not in seen:
                 validate_group_config(type(task), n)
-                ship_by_value(type(task))
+                ship_by_value(type(task), type(task.data))
                 seen.add(type(task))
             yield task
 

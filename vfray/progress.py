@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -51,7 +52,9 @@ async def live_progress(
     if not enabled:
         yield
         return
-    console = console or Console(file=sys.stderr)
+    # In Jupyter without ipywidgets rich's Live shows an empty box: print plainly instead.
+    jupyter = None if importlib.util.find_spec("ipywidgets") else False
+    console = console or Console(file=sys.stderr, force_jupyter=jupyter)
     started = time.monotonic()
     with Live(
         render(counters, total, 0.0), console=console, refresh_per_second=4, transient=False

@@ -139,13 +139,19 @@ async def execute_rollout(
         run_id=run_id,
         episode_id=episode_id,
     )
-    setup_ok = False
+    setup_ok = cancelled = False
     try:
         await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
 
         async def setup() -> None:
             await call_maybe_async(task.setup, trace, runtime)
-            await harness.setup(runtime)
+            try:
+                await harness.setup(runtime)
+            except (RolloutError, asyncio.TimeoutError):
+                raise
+            except Exception as exc:
+                # Without this it would be wrapped as the task's fault.
+                raise HarnessError(f"harness setup failed: {type(exc).__name__}: {exc}") from exc
 
         await _run_phase(trace, "setup", timeouts.setup, setup, TaskError)
         setup_ok = True
@@ -162,13 +168,15 @@ async def execute_rollout(
     except _PhaseFailed:
         pass
     except asyncio.CancelledError:
+        cancelled = True
         trace.stop(StopCondition.CANCELLED)
         raise
     finally:
         try:
-            if setup_ok:
+            if setup_ok and not cancelled:
                 # Scoring still runs after an agent timeout or a finalize failure: the partial
-                # trajectory is data. It needs the live runtime, so it precedes teardown.
+                # trajectory is data. It needs the live runtime, so it precedes teardown. A
+                # cancelled rollout is not scored: its caller is gone and teardown must be prompt.
                 with contextlib.suppress(_PhaseFailed):
                     await _run_phase(
                         trace,

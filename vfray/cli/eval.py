@@ -23,6 +23,8 @@ log = logging.getLogger("vfray.cli")
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "eval",
+        # No prefix matching: "--env.max_turn" must not silently mean "--env.max_turns".
+        allow_abbrev=False,
         help="run a taskset and print results",
         description="Run TASKSET (a built-in id, module:Class or file.py:Class). Options override "
         "@config.toml, which overrides VFRAY_* environment variables.",
@@ -45,10 +47,10 @@ def resolve(args: argparse.Namespace) -> EvalConfig:
     for item in positional:
         if item.startswith("@"):
             toml = item[1:]
+        elif item.endswith(".toml"):
+            raise ConfigError(f"to read a config file, write @{item}")
         elif "taskset" in overrides:
             raise ConfigError(f"taskset given twice: {overrides['taskset']!r} and {item!r}")
-        elif toml is None and item.endswith(".toml"):
-            raise ConfigError(f"to read a config file, write @{item}")
         else:
             overrides["taskset"] = item
     return load_config(toml, overrides)
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from vfray.farm import Farm
 
     with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
-        log.info("vfray eval %s", " ".join(sys.argv[1:]))
+        log.info("command: vfray %s", " ".join(sys.argv[1:]))
         log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
         with Farm(config=config, progress=not args.no_progress) as farm:
             result = farm.run(tasks, config.rollouts_per_task, name=config.taskset)

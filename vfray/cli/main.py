@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from vfray.errors import VfrayError
 
-SUBCOMMANDS = ("eval", "resume", "show", "serve-model")
+SUBCOMMANDS = ("eval", "resume", "show", "validate", "init", "serve-model")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,15 @@ def _parse_value(raw: str) -> Any:
     return raw
 
 
+def _parse_literal(raw: str) -> Any:
+    """Values under open sections have no declared type: take JSON literals (numbers, true,
+    null, lists, objects) as such and anything else as a string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("configuration (any field of the config tree)")
     for dotted, _annotation, description in iter_fields(EvalConfig):
@@ -103,5 +112,5 @@ def parse_free_overrides(extra: list[str]) -> dict[str, Any]:
             if not items or items[0].startswith("--"):
                 raise ConfigError(f"option {token!r} needs a value")
             value = items.pop(0)
-        overrides[dotted] = _parse_value(value)
+        overrides[dotted] = _parse_literal(value)
     return overrides

@@ -66,7 +66,7 @@ class InterceptionApp:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         forward_headers: Collection[str] = (),
-        connection_limit: int = 4096,
+        connection_limit: int = 16384,
     ) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes

@@ -41,7 +41,7 @@ class Upstream:
 class Forwarder:
     """Posts request bodies to the upstream; created lazily on the loop that serves requests."""
 
-    def __init__(self, upstream: Upstream, connection_limit: int = 4096) -> None:
+    def __init__(self, upstream: Upstream, connection_limit: int = 16384) -> None:
         self.upstream = upstream
         self.connection_limit = connection_limit
         self._session: aiohttp.ClientSession | None = None

@@ -381,14 +381,20 @@ class SubprocessRuntime(Runtime):
             kill_group(pgid)
         kill_pids(marked_pids(self.box_id))
 
+    def _sweep_strays(self) -> None:
+        kill_pids(marked_pids(self.box_id))
+        time.sleep(0.01)
+        self.kill_all()
+
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        self.kill_all()
-        # A stray may be mid-fork while we kill; one more sweep after it settles.
-        await asyncio.sleep(0.01)
-        self.kill_all()
+        for pgid in self._pgids:
+            kill_group(pgid)
+        # The marker sweep reads every /proc/*/environ: off the event loop, which also serves
+        # the interception in a SandboxHost. Twice: a stray may be mid-fork during the first.
+        await asyncio.to_thread(self._sweep_strays)
         self._pgids.clear()
         if self.workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self.workdir, True)

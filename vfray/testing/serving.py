@@ -21,7 +21,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    sock.listen(8192)  # a node may hold 10,000 sessions; the kernel caps it at somaxconn
     sock.setblocking(False)
     return sock
 

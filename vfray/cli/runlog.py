@@ -1,0 +1,91 @@
+"""``eval.log``: the driver's log records for one run, written into its run folder.
+
+The run folder is only known once the farm has named it, so records are buffered in memory
+until :meth:`RunLog.open` is given the folder, then flushed and streamed to ``eval.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOG_NAME = "eval.log"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MAX_BUFFERED = 10_000
+"""Records kept before the folder is known; older ones are dropped so memory stays bounded."""
+
+
+class RunLog(logging.Handler):
+    """A handler that buffers until :meth:`open`, then appends to ``<run_dir>/eval.log``."""
+
+    def __init__(self, level: int = logging.INFO) -> None:
+        super().__init__(level)
+        self.setFormatter(logging.Formatter(FORMAT))
+        self._buffer: list[logging.LogRecord] = []
+        self._file: logging.FileHandler | None = None
+        self.path: Path | None = None
+
+    def open(self, run_dir: str | Path) -> Path:
+        """Start writing into ``run_dir`` (appending: a resumed run keeps the earlier log)."""
+        path = Path(run_dir) / LOG_NAME
+        if self._file is not None and path == self.path:
+            return path
+        self.acquire()
+        try:
+            if self._file is not None:
+                self._file.close()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = logging.FileHandler(path, mode="a", encoding="utf-8")
+            self._file.setFormatter(self.formatter)
+            self.path = path
+            for record in self._buffer:
+                self._file.emit(record)
+            self._buffer.clear()
+        finally:
+            self.release()
+        return path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is not None:
+            self._file.emit(record)
+            return
+        self._buffer.append(record)
+        if len(self._buffer) > MAX_BUFFERED:
+            del self._buffer[0]
+
+    def close(self) -> None:
+        self.acquire()
+        try:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+        finally:
+            self.release()
+        super().close()
+
+
+@contextmanager
+def capture_run_log(level: int = logging.INFO) -> Iterator[RunLog]:
+    """Attach a :class:`RunLog` to the root logger for the duration of a run.
+
+    The root level is lowered to ``level`` so INFO records reach the file, while the console
+    handlers are pinned to the level they had, so the terminal stays as quiet as before.
+    """
+    root = logging.getLogger()
+    previous = root.level
+    pinned = [h for h in root.handlers if h.level == logging.NOTSET]
+    for handler in pinned:
+        handler.setLevel(previous)
+    handler = RunLog(level)
+    root.addHandler(handler)
+    root.setLevel(min(previous, level))
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        root.setLevel(previous)
+        for console in pinned:
+            console.setLevel(logging.NOTSET)
