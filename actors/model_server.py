@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from vfray.testing.serving import serve_in_loop
+from vfray.serving import serve_in_loop
 
 
 class ScriptedModelServer:

@@ -26,8 +26,8 @@ from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, execute_rollout
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.registry import make_runtime
+from vfray.serving import serve_in_loop
 from vfray.task import Task
-from vfray.testing.serving import serve_in_loop
 from vfray.trace import Trace
 
 

@@ -77,8 +77,8 @@ def _bare_app(upstream: str, library: str) -> Any:
 
 async def _serve(kind: str, upstream: str, sessions: int) -> None:
     from vfray.interception import InterceptionApp, Upstream
+    from vfray.serving import serve_in_loop
     from vfray.testing.scripted import ScriptedModel
-    from vfray.testing.serving import serve_in_loop
     from vfray.trace import TaskRecord, Trace
 
     secrets: list[str] = []

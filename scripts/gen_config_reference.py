@@ -51,9 +51,6 @@ def reference() -> str:
         if dotted == "taskset":
             flags = ["TASKSET (positional)"]
         env = "VFRAY_" + dotted.upper().replace(".", "__")
-        if not description and dotted.startswith("env.timeouts."):
-            # Timeouts (vfray.rollout) declares its fields without descriptions.
-            description = f"deadline of the {dotted.rsplit('.', 1)[1]} phase, in seconds"
         lines.append(
             f"| `{dotted}` | `{cell(type_name(annotation))}` | `{cell(default)}` | "
             f"{', '.join(f'`{f}`' for f in flags)} | `{env}` | {cell(description)} |"

@@ -28,7 +28,7 @@ from vfray.interception import Limits
 from vfray.rollout import PHASES, Timeouts
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.subprocess import marked_pids
-from vfray.testing.serving import serve_in_loop
+from vfray.serving import serve_in_loop
 
 HAS_BWRAP = shutil.which("bwrap") is not None
 LOCAL = [

@@ -23,8 +23,8 @@ from starlette.routing import Route
 
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.docker import DockerRuntime
+from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
-from vfray.testing.serving import serve_in_loop
 
 pytestmark = pytest.mark.docker
 IMAGE = "vfray-test:latest"

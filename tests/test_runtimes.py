@@ -18,8 +18,8 @@ from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime, shares_network
 from vfray.runtimes.registry import make_runtime
 from vfray.runtimes.subprocess import box_env, is_secret, marked_pids
+from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
-from vfray.testing.serving import serve_in_loop
 
 HAS_BWRAP = shutil.which("bwrap") is not None
 LOCAL = [

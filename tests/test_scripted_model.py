@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vfray.serving import serve_in_loop
 from vfray.testing.policies import find_command, solve, tokenize
 from vfray.testing.scripted import ScriptedModel, scripted_server
-from vfray.testing.serving import serve_in_loop
 
 DIALECTS = ["chat", "responses", "anthropic"]
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}

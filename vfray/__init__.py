@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vfray.environment import LocalEnvironment, run_episode, run_rollout
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import (
     ConfigError,
@@ -29,6 +28,7 @@ from vfray.traces import read_traces, to_samples, write_traces
 
 if TYPE_CHECKING:
     from vfray.config import EvalConfig
+    from vfray.environment import LocalEnvironment, run_episode, run_rollout
     from vfray.farm import Farm
 
 __version__ = "0.1.0"
@@ -68,11 +68,18 @@ __all__ = [
     "write_traces",
 ]
 
-_LAZY = {"Farm": "vfray.farm", "EvalConfig": "vfray.config"}
+_LAZY = {
+    "EvalConfig": "vfray.config",
+    "Farm": "vfray.farm",
+    "LocalEnvironment": "vfray.environment",
+    "run_episode": "vfray.environment",
+    "run_rollout": "vfray.environment",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Farm pulls in Ray; load it only when asked for.
+    # Farm pulls in Ray and the local environment the HTTP stack: load them when asked for,
+    # so `import vfray` (and every `vfray` command) stays quick.
     if name in _LAZY:
         import importlib
 

@@ -120,8 +120,8 @@ class LocalEnvironment:
     async def __aenter__(self) -> LocalEnvironment:
         base_url = self.base_url
         if self.scripted is not None:
+            from vfray.serving import serve_in_loop
             from vfray.testing.scripted import ScriptedModel
-            from vfray.testing.serving import serve_in_loop
 
             policy, options = self.scripted
             app = ScriptedModel(policy=policy, **options)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import logging
 import platform
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,12 +272,18 @@ class Farm:
         *,
         resume: str | Path | None = None,
         name: str | None = None,
+        on_run_dir: Callable[[Path], object] | None = None,
     ) -> RunResult:
-        """Run every task ``rollouts_per_task`` times; blocks, showing live progress."""
+        """Run every task ``rollouts_per_task`` times; blocks, showing live progress.
+        ``on_run_dir`` is told the run folder before the first rollout starts."""
         # Start Ray here, on the caller's thread: inside a running loop (Jupyter) run_sync moves
         # the run to a helper thread, where ray.init cannot install its signal handlers.
         self._start()
-        return run_sync(self.run_async(tasks, rollouts_per_task, resume=resume, name=name))
+        return run_sync(
+            self.run_async(
+                tasks, rollouts_per_task, resume=resume, name=name, on_run_dir=on_run_dir
+            )
+        )
 
     async def run_async(
         self,
@@ -286,12 +292,15 @@ class Farm:
         *,
         resume: str | Path | None = None,
         name: str | None = None,
+        on_run_dir: Callable[[Path], object] | None = None,
     ) -> RunResult:
         """:meth:`run` for async callers; returns when every row is written."""
         from actors.resume import load_resume_state
 
         name = name or getattr(tasks, "name", None) or "tasks"
         run_dir, run_id = self._run_dir(name, resume)
+        if on_run_dir is not None:
+            on_run_dir(run_dir)
         resume_state = load_resume_state(run_dir) if resume is not None else {}
         driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, resume_state)
         total = _known_length(tasks, rollouts_per_task)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vfray.errors import (
     HarnessError,
@@ -40,12 +40,12 @@ class Timeouts(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    boot: float = 120.0
-    setup: float = 600.0
-    agent: float = 1800.0
-    finalize: float = 600.0
-    scoring: float = 600.0
-    teardown: float = 60.0
+    boot: float = Field(120.0, gt=0, description="seconds to start the runtime box")
+    setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
+    agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")
+    finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
+    scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
+    teardown: float = Field(60.0, gt=0, description="seconds to stop the box")
 
     def for_task(self, data: TaskData) -> Timeouts:
         own = data.timeout.model_dump(exclude_none=True)

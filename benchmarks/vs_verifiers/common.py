@@ -219,6 +219,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def memory_budget_gib() -> float:
+    """How much memory one measured run may take: 60% of what is free now (the machine is
+    shared, and an out-of-memory kill would take other people's processes with it)."""
+    return 0.6 * gib(psutil.virtual_memory().available)
+
+
 def load_summary() -> str:
     """The machine and its load right now, for the README."""
     mem = psutil.virtual_memory()

@@ -200,6 +200,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--vf-tasks", type=int, help="verifiers' tasks in the throughput runs")
+    parser.add_argument("--levels", type=int, nargs="+", help="scale levels (sessions)")
+    parser.add_argument("--repeats", type=int, help="cold-start repeats")
+    parser.add_argument("--seconds", type=float, help="interception seconds per row")
     parser.add_argument("--only", nargs="+", help="run only these parts (others from results.json)")
     args = parser.parse_args()
     common.ensure_venv()
@@ -212,6 +215,9 @@ def main() -> None:
     else:
         tasks, vf_tasks, levels, seconds, repeats = 200, 200, [64, 128, 256, 512, 1024], 8.0, 3
     vf_tasks = args.vf_tasks or vf_tasks
+    levels = args.levels or levels
+    repeats = args.repeats or repeats
+    seconds = args.seconds or seconds
     results["sizes"] = (
         f"throughput vfray {tasks} x 4, verifiers {vf_tasks} x 4; scale levels {levels};"
         f" interception {seconds:g} s per row; cold start best of {repeats}"
@@ -221,9 +227,9 @@ def main() -> None:
         "cold_start": lambda: cold_start.measure(repeats),
         "trace_io": lambda: trace_io.measure(tasks, min(vf_tasks, 25)),
         "throughput": lambda: throughput.measure(
-            tasks, vf_tasks, 4, [32, 256], [0.0, 1.0], 3600.0, 12.0
+            tasks, vf_tasks, 4, [32, 256], [0.0, 1.0], 3600.0, common.memory_budget_gib()
         ),
-        "scale": lambda: scale.measure(levels, 5.0, 12.0, 900.0),
+        "scale": lambda: scale.measure(levels, 5.0, common.memory_budget_gib(), 900.0),
     }
     for name, run in parts.items():
         if args.only and name not in args.only:

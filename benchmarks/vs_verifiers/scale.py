@@ -93,12 +93,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     parser.add_argument("--latency", type=float, default=5.0, help="model seconds per call")
-    parser.add_argument("--max-gib", type=float, default=12.0, help="memory guard")
+    parser.add_argument(
+        "--max-gib", type=float, default=None, help="memory guard (default: 60%% of free memory)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="per level")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     common.ensure_venv()
-    out = measure(args.levels, args.latency, args.max_gib, args.timeout)
+    out = measure(
+        args.levels, args.latency, args.max_gib or common.memory_budget_gib(), args.timeout
+    )
     report(out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

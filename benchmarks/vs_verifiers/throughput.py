@@ -123,7 +123,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--timeout", type=float, default=1800.0, help="per command")
     parser.add_argument(
-        "--max-vf-gib", type=float, default=12.0, help="skip a verifiers run predicted above this"
+        "--max-vf-gib",
+        type=float,
+        default=None,
+        help="skip a verifiers run predicted above this (default: 60%% of free memory)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
@@ -135,7 +138,7 @@ def main() -> None:
         args.concurrency,
         args.latency,
         args.timeout,
-        args.max_vf_gib,
+        args.max_vf_gib or common.memory_budget_gib(),
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -93,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("command: vfray %s", " ".join(sys.argv[1:]))
         log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
         with Farm(config=config, progress=not args.no_progress) as farm:
-            result = farm.run(tasks, config.rollouts_per_task, name=config.taskset)
-        run_log.open(result.run_dir)
+            result = farm.run(
+                tasks, config.rollouts_per_task, name=config.taskset, on_run_dir=run_log.open
+            )
         summary = result.summary()
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
     title = f"{config.taskset} · {config.model.name} · {config.env.harness.id}"

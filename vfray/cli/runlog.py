@@ -1,7 +1,7 @@
 """``eval.log``: the driver's log records for one run, written into its run folder.
 
-The run folder is only known once the farm has named it, so records are buffered in memory
-until :meth:`RunLog.open` is given the folder, then flushed and streamed to ``eval.log``.
+The run folder is only known once the farm has named it (``Farm.run(on_run_dir=...)`` says so
+before the first rollout), so earlier records are buffered, then flushed into ``eval.log``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from vfray.interception.limits import Limits
 from vfray.interception.sessions import Session, SessionRegistry, StopCheck
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
-from vfray.testing.serving import serve_in_loop
+from vfray.serving import serve_in_loop
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

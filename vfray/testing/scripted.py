@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from vfray.serving import serve_in_thread
 from vfray.testing import wire
 from vfray.testing.policies import POLICIES, Sampler, count_tokens, decide, reply
-from vfray.testing.serving import serve_in_thread
 
 FAIL_HEADER = "x-scripted-fail"
 """Request header: answer with this error: an HTTP status (400-599) or ``context_length``."""

@@ -1,4 +1,5 @@
-"""Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread, for tests and demos.
+"""Serve an ASGI app with uvicorn on 127.0.0.1 (a thread of its own, or the current loop): the
+interception endpoint, the scripted model, tests and demos.
 
 The socket is bound before uvicorn starts, so port 0 yields a free port with no race.
 """
