@@ -37,6 +37,18 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (
 """Failures of the machinery under a rollout, not of the rollout: these are retried."""
 
 
+RETRYABLE = frozenset({"ProviderError", "InterceptionError", "InfrastructureError"})
+"""Rollout error types that say nothing about the task or the policy: retried."""
+
+
+def _write_attempt(sink: Any, trace: Trace) -> None:
+    ray.get(sink.append.remote(traces_to_table([trace])))
+
+
+write_attempt = ray.remote(num_cpus=0.5)(_write_attempt)
+"""Writes a retried attempt's row from where its trace lives, so the driver never fetches it."""
+
+
 def _is_cancellation(exc: BaseException) -> bool:
     if isinstance(exc, rex.TaskCancelledError):
         return True
@@ -223,6 +235,21 @@ class RunDriver:
                         # Cancel the actor-side coroutine too: it tears its sandbox down.
                         ray.cancel(outcome_ref)
                         raise
+                    if outcome.error_type in RETRYABLE and attempt < self.plan.max_retries:
+                        # The model endpoint or the interception failed, not the task: keep
+                        # the attempt as a row and run the rollout again.
+                        log.warning(
+                            "rollout %s/%d attempt %d failed with %s; retrying",
+                            task.key[:12],
+                            index,
+                            attempt,
+                            outcome.error_type,
+                        )
+                        await write_attempt.remote(self.sink, trace_ref)
+                        self.progress.retried += 1
+                        attempt += 1
+                        avoid = host_index
+                        continue
                     self.progress.record(outcome)
                     return trace_ref
                 except INFRA_ERRORS as exc:

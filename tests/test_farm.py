@@ -240,3 +240,21 @@ def test_node_removed_mid_run_on_three_node_cluster(tmp_path: Path, ray_fresh: N
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_model_5xx_past_the_harness_retries_is_retried_by_the_farm(tmp_path: Path) -> None:
+    from vfray.testing import ScriptedModel, serve_in_thread
+
+    model = ScriptedModel("arithmetic")
+    # The chat loop tries 3 times (2 retries): the first rollout attempt fails for good.
+    model.fail_next(500, times=3)
+    with (
+        serve_in_thread(model) as url,
+        farm(tmp_path, model="scripted", base_url=url + "/v1", max_concurrent=1) as f,
+    ):
+        result = f.run(ArithmeticTaskset(num_tasks=1), rollouts_per_task=2)
+    rows = result.traces.to_pylist()
+    failed = [r for r in rows if r["error_type"] == "ProviderError"]
+    assert len(failed) == 1 and failed[0]["attempt"] == 0
+    final = result.final_traces
+    assert final.num_rows == 2 and all(final.column("ok").to_pylist())

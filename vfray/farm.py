@@ -158,12 +158,13 @@ class Farm:
         import ray
 
         from actors import cluster
+        from vfray.harness import check_compatibility
         from vfray.harnesses.registry import make_harness
         from vfray.runtimes.registry import runtime_class
 
         # Refuse a broken pairing here, before any actor exists.
-        make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
-        runtime_class(self.config.env.runtime.type)
+        harness = make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
+        check_compatibility(harness, runtime_class(self.config.env.runtime.type))
         self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
         scripted = parse_scripted_model(self.config.model.name)
         if scripted is not None:

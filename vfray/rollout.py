@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vfray.errors import (
     HarnessError,
     PhaseTimeoutError,
+    ProviderError,
     RolloutError,
     SandboxError,
     TaskError,
@@ -232,6 +233,8 @@ async def _agent_phase(
         else:
             stopped = trace.stop_condition is not None
             error = classify_exit(result, await runtime.alive(), stopped)
+            if isinstance(error, HarnessError):
+                error = _blame_provider(trace) or error
             if error is not None:
                 trace.add_error(error, "agent")
                 trace.stop(StopCondition.ERROR)
@@ -250,6 +253,16 @@ async def _agent_phase(
                 trace = _merge_recorded(trace, await broker.conclude(secret))
         trace.end_phase("agent")
     return trace
+
+
+def _blame_provider(trace: Trace) -> ProviderError | None:
+    """A harness that gave up right after the model endpoint failed (after its own retries)
+    failed because of the provider: say so, so the farm can retry the rollout."""
+    if trace.calls and trace.calls[-1].error is not None:
+        last = trace.calls[-1].error
+        if last.type == ProviderError.__name__:
+            return ProviderError(f"the model endpoint failed: {last.message}")
+    return None
 
 
 def _merge_recorded(local: Trace, recorded: Trace) -> Trace:

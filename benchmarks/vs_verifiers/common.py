@@ -173,6 +173,8 @@ class Finished:
     total: int
     ends: list[float]
     trace_files: list[Path]
+    first_start: float | None = None
+    """When the earliest rollout started (epoch s): the end of the command's start-up."""
 
 
 def vfray_finished(out_dir: Path) -> Finished:
@@ -181,26 +183,32 @@ def vfray_finished(out_dir: Path) -> Finished:
     files = sorted(out_dir.glob("outputs/*/*/traces/*.parquet"))
     if not files:
         return Finished(0, 0, [], [])
-    table = pq.read_table(files[0].parent, columns=["ok", "ended_at"])
+    table = pq.read_table(files[0].parent, columns=["ok", "started_at", "ended_at"])
     rows = table.to_pylist()
     ends = sorted(_epoch(r["ended_at"]) for r in rows if r["ended_at"] is not None)
-    return Finished(sum(1 for r in rows if r["ok"]), len(rows), ends, files)
+    starts = [_epoch(r["started_at"]) for r in rows if r["started_at"] is not None]
+    ok = sum(1 for r in rows if r["ok"])
+    return Finished(ok, len(rows), ends, files, min(starts, default=None))
 
 
 def verifiers_finished(out_dir: Path) -> Finished:
     files = sorted(out_dir.glob("outputs/*/traces.jsonl"))
     ok = total = 0
     ends: list[float] = []
+    starts: list[float] = []
     for path in files:
         for line in path.read_text().splitlines():
             episode = json.loads(line)
             for trace in episode.get("traces", []):
                 total += 1
                 ok += bool(trace.get("ok"))
-                end = (trace.get("timing", {}).get("scoring") or {}).get("end")
+                timing = trace.get("timing", {})
+                end = (timing.get("scoring") or {}).get("end")
                 if end is not None:
                     ends.append(float(end))
-    return Finished(ok, total, sorted(ends), files)
+                if timing.get("start") is not None:
+                    starts.append(float(timing["start"]))
+    return Finished(ok, total, sorted(ends), files, min(starts, default=None))
 
 
 def _epoch(value: Any) -> float:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
         with Farm(config=config, progress=not args.no_progress) as farm:
             result = farm.run(
-                tasks, config.rollouts_per_task, name=config.taskset, on_run_dir=run_log.open
+                tasks, config.rollouts_per_task, name=tasks.name, on_run_dir=run_log.open
             )
         summary = result.summary()
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))

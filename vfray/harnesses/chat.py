@@ -34,8 +34,8 @@ class ChatLoopConfig(HarnessConfig):
     """Seconds one model call may take."""
     retries: int = Field(2, ge=0)
     """Retries of a model call answered 429/5xx or not answered at all."""
-    python: str = "python3"
-    """The interpreter inside the box."""
+    python: str | None = None
+    """The interpreter inside the box; None: the runtime's own (``Runtime.python``)."""
 
 
 def program_source() -> bytes:
@@ -77,11 +77,11 @@ class ChatLoopHarness(Harness):
     def program_files(self) -> dict[str, bytes]:
         return {PROGRAM_PATH: program_source()}
 
-    def argv(self, prompt_path: str) -> list[str]:
+    def argv(self, prompt_path: str, python: str = "python3") -> list[str]:
         """The program's command line for one segment."""
         c = self.config
         return [
-            c.python,
+            c.python or python,
             PROGRAM_PATH,
             "--messages",
             prompt_path,
@@ -115,7 +115,8 @@ class ChatLoopHarness(Harness):
         prompt_path = f"{PROGRAM_DIR}/prompt-{uuid.uuid4().hex[:12]}.json"
         prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
         await runtime.write(prompt_path, prompt.encode())
-        return await runtime.run_program(self.argv(prompt_path), self.env(ctx), timeout=ctx.timeout)
+        argv = self.argv(prompt_path, runtime.python)
+        return await runtime.run_program(argv, self.env(ctx), timeout=ctx.timeout)
 
     async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
         try:

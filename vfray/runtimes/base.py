@@ -66,6 +66,9 @@ class Runtime(abc.ABC):
     type: ClassVar[str]
     is_container: ClassVar[bool] = False
     isolates_network: ClassVar[bool] = False
+    python: str = "python3"
+    """How a harness starts Python in this box. Boxes over the host's filesystem use the
+    host's real interpreter: a version-manager shim (pyenv) costs ~0.5 s per launch."""
 
     def __init__(self, spec: RuntimeSpec | None = None) -> None:
         self.spec = spec or RuntimeSpec()

@@ -194,18 +194,21 @@ class BwrapRuntime(SubprocessRuntime):
             f"{path!r} is outside the box's writable dirs ({self.box_workdir}, /tmp)"
         )
 
-    def _preexec(self) -> Callable[[], None]:
+    def _preexec(self) -> Callable[[], None] | None:
         cgroup = self.cgroup
         limits = rlimit_setter(
             None if cgroup else self.spec.memory_gb,
             self.cpu_seconds,
             None if cgroup else self.spec.pids,
         )
+        if cgroup is None and limits is None:
+            return None
 
         def apply() -> None:
             if cgroup is not None:
                 cgroup.join()
-            limits()
+            if limits is not None:
+                limits()
 
         return apply
 

@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -248,8 +249,9 @@ async def run_process_group(
 
 def rlimit_setter(
     memory_gb: float | None, cpu_seconds: int | None, pids: int | None
-) -> Callable[[], None]:
-    """A ``preexec_fn`` applying address-space, CPU-time and process-count limits.
+) -> Callable[[], None] | None:
+    """A ``preexec_fn`` applying address-space, CPU-time and process-count limits, or None
+    when there is nothing to limit (a ``preexec_fn`` forces a full fork instead of vfork).
 
     RLIMIT_NPROC counts every process of the *user*, not of the box, and the kernel ignores it
     for root; so it is set only for non-root users, as "processes now + ``pids``", which bounds
@@ -260,6 +262,8 @@ def rlimit_setter(
         uid = os.geteuid()
         mine = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
         nproc = mine + pids
+    if memory_gb is None and cpu_seconds is None and nproc is None:
+        return None
 
     def apply() -> None:
         if memory_gb is not None:
@@ -288,6 +292,7 @@ class SubprocessRuntime(Runtime):
 
     type = "subprocess"
     warn_no_isolation: ClassVar[bool] = True
+    python = os.path.realpath(sys.executable)
 
     def __init__(
         self,

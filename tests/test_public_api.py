@@ -1,0 +1,38 @@
+"""The public surface: a small sorted ``__all__``, no Ray on ``import vfray``, and a README whose
+configuration reference matches the config tree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import vfray
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_all_is_sorted_small_and_resolvable() -> None:
+    assert vfray.__all__ == sorted(vfray.__all__)
+    assert len(vfray.__all__) <= 40
+    for name in vfray.__all__:
+        assert getattr(vfray, name) is not None, name
+
+
+def test_import_vfray_does_not_import_ray() -> None:
+    code = "import sys, vfray; print('ray' in sys.modules, 'aiohttp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_readme_config_reference_is_current() -> None:
+    generated = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen_config_reference.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert generated in (REPO / "README.md").read_text(), (
+        "README's configuration reference is stale: paste the output of "
+        "scripts/gen_config_reference.py"
+    )
