@@ -10,7 +10,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.model_server import ScriptedModelServer
+from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import SandboxHost
 from actors.sink import TraceSink
 from vfray.rollout import RolloutPlan
@@ -60,6 +60,15 @@ def start_scripted_model(policy: str, options: dict[str, Any]) -> Any:
     return actor_cls.options(
         num_cpus=0, max_concurrency=10_000, scheduling_strategy=local_node_strategy()
     ).remote(policy, options)
+
+
+def start_local_model(model: str) -> Any:
+    """The ``local:<name>`` model server, on the driver's node like the scripted one. It
+    reserves no Ray CPUs so it can never starve the episode tasks on a small machine."""
+    actor_cls = ray.remote(LocalModelActor)
+    return actor_cls.options(
+        num_cpus=0, max_concurrency=100, scheduling_strategy=local_node_strategy()
+    ).remote(model)
 
 
 def start_hosts(

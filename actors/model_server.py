@@ -1,13 +1,15 @@
-"""The built-in scripted model as a Ray actor, so ``model="scripted:<policy>"`` works on a
-cluster: the actor serves the OpenAI-compatible app on its node's address."""
+"""The built-in models as Ray actors, so ``model="scripted:<policy>"`` and ``model="local:<name>"``
+work on a cluster: each actor serves an OpenAI-compatible endpoint on its node's address."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
 import ray
 
+from vfray.models.local import LocalModelServer
 from vfray.serving import serve_in_loop
 
 
@@ -33,3 +35,29 @@ class ScriptedModelServer:
     async def shutdown(self) -> None:
         await self._stack.aclose()
         self._url = None
+
+
+class LocalModelActor:
+    """Runs a ``local:<name>`` model server subprocess on this actor's node; ``url()`` starts
+    it on first use and gives the base URL. The server dies with the actor (parent-death
+    signal), so ``ray.kill`` leaves nothing behind; ``shutdown()`` stops it gracefully."""
+
+    def __init__(self, model: str, bind_host: str | None = None) -> None:
+        host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.server = LocalModelServer(model, host=host)
+        self._lock = asyncio.Lock()
+        self._url: str | None = None
+
+    async def url(self) -> str:
+        async with self._lock:
+            if self._url is None:
+                self._url = await self.server.astart()
+            return self._url
+
+    async def pid(self) -> int | None:
+        return self.server.pid
+
+    async def shutdown(self) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self.server.stop)
+            self._url = None

@@ -2,7 +2,8 @@
 from plain arguments. The Ray farm runs the same state machine inside its actors.
 
 ``model="scripted:<policy>"`` (optionally ``scripted:<policy>?latency=0.5&accuracy=0.8``) starts
-the built-in scripted model server; any other model name needs ``base_url``.
+the built-in scripted model server, ``model="local:smollm2"`` a small real model (the ``local``
+extra); any other model name needs ``base_url``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vfray.errors import ConfigError
 from vfray.harness import check_compatibility
 from vfray.harnesses.registry import make_harness
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
+from vfray.models.local import LocalModelServer, check_installed, parse_local_model
 from vfray.rollout import RolloutPlan, Timeouts, execute_rollout
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.registry import make_runtime, runtime_class
@@ -89,10 +91,15 @@ class LocalEnvironment:
         scoring_overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.scripted = parse_scripted_model(model)
-        if self.scripted is None and base_url is None:
+        self.local = parse_local_model(model)
+        if self.scripted is None and self.local is None and base_url is None:
             raise ConfigError(
-                f"model {model!r} needs base_url (or use a built-in 'scripted:<policy>' model)"
+                f"model {model!r} needs base_url (or use a built-in 'scripted:<policy>' or "
+                "'local:smollm2' model)"
             )
+        if self.local is not None:
+            # A missing extra is a config error: say the install lines before anything starts.
+            check_installed(self.local.spec)
         if api_key is None and api_key_var:
             api_key = os.environ.get(api_key_var)
             if api_key is None:
@@ -126,6 +133,9 @@ class LocalEnvironment:
             policy, options = self.scripted
             app = ScriptedModel(policy=policy, **options)  # type: ignore[arg-type]
             base_url = await self._stack.enter_async_context(serve_in_loop(app)) + "/v1"
+        elif self.local is not None:
+            server = await self._stack.enter_async_context(LocalModelServer(self.local))
+            base_url = server.base_url
         assert base_url is not None
         upstream = Upstream(base_url=base_url, api_key=self.api_key, model=self.plan.model)
         self._interception = await self._stack.enter_async_context(Interception(upstream))

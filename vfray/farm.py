@@ -26,6 +26,7 @@ from vfray.config import EvalConfig, ModelConfig
 from vfray.environment import parse_scripted_model
 from vfray.episode import Episode
 from vfray.errors import ConfigError
+from vfray.models.local import parse_local_model
 from vfray.progress import live_progress
 from vfray.results import RunResult
 from vfray.rollout import RolloutPlan
@@ -129,10 +130,12 @@ class Farm:
 
     def _validate_endpoint(self) -> None:
         m = self.config.model
-        if parse_scripted_model(m.name) is None and not m.base_url:
+        builtin = parse_scripted_model(m.name) or parse_local_model(m.name)
+        if builtin is None and not m.base_url:
             raise ConfigError(
                 f"model {m.name!r} needs a base_url (an OpenAI-compatible endpoint such as "
-                "vLLM's http://host:8000/v1), or use a built-in 'scripted:<policy>' model"
+                "vLLM's http://host:8000/v1), or use a built-in 'scripted:<policy>' or "
+                "'local:smollm2' model"
             )
 
     @property
@@ -169,6 +172,9 @@ class Farm:
         scripted = parse_scripted_model(self.config.model.name)
         if scripted is not None:
             self._model_actor = cluster.start_scripted_model(*scripted)
+            base_url = ray.get(self._model_actor.url.remote())
+        elif parse_local_model(self.config.model.name) is not None:
+            self._model_actor = cluster.start_local_model(self.config.model.name)
             base_url = ray.get(self._model_actor.url.remote())
         else:
             base_url = self.config.model.base_url

@@ -28,7 +28,13 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off"}
+    # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "off",
+        "timeout_graceful_shutdown": 5,
+    }
     options.update(uvicorn_options)
     return uvicorn.Config(app, **options)
 

@@ -56,7 +56,7 @@ def _throughput_rows(rows: list[dict[str, Any]]) -> list[str]:
         v, f = row["vfray"], row["verifiers"]
         label = f"rollouts/s (steady), latency {row['latency']:g} s, c={row['concurrency']}"
         if "skipped" in f:
-            ours = _f(v["rollouts_per_s"])
+            ours = f"{_f(v['rollouts_per_s'])} ({_f(v['steady_rollouts_per_s'])})"
             lines.append(_row(label, ours, f"not run: {f['skipped']}", "n/a", ">= 10x: n/a"))
             continue
         lines.append(

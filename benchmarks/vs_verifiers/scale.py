@@ -22,6 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from benchmarks.vs_verifiers import common
 
 
+def _predict(steps: list[dict[str, Any]], c: int) -> float:
+    """Peak GiB at ``c`` sessions: a line through the last two levels (a fixed part plus a
+    per-session slope), or proportional to the only level measured so far."""
+    last = steps[-1]
+    if len(steps) < 2:
+        return float(last["peak_gib"] * c / last["concurrency"])
+    first = steps[-2]
+    slope = (last["peak_gib"] - first["peak_gib"]) / (last["concurrency"] - first["concurrency"])
+    return float(last["peak_gib"] + max(slope, 0.0) * (c - last["concurrency"]))
+
+
 def climb(
     side: str, levels: list[int], latency: float, max_gib: float, timeout: float
 ) -> dict[str, Any]:
@@ -33,8 +44,7 @@ def climb(
     previous: dict[str, Any] | None = None
     for c in levels:
         if previous is not None:
-            # Memory grows with sessions; predict from the fixed part plus the per-session slope.
-            need = previous["peak_gib"] * c / previous["concurrency"]
+            need = _predict(steps, c)
             if need > max_gib:
                 stopped = f"memory guard: {c} sessions would need ~{need:.1f} GiB"
                 break

@@ -1,0 +1,22 @@
+"""Models vfray can serve itself, next to the scripted test model: ``local:<name>`` runs a small
+real chat model on this machine (the ``vfray[local]`` extra)."""
+
+from vfray.models.local import (
+    LOCAL_MODELS,
+    LOCAL_PREFIX,
+    LocalModel,
+    LocalModelError,
+    LocalModelMissingError,
+    LocalModelServer,
+    parse_local_model,
+)
+
+__all__ = [
+    "LOCAL_MODELS",
+    "LOCAL_PREFIX",
+    "LocalModel",
+    "LocalModelError",
+    "LocalModelMissingError",
+    "LocalModelServer",
+    "parse_local_model",
+]
