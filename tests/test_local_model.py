@@ -19,6 +19,7 @@ import vfray as vf
 from vfray.errors import MissingExtraError
 from vfray.models.local import (
     INSTALL_LINES,
+    LocalModelError,
     LocalModelMissingError,
     LocalModelServer,
     LocalModelSpec,
@@ -183,3 +184,12 @@ def test_farm_serves_smollm2_in_an_actor(tmp_path: Path) -> None:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(pid)
+
+
+@needs_local
+def test_startup_timeout_is_a_clear_error_and_leaves_nothing_behind() -> None:
+    server = LocalModelServer("local:smollm2?startup_timeout=0.01")
+    with pytest.raises(LocalModelError, match=r"did not answer GET \S+/v1/models within 0\.01 s"):
+        server.start()
+    assert server.pid is None
+    assert server_children() == set()

@@ -145,6 +145,8 @@ def fresh_dir(prefix: str) -> Path:
 def vfray_eval(url: str, tasks: int, rollouts: int, concurrency: int, timeout: float) -> Measured:
     out = fresh_dir("vfray")
     argv = [sys.executable, "-m", "vfray.cli.main", "eval", "arithmetic"]
+    # The built-in taskset holds 100 tasks by default; size it like the verifiers side.
+    argv += ["--taskset-args", json.dumps({"num_tasks": tasks})]
     argv += ["-n", str(tasks), "-r", str(rollouts), "-c", str(concurrency), "-m", "scripted"]
     argv += ["--base-url", url, "--harness", "null", "--runtime", "subprocess"]
     argv += ["--no-progress", "-o", str(out / "outputs")]

@@ -93,7 +93,7 @@ def _throughput_rows(rows: list[dict[str, Any]]) -> list[str]:
 def table(results: dict[str, Any]) -> str:
     lines = [
         f"Measured {results['date']} on {results['machine_before']}"
-        f" (after the run: {results['machine_after']}).",
+        f" (after the run: {results.get('machine_after', 'not recorded')}).",
         f"Versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}."
         f" Sizes: {results['sizes']}.",
         "",

@@ -240,6 +240,7 @@ class LocalModelServer:
         while not self._probe():
             self._check_alive(started)
             time.sleep(0.2)
+        self._forget_log()
         return self.base_url
 
     async def astart(self) -> str:
@@ -251,7 +252,16 @@ class LocalModelServer:
         while not await asyncio.to_thread(self._probe):
             self._check_alive(started)
             await asyncio.sleep(0.2)
+        self._forget_log()
         return self.base_url
+
+    def _forget_log(self) -> None:
+        # The log only explains a failed start. Unlinked once serving, the server keeps its
+        # open file and the space goes back when it exits, even if it is killed without stop().
+        if self._log_path is not None:
+            with contextlib.suppress(OSError):
+                self._log_path.unlink()
+            self._log_path = None
 
     def log_tail(self, lines: int = 20) -> str:
         if self._log_path is None or not self._log_path.exists():
@@ -269,10 +279,7 @@ class LocalModelServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self._log_path is not None:
-            with contextlib.suppress(OSError):
-                self._log_path.unlink()
-            self._log_path = None
+        self._forget_log()
 
     def __enter__(self) -> LocalModelServer:
         self.start()

@@ -28,6 +28,7 @@ from vfray.runtimes.subprocess import (
     OUTPUT_CAP,
     SubprocessRuntime,
     box_env,
+    kill_group,
     kill_pids,
     rlimit_setter,
     run_process_group,
@@ -266,7 +267,8 @@ class BwrapRuntime(SubprocessRuntime):
     async def stop(self) -> None:
         if self._stopped:
             return
-        self.kill_all()
+        for pgid in self._pgids:  # the marker sweep follows, batched, in super().stop()
+            kill_group(pgid)
         if self.cgroup is not None:
             await self.cgroup.destroy()
             self.cgroup = None

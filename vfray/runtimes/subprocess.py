@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -87,8 +88,13 @@ def box_env(
 
 def marked_pids(marker: str) -> list[int]:
     """PIDs of live processes whose environment carries ``VFRAY_BOX_ID=marker`` (Linux /proc)."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
+    return marked_pids_of({marker}).get(marker, [])
+
+
+def marked_pids_of(markers: set[str]) -> dict[str, list[int]]:
+    """One walk of /proc for many boxes: box id → PIDs carrying its marker."""
+    needles = {f"{MARKER_ENV}={m}".encode(): m for m in markers}
+    found: dict[str, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -96,9 +102,65 @@ def marked_pids(marker: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
+        if MARKER_ENV.encode() not in environ:
+            continue
+        for item in environ.split(b"\0"):
+            marker = needles.get(item)
+            if marker is not None:
+                found.setdefault(marker, []).append(int(entry.name))
     return found
+
+
+def _sweep_boxes(markers: set[str]) -> None:
+    """Kill every process carrying one of ``markers``; twice, as a stray may be mid-fork."""
+    for attempt in range(2):
+        for pids in marked_pids_of(markers).values():
+            kill_pids(pids)
+        if attempt == 0:
+            time.sleep(0.01)
+
+
+class _StraySweeper:
+    """Batches the stray sweeps of every box stopping at about the same time into one /proc
+    walk (in a thread): a farm host stops dozens of boxes a second, and a walk per box cost
+    more CPU than the rollouts' own work here."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, list[asyncio.Future[None]]] = {}
+        self._worker: asyncio.Task[None] | None = None
+
+    async def sweep(self, marker: str) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._pending.setdefault(marker, []).append(done)
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain())
+        await asyncio.shield(done)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                await asyncio.to_thread(_sweep_boxes, set(batch))
+            finally:
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(None)
+
+
+_sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StraySweeper] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def stray_sweeper() -> _StraySweeper:
+    """The sweeper of the running event loop."""
+    loop = asyncio.get_running_loop()
+    sweeper = _sweepers.get(loop)
+    if sweeper is None:
+        sweeper = _sweepers[loop] = _StraySweeper()
+    return sweeper
 
 
 def descendants(root: int) -> list[int]:
@@ -380,17 +442,6 @@ class SubprocessRuntime(Runtime):
     async def alive(self) -> bool:
         return self.workdir is not None and not self._stopped and self.workdir.is_dir()
 
-    def kill_all(self) -> None:
-        """SIGKILL every process group started here and every stray carrying the box marker."""
-        for pgid in self._pgids:
-            kill_group(pgid)
-        kill_pids(marked_pids(self.box_id))
-
-    def _sweep_strays(self) -> None:
-        kill_pids(marked_pids(self.box_id))
-        time.sleep(0.01)
-        self.kill_all()
-
     async def stop(self) -> None:
         if self._stopped:
             return
@@ -399,7 +450,7 @@ class SubprocessRuntime(Runtime):
             kill_group(pgid)
         # The marker sweep reads every /proc/*/environ: off the event loop, which also serves
         # the interception in a SandboxHost. Twice: a stray may be mid-fork during the first.
-        await asyncio.to_thread(self._sweep_strays)
+        await stray_sweeper().sweep(self.box_id)
         self._pgids.clear()
         if self.workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self.workdir, True)
