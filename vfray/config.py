@@ -26,7 +26,9 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("scripted:arithmetic", description="model name, or scripted:<policy>")
+    name: str = Field(
+        "scripted:arithmetic", description="model name, scripted:<policy>, or local:smollm2"
+    )
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. vLLM's /v1")
     api_key_var: str | None = Field(None, description="environment variable holding the API key")
 

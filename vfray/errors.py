@@ -46,6 +46,10 @@ class MissingExtraError(VfrayError, ImportError):
             f"{module!r} is not installed; install it with: pip install 'vfray[{extra}]'"
         )
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Rebuild from the constructor's arguments: raised in a Ray actor, it is pickled.
+        return (type(self), (self.extra, self.module))
+
 
 class RolloutError(VfrayError):
     """Base of the errors that fail a single rollout and are stored on its trace."""

@@ -204,6 +204,9 @@ class Farm:
 
         with contextlib.suppress(Exception):
             ray.get([h.shutdown.remote() for h in self._hosts], timeout=120)
+        if self._model_actor is not None:
+            with contextlib.suppress(Exception):
+                ray.get(self._model_actor.shutdown.remote(), timeout=30)
         for actor in [*self._hosts, self._model_actor]:
             if actor is not None:
                 with contextlib.suppress(Exception):
