@@ -46,7 +46,7 @@ class MissingExtraError(VfrayError, ImportError):
             f"{module!r} is not installed; install it with: pip install 'vfray[{extra}]'"
         )
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+    def __reduce__(self) -> tuple[type, tuple[str, ...]]:
         # Rebuild from the constructor's arguments: raised in a Ray actor, it is pickled.
         return (type(self), (self.extra, self.module))
 
