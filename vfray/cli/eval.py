@@ -73,8 +73,11 @@ def check(config: EvalConfig) -> Taskset[Any]:
     from vfray.farm import Farm
     from vfray.harnesses.registry import make_harness
     from vfray.runtimes.registry import runtime_class
+    from vfray.scoring import validate_group_config
 
     tasks = build_tasks(config)
+    # A group reward with one rollout per task: refused here, not after Ray started.
+    validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
     Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
     make_harness(config.env.harness.id, dict(config.env.harness.options))
     runtime_class(config.env.runtime.type)
