@@ -41,14 +41,6 @@ RETRYABLE = frozenset({"ProviderError", "InterceptionError", "InfrastructureErro
 """Rollout error types that say nothing about the task or the policy: retried."""
 
 
-def _write_attempt(sink: Any, trace: Trace) -> None:
-    ray.get(sink.append.remote(traces_to_table([trace])))
-
-
-write_attempt = ray.remote(num_cpus=0.5)(_write_attempt)
-"""Writes a retried attempt's row from where its trace lives, so the driver never fetches it."""
-
-
 def _is_cancellation(exc: BaseException) -> bool:
     if isinstance(exc, rex.TaskCancelledError):
         return True
@@ -245,7 +237,7 @@ class RunDriver:
                             attempt,
                             outcome.error_type,
                         )
-                        await write_attempt.remote(self.sink, trace_ref)
+                        await self.sink.append_trace.remote(trace_ref)
                         self.progress.retried += 1
                         attempt += 1
                         avoid = host_index
@@ -322,16 +314,18 @@ class RunDriver:
             for r in rollouts:
                 r.cancel()
             raise
-        outcome: EpisodeOutcome = await run_episode.remote(
+        outcome_ref, rows_ref = run_episode.remote(
             task,
             self.plan.run_id,
             state.episode_id,
-            self.sink,
             self.plan.scoring_overrides,
             self.plan.keep_episodes,
             list(state.done.values()),
             *refs,
         )
+        # The sink resolves the rows itself; the driver never deserializes them.
+        await self.sink.append_rows.remote(rows_ref, state.episode_id)
+        outcome: EpisodeOutcome = await outcome_ref
         self.progress.episodes += 1
         if self.on_episode is not None:
             await self.on_episode(outcome)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pyarrow as pa
 import ray
 from pydantic import BaseModel, ConfigDict
 
@@ -54,41 +55,43 @@ class EpisodeOutcome(BaseModel):
     episode: Episode | None = None
 
 
+EpisodeRows = tuple[pa.Table, pa.Table]
+"""An episode's new trace rows and its episode row, on their way to the TraceSink."""
+
+
 def finish_episode(
     task: Task[Any],
     run_id: str | None,
     episode_id: str,
-    sink: Any,
     overrides: dict[str, str],
     keep: bool,
     previous: list[Trace],
     *traces: Trace,
-) -> EpisodeOutcome:
+) -> tuple[EpisodeOutcome, EpisodeRows]:
     """Body of the ``run_episode`` Ray task. ``previous`` are a resumed group's rollouts that
-    already succeeded: they take part in the group rewards but are not written again."""
+    already succeeded: they take part in the group rewards but are not written again.
+
+    The rows are returned, not sent: the driver hands their ObjectRef to the sink. A blocking
+    ``ray.get`` on the sink inside this task would make Ray lend its CPU to another worker,
+    which on a busy node means starting new worker processes over and over."""
     new = list(traces)
     episode = asyncio.run(
         finalize_episode(task, [*previous, *new], overrides, episode_id=episode_id)
     )
     episode.traces.sort(key=lambda t: t.rollout_index)
-    if sink is not None:
-        ray.get(
-            sink.append.remote(
-                traces_to_table(new), episodes_to_table([episode], run_id), episode_id
-            )
-        )
-    return EpisodeOutcome(
+    outcome = EpisodeOutcome(
         episode_id=episode.episode_id,
         task_key=task.key,
         rollouts=[RolloutOutcome.of(t) for t in new],
         mean_reward=episode.mean_reward,
         episode=episode if keep else None,
     )
+    return outcome, (traces_to_table(new), episodes_to_table([episode], run_id))
 
 
-run_episode = ray.remote(num_cpus=0.5, max_retries=3)(finish_episode)
-"""The Ray task: ``run_episode.remote(task, run_id, episode_id, sink, overrides, keep,
-previous, *rollout_refs)``. Half a CPU, not zero: zero-CPU tasks have no concurrency cap, so
-Ray would start a worker process (~60 MB, ~0.5 s) per concurrently finishing episode; with a
-cap, a few warm workers take them all. SandboxHosts reserve no CPUs, so this never waits
-behind sandboxes."""
+run_episode = ray.remote(num_cpus=0.5, max_retries=3, num_returns=2)(finish_episode)
+"""The Ray task: ``outcome_ref, rows_ref = run_episode.remote(task, run_id, episode_id,
+overrides, keep, previous, *rollout_refs)``. Half a CPU, not zero: zero-CPU tasks have no
+concurrency cap, so Ray would start a worker process (~60 MB, ~0.5 s) per concurrently
+finishing episode; with a cap, a few warm workers take them all. SandboxHosts reserve no
+CPUs, so this never waits behind sandboxes."""

@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from vfray.trace import Trace
+from vfray.traces.convert import traces_to_table
 from vfray.traces.io import TraceWriter
 
 
@@ -62,6 +64,14 @@ class TraceSink:
         if episodes is not None and episodes.num_rows:
             self.episodes.write(episodes)
         return self.rows
+
+    async def append_rows(self, rows: tuple[pa.Table, pa.Table], key: str) -> int:
+        """An episode task's rows (passed by ObjectRef, so the driver never holds them)."""
+        return await self.append(rows[0], rows[1], key)
+
+    async def append_trace(self, trace: Trace) -> int:
+        """One trace row: an attempt that is retried keeps its own row."""
+        return await self.append(traces_to_table([trace]))
 
     async def flush(self) -> int:
         self.traces.flush()
