@@ -250,7 +250,8 @@ def validate_group_config(task_cls: type, n: int, overrides: Overrides | None = 
     if group and n < 2:
         raise ConfigError(
             f"{task_cls.__qualname__} has group rewards ({', '.join(group)}) which compare "
-            f"the n rollouts of a task; n must be at least 2, got n={n}"
+            f"the n rollouts of a task; n must be at least 2, got n={n} "
+            "(set -r / rollouts_per_task)"
         )
 
 

@@ -14,6 +14,7 @@ from vfray.cli.report import print_results
 from vfray.cli.runlog import capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
+from vfray.scoring import validate_group_config
 from vfray.taskset import Taskset
 from vfray.tasksets import load_taskset
 
@@ -73,11 +74,8 @@ def check(config: EvalConfig) -> Taskset[Any]:
     from vfray.farm import Farm
     from vfray.harnesses.registry import make_harness
     from vfray.runtimes.registry import runtime_class
-    from vfray.scoring import validate_group_config
 
     tasks = build_tasks(config)
-    # A group reward with one rollout per task: refused here, not after Ray started.
-    validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
     Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
     make_harness(config.env.harness.id, dict(config.env.harness.options))
     runtime_class(config.env.runtime.type)
@@ -90,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
+    # A group reward with one rollout per task: refused here, not after Ray started.
+    validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
     from vfray.farm import Farm
 
     with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
