@@ -27,7 +27,7 @@ from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import PHASES, Timeouts
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.subprocess import marked_pids
+from vfray.runtimes.strays import marked_pids
 from vfray.serving import serve_in_loop
 
 HAS_BWRAP = shutil.which("bwrap") is not None

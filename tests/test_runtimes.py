@@ -16,8 +16,9 @@ from starlette.routing import Route
 from vfray.errors import ConfigError, MissingExtraError
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime, shares_network
+from vfray.runtimes.processes import box_env, is_secret
 from vfray.runtimes.registry import make_runtime
-from vfray.runtimes.subprocess import box_env, is_secret, marked_pids
+from vfray.runtimes.strays import marked_pids
 from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
 

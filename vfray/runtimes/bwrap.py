@@ -24,15 +24,15 @@ from pathlib import Path
 from vfray.errors import SandboxError
 from vfray.runtimes.base import ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
-from vfray.runtimes.subprocess import (
+from vfray.runtimes.processes import (
     OUTPUT_CAP,
-    SubprocessRuntime,
     box_env,
     kill_group,
     kill_pids,
     rlimit_setter,
     run_process_group,
 )
+from vfray.runtimes.subprocess import SubprocessRuntime
 
 logger = logging.getLogger(__name__)
 

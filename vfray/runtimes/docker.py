@@ -24,7 +24,7 @@ from vfray.errors import SandboxError, optional_import
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
-from vfray.runtimes.subprocess import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
+from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
 
 DEFAULT_IMAGE = "python:3.11-slim"
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError, SandboxError, optional_import
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
-from vfray.runtimes.subprocess import OUTPUT_CAP
+from vfray.runtimes.processes import OUTPUT_CAP
 
 DEFAULT_IMAGE = "python:3.11-slim"
 

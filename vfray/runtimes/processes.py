@@ -1,0 +1,256 @@
+"""Process helpers shared by the local runtimes (subprocess, bwrap, docker's host side): the
+scrubbed box environment, process-group runs with capped output and timeouts, rlimits, kills."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from vfray.errors import SandboxError
+from vfray.runtimes.base import ProgramResult
+
+OUTPUT_CAP = 64 * 1024
+"""Bytes of stdout and of stderr kept per run (the tail: the end of a log says why it ended)."""
+
+MARKER_ENV = "VFRAY_BOX_ID"
+"""Set in every boxed process so ``stop`` can find strays that left the process group."""
+
+SECRET_PATTERNS = (
+    "*API_KEY*",
+    "*APIKEY*",
+    "*TOKEN*",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*PRIVATE_KEY*",
+    "*SESSION_KEY*",
+    "*AUTH*",
+    "AWS_*",
+    "AZURE_*",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GCP_*",
+    "HF_*",
+    "HUGGING_FACE_*",
+    "WANDB_*",
+    "RAY_*",
+    "SSH_AUTH_SOCK",
+    "MODAL_*",
+    "DOCKER_*",
+)
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
+"""The only host variables a box inherits (after the secret filter); all else is dropped."""
+
+_GRACE_AFTER_EXIT = 0.5
+"""Seconds to keep reading output after the main process exits; a daemon it left behind may
+hold the pipe open forever, and must not make ``run`` hang."""
+
+
+def is_secret(name: str) -> bool:
+    """Whether an environment variable name looks like a credential."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_PATTERNS)
+
+
+def box_env(
+    base: Mapping[str, str], home: str, marker: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a boxed process: a few safe host variables, HOME, the box marker,
+    then ``extra`` (the caller's own variables, which may carry e.g. the rollout secret)."""
+    env = {k: v for k, v in base.items() if k in KEPT_ENV and not is_secret(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env["HOME"] = home
+    env[MARKER_ENV] = marker
+    env.update(extra or {})
+    return env
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every live process below it, from the parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The comm field may contain spaces and parentheses; the ppid follows the last ')'.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def kill_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class _TailBuffer:
+    """Keeps the last ``cap`` bytes of a stream and whether anything was dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.cap:
+            del self.data[: len(self.data) - self.cap]
+            self.truncated = True
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+async def _drain(stream: asyncio.StreamReader | None, sink: _TailBuffer) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        sink.add(chunk)
+
+
+async def _wait_exit(proc: asyncio.subprocess.Process) -> int:
+    """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
+    close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
+    waiter = asyncio.ensure_future(proc.wait())
+    delay = 0.005
+    try:
+        while not waiter.done() and proc.returncode is None:
+            await asyncio.wait([waiter], timeout=delay)
+            delay = min(delay * 2, 0.1)
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+
+async def run_process_group(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    *,
+    timeout: float | None,
+    stdin: bytes | None,
+    preexec_fn: Callable[[], None] | None,
+    on_start: Callable[[int], None],
+    output_cap: int = OUTPUT_CAP,
+) -> ProgramResult:
+    """Run ``argv`` as the leader of a new session, capture the output tails, and SIGKILL the
+    whole group on timeout. ``on_start(pgid)`` lets the runtime track the group for ``stop``."""
+    started = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        # Report a missing or non-executable program as a shell would, like the other boxes.
+        return ProgramResult(
+            exit_code=127 if isinstance(exc, FileNotFoundError) else 126,
+            stderr=f"{argv[0]}: {exc.strerror}\n",
+            duration=time.monotonic() - started,
+        )
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+    on_start(proc.pid)
+    out, err = _TailBuffer(output_cap), _TailBuffer(output_cap)
+    readers = [
+        asyncio.ensure_future(_drain(proc.stdout, out)),
+        asyncio.ensure_future(_drain(proc.stderr, err)),
+    ]
+    timed_out = False
+    try:
+        if stdin is not None and proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(_wait_exit(proc), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            kill_group(proc.pid)
+            await proc.wait()
+        await asyncio.wait(readers, timeout=_GRACE_AFTER_EXIT)
+    finally:
+        if proc.returncode is None:  # cancelled: never leave the group running
+            kill_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    return ProgramResult(
+        exit_code=code,
+        stdout=out.text(),
+        stderr=err.text(),
+        duration=time.monotonic() - started,
+        timed_out=timed_out,
+        truncated=out.truncated or err.truncated,
+    )
+
+
+def rlimit_setter(
+    memory_gb: float | None, cpu_seconds: int | None, pids: int | None
+) -> Callable[[], None] | None:
+    """A ``preexec_fn`` applying address-space, CPU-time and process-count limits, or None
+    when there is nothing to limit (a ``preexec_fn`` forces a full fork instead of vfork).
+
+    RLIMIT_NPROC counts every process of the *user*, not of the box, and the kernel ignores it
+    for root; so it is set only for non-root users, as "processes now + ``pids``", which bounds
+    a fork bomb without breaking the farm's own processes.
+    """
+    nproc = None
+    if pids is not None and os.geteuid() != 0:
+        uid = os.geteuid()
+        mine = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
+        nproc = mine + pids
+    if memory_gb is None and cpu_seconds is None and nproc is None:
+        return None
+
+    def apply() -> None:
+        if memory_gb is not None:
+            limit = int(memory_gb * 1024**3)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if cpu_seconds is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+        if nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return apply
+
+
+def _owner(path: Path) -> int:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return -1

@@ -1,0 +1,89 @@
+"""Finding and killing a box's stray processes (ones that left its process group with setsid)
+by the marker in their environment, with the sweeps of boxes that stop together batched into
+one walk of /proc."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from pathlib import Path
+
+from vfray.runtimes.processes import MARKER_ENV, kill_pids
+
+
+def marked_pids(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``VFRAY_BOX_ID=marker`` (Linux /proc)."""
+    return marked_pids_of({marker}).get(marker, [])
+
+
+def marked_pids_of(markers: set[str]) -> dict[str, list[int]]:
+    """One walk of /proc for many boxes: box id → PIDs carrying its marker."""
+    needles = {f"{MARKER_ENV}={m}".encode(): m for m in markers}
+    found: dict[str, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if MARKER_ENV.encode() not in environ:
+            continue
+        for item in environ.split(b"\0"):
+            marker = needles.get(item)
+            if marker is not None:
+                found.setdefault(marker, []).append(int(entry.name))
+    return found
+
+
+def _sweep_boxes(markers: set[str]) -> None:
+    """Kill every process carrying one of ``markers``; twice, as a stray may be mid-fork."""
+    for attempt in range(2):
+        for pids in marked_pids_of(markers).values():
+            kill_pids(pids)
+        if attempt == 0:
+            time.sleep(0.01)
+
+
+class _StraySweeper:
+    """Batches the stray sweeps of every box stopping at about the same time into one /proc
+    walk (in a thread): a farm host stops dozens of boxes a second, and a walk per box cost
+    more CPU than the rollouts' own work here."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, list[asyncio.Future[None]]] = {}
+        self._worker: asyncio.Task[None] | None = None
+
+    async def sweep(self, marker: str) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._pending.setdefault(marker, []).append(done)
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain())
+        await asyncio.shield(done)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                await asyncio.to_thread(_sweep_boxes, set(batch))
+            finally:
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(None)
+
+
+_sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StraySweeper] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def stray_sweeper() -> _StraySweeper:
+    """The sweeper of the running event loop."""
+    loop = asyncio.get_running_loop()
+    sweeper = _sweepers.get(loop)
+    if sweeper is None:
+        sweeper = _sweepers[loop] = _StraySweeper()
+    return sweeper
