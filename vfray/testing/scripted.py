@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from vfray.serving import serve_in_thread
-from vfray.testing import wire
+from vfray.testing import render, wire
 from vfray.testing.policies import POLICIES, Sampler, count_tokens, decide, reply
 
 FAIL_HEADER = "x-scripted-fail"
@@ -202,18 +202,18 @@ class ScriptedModel:
         model = parsed.model or self.model_name
         headers = {LATENCY_HEADER: repr(latency)}
         if not parsed.stream:
-            render = {
-                "chat": wire.chat_body,
-                "responses": wire.responses_body,
-                "anthropic": wire.anthropic_body,
+            to_body = {
+                "chat": render.chat_body,
+                "responses": render.responses_body,
+                "anthropic": render.anthropic_body,
             }[dialect]
-            return JSONResponse(render(answer, model), headers=headers)
+            return JSONResponse(to_body(answer, model), headers=headers)
         if dialect == "chat":
-            events = wire.chat_events(answer, model, parsed.include_usage)
+            events = render.chat_events(answer, model, parsed.include_usage)
         elif dialect == "responses":
-            events = wire.responses_events(answer, model)
+            events = render.responses_events(answer, model)
         else:
-            events = wire.anthropic_events(answer, model)
+            events = render.anthropic_events(answer, model)
         return StreamingResponse(
             _drip(events),
             media_type="text/event-stream",
