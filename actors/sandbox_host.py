@@ -23,9 +23,7 @@ from actors.episode import RolloutOutcome
 from vfray.environment import InProcessBroker
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
-from vfray.rollout import RolloutPlan, execute_rollout
-from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.registry import make_runtime
+from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.serving import serve_in_loop
 from vfray.task import Task
 from vfray.trace import Trace
@@ -80,15 +78,12 @@ class SandboxHost:
         """Run one rollout; returns a small outcome (for the driver) and the trace (for the
         episode task) as two Ray objects when called with ``num_returns=2``."""
         url = await self.url()
-        runtime = make_runtime(
-            self.plan.runtime_type, RuntimeSpec.from_task(task.data), **self.runtime_options
-        )
         job = asyncio.ensure_future(
-            execute_rollout(
+            run_planned_rollout(
                 task,
                 plan=self.plan,
                 harness=self.harness,
-                runtime=runtime,
+                runtime_options=self.runtime_options,
                 broker=InProcessBroker(self.app),
                 interception_url=url,
                 rollout_index=rollout_index,

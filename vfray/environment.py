@@ -22,9 +22,8 @@ from vfray.harness import check_compatibility
 from vfray.harnesses.registry import make_harness
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
 from vfray.models.local import LocalModelServer, check_installed, parse_local_model
-from vfray.rollout import RolloutPlan, Timeouts, execute_rollout
-from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.registry import make_runtime, runtime_class
+from vfray.rollout import RolloutPlan, Timeouts, run_planned_rollout
+from vfray.runtimes.registry import runtime_class
 from vfray.scoring import validate_group_config
 from vfray.task import Task
 from vfray.trace import Trace
@@ -165,14 +164,11 @@ class LocalEnvironment:
         episode_id: str | None = None,
     ) -> Trace:
         """Run one rollout of ``task``; failures are on the returned trace."""
-        runtime = make_runtime(
-            self.runtime_type, RuntimeSpec.from_task(task.data), **self.runtime_options
-        )
-        return await execute_rollout(
+        return await run_planned_rollout(
             task,
             plan=self.plan,
             harness=self.harness,
-            runtime=runtime,
+            runtime_options=self.runtime_options,
             broker=InProcessBroker(self.interception.app),
             interception_url=self.interception.url,
             rollout_index=rollout_index,

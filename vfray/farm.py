@@ -418,5 +418,5 @@ class Farm:
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:
     try:
         return len(tasks) * n  # type: ignore[arg-type]
-    except (TypeError, Exception):
+    except Exception:  # a generator (TypeError) or an infinite taskset (TasksetError)
         return None

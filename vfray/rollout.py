@@ -26,7 +26,8 @@ from vfray.errors import (
 )
 from vfray.harness import Harness, LaunchContext, classify_exit
 from vfray.interception.limits import Limits
-from vfray.runtimes.base import Runtime
+from vfray.runtimes.base import Runtime, RuntimeSpec
+from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
 from vfray.task import Task, TaskData, call_maybe_async
 from vfray.trace import AgentInfo, StopCondition, Trace
@@ -291,3 +292,35 @@ async def _teardown(trace: Trace, runtime: Runtime, deadline: float) -> None:
         trace.notes.append(f"teardown failed: {type(exc).__name__}: {exc}")
     finally:
         trace.end_phase("teardown")
+
+
+async def run_planned_rollout(
+    task: Task[Any],
+    *,
+    plan: RolloutPlan,
+    harness: Harness,
+    runtime_options: Mapping[str, Any],
+    broker: SessionBroker,
+    interception_url: str,
+    rollout_index: int = 0,
+    attempt: int = 0,
+    run_id: str | None = None,
+    episode_id: str | None = None,
+) -> Trace:
+    """Build the task's box from ``plan`` and run one rollout in it: the one entry point the
+    in-process environment and the farm's SandboxHost share."""
+    runtime = make_runtime(
+        plan.runtime_type, RuntimeSpec.from_task(task.data), **dict(runtime_options)
+    )
+    return await execute_rollout(
+        task,
+        plan=plan,
+        harness=harness,
+        runtime=runtime,
+        broker=broker,
+        interception_url=interception_url,
+        rollout_index=rollout_index,
+        attempt=attempt,
+        run_id=run_id,
+        episode_id=episode_id,
+    )
