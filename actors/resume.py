@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from actors.driver import ResumeState
+from vfray.driver import ResumeState
 from vfray.results import RunResult, final_rows
 from vfray.traces.convert import table_to_traces
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import ray
 
-from actors.episode import RolloutOutcome
 from vfray.environment import InProcessBroker
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
+from vfray.outcomes import RolloutOutcome
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.serving import serve_in_loop
 from vfray.task import Task

@@ -17,6 +17,8 @@ def type_name(annotation: Any) -> str:
     if annotation is None or annotation is type(None):
         return "None"
     origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is not None:

@@ -1,5 +1,6 @@
-"""End-to-end tests of the Ray farm on a real local Ray: runs, streaming, group rewards,
-retries after a SandboxHost dies, cancel, resume, placement, and code shipping."""
+"""End-to-end tests of the farm on a real local Ray: runs, streaming, group rewards, retries
+after a SandboxHost dies, cancel, resume, placement, and code shipping. The tests that do not
+depend on Ray's machinery run on both backends (``ray`` and ``local``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from vfray.farm import Farm
 from vfray.tasksets.arithmetic import ArithmeticTaskset, EndlessArithmetic
 
 pytestmark = pytest.mark.usefixtures("ray_local")
+both_backends = pytest.mark.parametrize("backend", ["ray", "local"])
 
 
 def farm(tmp_path: Path, **kw: Any) -> Farm:
@@ -32,8 +34,9 @@ def farm(tmp_path: Path, **kw: Any) -> Farm:
     return Farm(**options)
 
 
-def test_run_writes_one_row_per_rollout_and_episode(tmp_path: Path) -> None:
-    with farm(tmp_path) as f:
+@both_backends
+def test_run_writes_one_row_per_rollout_and_episode(tmp_path: Path, backend: str) -> None:
+    with farm(tmp_path, backend=backend) as f:
         result = f.run(ArithmeticTaskset(num_tasks=50), rollouts_per_task=4)
     traces = result.traces
     assert traces.num_rows == 200
@@ -58,10 +61,11 @@ def test_run_writes_one_row_per_rollout_and_episode(tmp_path: Path) -> None:
     assert result.run_dir.parent.name == "arithmetic--scripted_arithmetic_accuracy_0.5--null"
 
 
-def test_stream_yields_groups_before_the_run_ends(tmp_path: Path) -> None:
+@both_backends
+def test_stream_yields_groups_before_the_run_ends(tmp_path: Path, backend: str) -> None:
     async def consume() -> list[float]:
         seen: list[float] = []
-        with farm(tmp_path, model="scripted:arithmetic?latency=0.2") as f:
+        with farm(tmp_path, model="scripted:arithmetic?latency=0.2", backend=backend) as f:
             f.set_policy_version(7)
             async for group in f.stream(EndlessArithmetic().head(6), rollouts_per_task=2):
                 seen.append(time.monotonic())
@@ -74,13 +78,18 @@ def test_stream_yields_groups_before_the_run_ends(tmp_path: Path) -> None:
     assert len(asyncio.run(consume())) == 6
 
 
-def test_group_reward_with_one_rollout_is_refused(tmp_path: Path) -> None:
-    with farm(tmp_path) as f, pytest.raises(vf.ConfigError, match="group"):
+@both_backends
+def test_group_reward_with_one_rollout_is_refused(tmp_path: Path, backend: str) -> None:
+    with farm(tmp_path, backend=backend) as f, pytest.raises(vf.ConfigError, match="group"):
         f.run(ArithmeticTaskset(num_tasks=2), rollouts_per_task=1)
 
 
-def test_unknown_harness_fails_before_anything_runs(tmp_path: Path) -> None:
-    with farm(tmp_path, harness="nul") as f, pytest.raises(vf.ConfigError, match="null"):
+@both_backends
+def test_unknown_harness_fails_before_anything_runs(tmp_path: Path, backend: str) -> None:
+    with (
+        farm(tmp_path, harness="nul", backend=backend) as f,
+        pytest.raises(vf.ConfigError, match="null"),
+    ):
         f.run(ArithmeticTaskset(num_tasks=2), rollouts_per_task=2)
 
 
@@ -115,13 +124,14 @@ class FlakyTask(vf.Task[FlakyData]):
         return 1.0
 
 
-def test_resume_reruns_only_errored_rollouts(tmp_path: Path) -> None:
+@both_backends
+def test_resume_reruns_only_errored_rollouts(tmp_path: Path, backend: str) -> None:
     marker = tmp_path / "ready"
     tasks = [
         FlakyTask(FlakyData(prompt=f"task {i}", marker=str(marker)), key=f"t{i}") for i in range(3)
     ]
     tasks.append(FlakyTask(FlakyData(prompt="fine", marker=str(tmp_path)), key="ok"))
-    with farm(tmp_path, model="scripted:echo") as f:
+    with farm(tmp_path, model="scripted:echo", backend=backend) as f:
         first = f.run(tasks, rollouts_per_task=2, name="flaky")
         errors = first.traces.column("error_type").to_pylist()
         assert errors.count("TaskError") == 6
@@ -170,41 +180,54 @@ def test_killed_sandbox_host_is_retried_without_loss_or_duplicates(tmp_path: Pat
     assert result.traces.num_rows == 60 + len(retried)
 
 
-def _box_processes() -> list[int]:
-    """PIDs of processes that carry a vfray sandbox marker in their environment."""
+def _box_processes(root: Path) -> list[int]:
+    """PIDs of sandbox processes (they carry a vfray marker in their environment) working
+    under ``root``: other tests or benchmarks on the machine may have boxes of their own."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                if b"VFRAY_BOX_ID=" in fh.read():
-                    found.append(int(entry))
+                marked = b"VFRAY_BOX_ID=" in fh.read()
+            if marked and os.readlink(f"/proc/{entry}/cwd").startswith(str(root)):
+                found.append(int(entry))
         except OSError:
             continue
     return found
 
 
-def test_close_mid_run_tears_every_sandbox_down(tmp_path: Path) -> None:
+@both_backends
+def test_close_mid_run_tears_every_sandbox_down(tmp_path: Path, backend: str) -> None:
     tasks = [vf.Task(vf.TaskData(prompt=f"sleep {i}")) for i in range(8)]
-    f = farm(tmp_path, model="scripted:echo?latency=30", max_concurrent=8)
+    boxes = tmp_path / "boxes"
+    boxes.mkdir()
+    config = vf.EvalConfig()
+    config.env.runtime.options = {"root": str(boxes)}
+    f = farm(
+        tmp_path,
+        config=config,
+        model="scripted:echo?latency=30",
+        max_concurrent=8,
+        backend=backend,
+    )
 
     async def run_then_close() -> None:
         run = asyncio.ensure_future(f.run_async(tasks, rollouts_per_task=1))
         for _ in range(200):
             await asyncio.sleep(0.1)
-            if len(_box_processes()) >= 8:
+            if len(_box_processes(boxes)) >= 8:
                 break
-        assert len(_box_processes()) >= 8, "the harness programs should be running"
+        assert len(_box_processes(boxes)) >= 8, "the harness programs should be running"
         await asyncio.to_thread(f.close)
         with pytest.raises(asyncio.CancelledError):
             await run
 
     asyncio.run(run_then_close())
     deadline = time.monotonic() + 10
-    while _box_processes() and time.monotonic() < deadline:
+    while _box_processes(boxes) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _box_processes() == []
+    assert _box_processes(boxes) == []
 
 
 @pytest.mark.slow
@@ -242,7 +265,10 @@ def test_node_removed_mid_run_on_three_node_cluster(tmp_path: Path, ray_fresh: N
         cluster.shutdown()
 
 
-def test_model_5xx_past_the_harness_retries_is_retried_by_the_farm(tmp_path: Path) -> None:
+@both_backends
+def test_model_5xx_past_the_harness_retries_is_retried_by_the_farm(
+    tmp_path: Path, backend: str
+) -> None:
     from vfray.testing import ScriptedModel, serve_in_thread
 
     model = ScriptedModel("arithmetic")
@@ -250,7 +276,13 @@ def test_model_5xx_past_the_harness_retries_is_retried_by_the_farm(tmp_path: Pat
     model.fail_next(500, times=3)
     with (
         serve_in_thread(model) as url,
-        farm(tmp_path, model="scripted", base_url=url + "/v1", max_concurrent=1) as f,
+        farm(
+            tmp_path,
+            model="scripted",
+            base_url=url + "/v1",
+            max_concurrent=1,
+            backend=backend,
+        ) as f,
     ):
         result = f.run(ArithmeticTaskset(num_tasks=1), rollouts_per_task=2)
     rows = result.traces.to_pylist()
@@ -258,3 +290,33 @@ def test_model_5xx_past_the_harness_retries_is_retried_by_the_farm(tmp_path: Pat
     assert len(failed) == 1 and failed[0]["attempt"] == 0
     final = result.final_traces
     assert final.num_rows == 2 and all(final.column("ok").to_pylist())
+
+
+def test_local_backend_runs_the_cli_without_importing_ray(tmp_path: Path) -> None:
+    """``vfray eval --backend local`` is one process: Ray is never imported, and the run
+    folder is the same as a Ray run's."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from vfray.cli.main import main\n"
+        f"rc = main(['eval', 'arithmetic', '-n', '3', '-r', '2', '--harness', 'null',"
+        f" '--backend', 'local', '-o', {str(tmp_path)!r}, '--no-progress'])\n"
+        "assert 'ray' not in sys.modules, 'the local backend imported ray'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir,) = tmp_path.glob("*/*")
+    result = vf.RunResult(run_dir)
+    assert result.traces.num_rows == 6 and result.episodes.num_rows == 3
+    assert all(result.traces.column("ok").to_pylist())
+    header = json.loads((run_dir / "config.json").read_text())
+    assert header["config"]["backend"] == "local"
+
+
+def test_local_backend_refuses_a_ray_address(tmp_path: Path) -> None:
+    with pytest.raises(vf.ConfigError, match="backend 'local' runs without Ray"):
+        farm(tmp_path, backend="local", address="ray://head:10001")

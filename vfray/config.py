@@ -10,10 +10,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vfray.errors import ConfigError
@@ -105,6 +105,18 @@ class EvalConfig(BaseSettings):
     env: EnvConfig = Field(default_factory=EnvConfig)
     output_dir: str = Field("outputs", description="parent folder of run folders")
     address: str | None = Field(None, description="Ray cluster address (default: local)")
+    backend: Literal["ray", "local"] = Field(
+        "ray", description="ray (a cluster, or a local Ray) or local (this process, no Ray)"
+    )
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> EvalConfig:
+        if self.backend == "local" and self.address:
+            raise ValueError(
+                f"address {self.address!r} names a Ray cluster; backend 'local' runs without "
+                "Ray (drop one of them)"
+            )
+        return self
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

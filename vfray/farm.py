@@ -1,9 +1,11 @@
-"""``Farm``: the public Python API over the Ray layer — run a taskset to a run folder, or
-stream scored episode groups into a training loop.
+"""``Farm``: the public Python API — run a taskset to a run folder, or stream scored episode
+groups into a training loop.
 
-The driver iterates tasks lazily with at most ``max_concurrent`` rollouts in flight; rollouts
-run in SandboxHost actors spread over the nodes, episodes are Ray tasks, and rows stream into
-Parquet parts through a TraceSink actor.
+The driver (:mod:`vfray.driver`) iterates tasks lazily with at most ``max_concurrent`` rollouts
+in flight over a backend. ``backend="ray"`` (the default): rollouts run in SandboxHost actors
+spread over the nodes, episodes are Ray tasks, and rows stream into Parquet parts through a
+TraceSink actor. ``backend="local"``: the same driver and run folder from one process with no
+Ray (:mod:`vfray.local_backend`), for quick runs on one machine.
 """
 
 from __future__ import annotations
@@ -11,30 +13,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.metadata
 import logging
 import platform
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+from pydantic import ValidationError
 
-from vfray.config import EvalConfig, ModelConfig
-from vfray.environment import parse_scripted_model
+from vfray.config import EvalConfig, ModelConfig, format_validation_error
+from vfray.driver import RunBackend, RunDriver, RunPlan
+from vfray.environment import LocalEnvironment, parse_scripted_model
 from vfray.episode import Episode
 from vfray.errors import ConfigError
 from vfray.models.local import parse_local_model
 from vfray.progress import live_progress
-from vfray.results import RunResult
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
 from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo, Trace
-from vfray.traces.convert import traces_to_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from actors.sink import TraceSink
+    from vfray.results import RunResult
+
+# pyarrow (via vfray.results and vfray.traces) is imported where it is used, not here: a local
+# run's first rollout does not need it, and it is a third of the CLI's import time.
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,8 @@ class EpisodeGroup:
 
     @property
     def table(self) -> pa.Table:
+        from vfray.traces.convert import traces_to_table
+
         return traces_to_table(self.episode.traces)
 
     @property
@@ -71,7 +85,8 @@ def _slug(text: str) -> str:
 
 
 class Farm:
-    """Runs rollouts on a Ray cluster (a local one is started when none is given)."""
+    """Runs rollouts on a Ray cluster (a local one is started when none is given), or with
+    ``backend="local"`` in this process without Ray."""
 
     def __init__(
         self,
@@ -86,6 +101,7 @@ class Farm:
         api_key_var: str | None = None,
         sampling: dict[str, Any] | None = None,
         address: str | None = None,
+        backend: str | None = None,
         hosts: int | None = None,
         host_concurrency: int = 4096,
         max_retries: int = 2,
@@ -113,7 +129,12 @@ class Farm:
             cfg.sampling = cfg.sampling.model_validate(sampling)
         if address is not None:
             cfg.address = address
-        self.config = EvalConfig.model_validate(cfg.model_dump())
+        if backend is not None:
+            cfg.backend = backend  # type: ignore[assignment]  # validated just below
+        try:
+            self.config = EvalConfig.model_validate(cfg.model_dump())
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from exc
         self._validate_endpoint()
         self.num_hosts = hosts
         self.host_concurrency = host_concurrency
@@ -126,7 +147,16 @@ class Farm:
         self._started_ray = False
         self._hosts: list[Any] = []
         self._model_actor: Any = None
+        self._local: Any = None  # the LocalBackend of a run in progress (backend="local")
+        # (loop, task, finished) of that run, so close() can cancel it from any thread.
+        self._local_run: (
+            tuple[asyncio.AbstractEventLoop, asyncio.Task[Any], threading.Event] | None
+        ) = None
         self._closed = False
+
+    @property
+    def is_local(self) -> bool:
+        return self.config.backend == "local"
 
     def _validate_endpoint(self) -> None:
         m = self.config.model
@@ -156,7 +186,7 @@ class Farm:
     def _start(self) -> None:
         if self._closed:
             raise RuntimeError("this Farm is closed")
-        if self._hosts:
+        if self._hosts or self.is_local:
             return
         import ray
 
@@ -198,6 +228,8 @@ class Farm:
         if self._closed:
             return
         self._closed = True
+        if self._local_run is not None:
+            self._cancel_local_run(*self._local_run)
         if not self._hosts and self._model_actor is None:
             return
         import ray
@@ -216,6 +248,22 @@ class Farm:
         if self._started_ray:
             ray.shutdown()
 
+    @staticmethod
+    def _cancel_local_run(
+        loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], finished: threading.Event
+    ) -> None:
+        """Cancel a local run: its rollouts tear their sandboxes down and the rows written so
+        far are flushed. From another thread, wait for that; on the run's own loop, we can't."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()
+            return
+        loop.call_soon_threadsafe(task.cancel)
+        finished.wait(timeout=120)
+
     def __enter__(self) -> Farm:
         return self
 
@@ -224,6 +272,8 @@ class Farm:
 
     def host_stats(self) -> list[dict[str, Any]]:
         """Per SandboxHost: node, pid, rollouts in flight and completed, live sessions."""
+        if self._local is not None:
+            return [self._local.stats()]
         if not self._hosts:
             return []
         import ray
@@ -234,6 +284,8 @@ class Farm:
     def set_policy_version(self, version: int | None) -> None:
         """Stamp ``version`` on every ModelCall from now on (RL: the trainer's step)."""
         self.policy_version = version
+        if self._local is not None:
+            self._local.env.interception.app.policy_version = version
         if self._hosts:
             import ray
 
@@ -246,6 +298,8 @@ class Farm:
             run_dir = Path(resume)
             if not (run_dir / "config.json").exists():
                 raise ConfigError(f"cannot resume {run_dir}: it has no config.json")
+            from vfray.results import RunResult
+
             result = RunResult(run_dir)
             return run_dir, str(result.config.get("run_id") or run_dir.name)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -258,8 +312,6 @@ class Farm:
         return run_dir, run_id
 
     def _header(self, run_id: str, name: str, n: int) -> dict[str, Any]:
-        import ray
-
         import vfray
 
         return {
@@ -269,7 +321,8 @@ class Farm:
             "config": self.config.model_dump(mode="json"),
             "versions": {
                 "vfray": vfray.__version__,
-                "ray": ray.__version__,
+                # From the package metadata: importing ray costs ~0.5 s a local run never needs.
+                "ray": importlib.metadata.version("ray"),
                 "python": platform.python_version(),
             },
             "created": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -312,13 +365,15 @@ class Farm:
         if on_run_dir is not None:
             on_run_dir(run_dir)
         resume_state = load_resume_state(run_dir) if resume is not None else {}
-        driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, resume_state)
+        plan = self._run_plan(run_id, rollouts_per_task, streaming=False)
         total = _known_length(tasks, rollouts_per_task)
-        try:
+        header = self._header(run_id, name, rollouts_per_task)
+        async with self._backend(run_dir, header) as backend:
+            driver = RunDriver(plan, backend, None, resume_state)
             async with live_progress(driver.progress, total, enabled=self.progress):
                 await driver.run(self._checked(tasks, rollouts_per_task))
-        finally:
-            await sink.close.remote()
+        from vfray.results import RunResult
+
         return RunResult(run_dir)
 
     async def stream(
@@ -336,48 +391,35 @@ class Farm:
             if outcome.episode is not None:
                 await queue.put(EpisodeGroup(outcome.episode))
 
-        driver, sink = self._driver(run_dir, run_id, name, rollouts_per_task, {}, deliver)
-        runner = asyncio.ensure_future(driver.run(self._checked(tasks, rollouts_per_task)))
-        try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait([getter, runner], return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    group = getter.result()
-                    if group is not None:
-                        yield group
-                    continue
-                getter.cancel()
-                while not queue.empty():
-                    item = queue.get_nowait()
-                    if item is not None:
-                        yield item
-                runner.result()
-                break
-        finally:
-            if not runner.done():
-                runner.cancel()
-                with contextlib.suppress(BaseException):
-                    await runner
-            await sink.close.remote()
+        plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
+        header = self._header(run_id, name, rollouts_per_task)
+        async with self._backend(run_dir, header) as backend:
+            driver = RunDriver(plan, backend, deliver)
+            runner = asyncio.ensure_future(driver.run(self._checked(tasks, rollouts_per_task)))
+            try:
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    await asyncio.wait([getter, runner], return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        group = getter.result()
+                        if group is not None:
+                            yield group
+                        continue
+                    getter.cancel()
+                    while not queue.empty():
+                        item = queue.get_nowait()
+                        if item is not None:
+                            yield item
+                    runner.result()
+                    break
+            finally:
+                if not runner.done():
+                    runner.cancel()
+                    with contextlib.suppress(BaseException):
+                        await runner
 
-    def _driver(
-        self,
-        run_dir: Path,
-        run_id: str,
-        name: str,
-        n: int,
-        resume: dict[str, Any],
-        on_episode: Any = None,
-    ) -> tuple[Any, Any]:
-        from actors import cluster
-        from actors.driver import HostPool, RunDriver, RunPlan
-
-        self._start()
-        sink = cluster.start_sink(
-            str(run_dir), self._header(run_id, name, n), self.flush_rows, self.flush_seconds
-        )
-        plan = RunPlan(
+    def _run_plan(self, run_id: str, n: int, *, streaming: bool) -> RunPlan:
+        return RunPlan(
             run_id=run_id,
             rollouts_per_task=n,
             max_concurrent=self.config.max_concurrent,
@@ -389,28 +431,89 @@ class Farm:
                 model=self.config.model.name,
                 sampling=self.config.sampling.as_params(),
             ),
-            keep_episodes=on_episode is not None,
-            max_groups_in_flight=(
-                max(1, self.config.max_concurrent // n) if on_episode is not None else None
-            ),
+            keep_episodes=streaming,
+            max_groups_in_flight=max(1, self.config.max_concurrent // n) if streaming else None,
         )
-        driver = RunDriver(
-            plan, HostPool(self._hosts), sink, on_episode, resume, cluster.placement_check()
+
+    @contextlib.asynccontextmanager
+    async def _backend(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[RunBackend]:
+        """The backend for one run; on the way out every buffered row is written (also when
+        the run fails or is cancelled), then the run's own resources are released."""
+        if self.is_local:
+            async with self._local_backend(run_dir, header) as local:
+                yield local
+            return
+        from actors import cluster
+        from actors.backend import RayBackend
+
+        self._start()
+        sink = cluster.start_sink(str(run_dir), header, self.flush_rows, self.flush_seconds)
+        try:
+            yield RayBackend(self._hosts, sink, cluster.placement_check())
+        finally:
+            await sink.close.remote()
+
+    @contextlib.asynccontextmanager
+    async def _local_backend(
+        self, run_dir: Path, header: dict[str, Any]
+    ) -> AsyncIterator[RunBackend]:
+        from vfray.local_backend import LocalBackend, write_run_header
+
+        if self._closed:
+            raise RuntimeError("this Farm is closed")
+        cfg = self.config
+        env = LocalEnvironment(
+            cfg.model.name,
+            base_url=cfg.model.base_url,
+            api_key_var=cfg.model.api_key_var,
+            harness=cfg.env.harness.id,
+            harness_options=cfg.env.harness.options,
+            runtime=cfg.env.runtime.type,
+            runtime_options=cfg.env.runtime.options,
+            sampling=cfg.sampling.as_params(),
+            limits=cfg.env.limits(),
+            timeouts=cfg.env.timeouts,
+            scoring_overrides=cfg.env.scoring,
         )
-        return driver, sink
+        write_run_header(run_dir, header)
 
-    @staticmethod
-    def _checked(tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
-        """Validate each task class once, lazily (a group reward with n < 2 is refused)."""
-        from actors.shipping import ship_by_value
+        def make_sink() -> TraceSink:
+            from actors.sink import TraceSink  # a plain class: used here without Ray
 
+            return TraceSink(
+                str(run_dir), header, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds
+            )
+
+        current = asyncio.current_task()
+        assert current is not None
+        finished = threading.Event()
+        self._local_run = (asyncio.get_running_loop(), current, finished)
+        try:
+            async with env:
+                env.interception.app.policy_version = self.policy_version
+                self._local = LocalBackend(env, make_sink)
+                try:
+                    yield self._local
+                finally:
+                    backend, self._local = self._local, None
+                    await backend.close()
+        finally:
+            self._local_run = None
+            finished.set()
+
+    def _checked(self, tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
+        """Validate each task class once, lazily (a group reward with n < 2 is refused), and
+        for Ray let workers unpickle it even when its module only exists here."""
         seen: set[type] = set()
         for task in tasks:
             if not isinstance(task, Task):
                 raise ConfigError(f"expected vfray Task objects, got {type(task).__name__}")
             if type(task) not in seen:
                 validate_group_config(type(task), n)
-                ship_by_value(type(task), type(task.data))
+                if not self.is_local:
+                    from actors.shipping import ship_by_value
+
+                    ship_by_value(type(task), type(task.data))
                 seen.add(type(task))
             yield task
 

@@ -9,11 +9,13 @@ import importlib.util
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.text import Text
+
+# rich is imported when a progress line is actually shown: `--no-progress` runs (benchmarks,
+# CI, scripts) skip its import time.
 
 
 class Counters(Protocol):
@@ -41,6 +43,8 @@ def render(counters: Counters, total: int | None, elapsed: float) -> Text:
         f"  retried {counters.retried}  reward {'-' if reward is None else f'{reward:.3f}'}"
         f"  {rate:.1f}/s{eta}"
     )
+    from rich.text import Text
+
     return Text(line)
 
 
@@ -52,6 +56,9 @@ async def live_progress(
     if not enabled:
         yield
         return
+    from rich.console import Console
+    from rich.live import Live
+
     # In Jupyter without ipywidgets rich's Live shows an empty box: print plainly instead.
     jupyter = None if importlib.util.find_spec("ipywidgets") else False
     console = console or Console(file=sys.stderr, force_jupyter=jupyter)

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from vfray.cli.overrides import add_config_options, collect_overrides, parse_free_overrides
-from vfray.cli.report import print_results
 from vfray.cli.runlog import capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
@@ -101,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             )
         summary = result.summary()
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
+    from vfray.cli.report import print_results  # rich: only needed once the run is over
+
     title = f"{config.taskset} · {config.model.name} · {config.env.harness.id}"
     print_results(summary, title=title)
     print(f"run folder: {result.run_dir}")

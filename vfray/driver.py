@@ -1,66 +1,87 @@
 """The run driver: iterates the taskset lazily, keeps at most ``max_concurrent`` rollouts in
-flight over a pool of SandboxHosts, retries rollouts whose host or node died, and hands each
-task's finished rollouts to an episode Ray task.
+flight, retries rollouts whose machinery failed, and hands each task's finished rollouts to the
+backend to be scored and written.
 
-Only small :class:`~actors.episode.RolloutOutcome` objects travel back to the driver; traces go
-from the hosts to the episode tasks to the TraceSink by reference, so the driver's memory stays
-flat however long the run.
+The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
+one (``actors.backend``) over SandboxHost actors, episode tasks and a TraceSink actor, passing
+traces by reference so the driver's memory stays flat; the local one
+(:mod:`vfray.local_backend`) in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import ray
-from ray import exceptions as rex
-
-from actors.episode import EpisodeOutcome, RolloutOutcome, run_episode
 from vfray.errors import InfrastructureError, SandboxError
+from vfray.outcomes import EpisodeOutcome, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import AgentInfo, StopCondition, Trace, new_id
-from vfray.traces.convert import traces_to_table
 
 log = logging.getLogger(__name__)
-
-INFRA_ERRORS: tuple[type[BaseException], ...] = (
-    rex.RayActorError,
-    rex.ActorUnavailableError,
-    rex.ObjectLostError,
-    rex.WorkerCrashedError,
-    rex.OwnerDiedError,
-    rex.RayTaskError,
-)
-"""Failures of the machinery under a rollout, not of the rollout: these are retried."""
-
 
 RETRYABLE = frozenset({"ProviderError", "InterceptionError", "InfrastructureError"})
 """Rollout error types that say nothing about the task or the policy: retried."""
 
 
-def _is_cancellation(exc: BaseException) -> bool:
-    if isinstance(exc, rex.TaskCancelledError):
-        return True
-    cause = getattr(exc, "cause", None)
-    return isinstance(exc, rex.RayTaskError) and isinstance(
-        cause, (rex.TaskCancelledError, asyncio.CancelledError)
-    )
+class HostLost(Exception):
+    """The machinery under a rollout failed (its host or node died), not the rollout: the
+    driver records the attempt and retries it on another host."""
+
+
+class RunBackend(Protocol):
+    """Where rollouts run and rows go. ``Handle`` values are opaque to the driver: a trace, or
+    a reference to one."""
+
+    num_hosts: int
+
+    async def rollout(
+        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
+    ) -> tuple[RolloutOutcome, Any]:
+        """Run one rollout on ``host``; returns its outcome and a handle to its trace.
+        Raises :class:`HostLost` when the host failed under it, CancelledError when the host
+        cancelled it."""
+        ...
+
+    def hold(self, trace: Trace) -> Any:
+        """A handle for a trace the driver made itself (a lost or refused rollout)."""
+        ...
+
+    async def keep_attempt(self, handle: Any) -> None:
+        """Write the row of an attempt that is about to be retried."""
+        ...
+
+    async def finish(
+        self,
+        task: Task[Any],
+        run_id: str,
+        episode_id: str,
+        overrides: dict[str, str],
+        keep: bool,
+        previous: list[Trace],
+        handles: list[Any],
+    ) -> EpisodeOutcome:
+        """Score the group and write its rows; returns the episode's outcome."""
+        ...
+
+    def unfit(self, task: Task[Any]) -> str | None:
+        """Why no host could ever run ``task`` (None when one can)."""
+        ...
 
 
 class HostPool:
-    """The SandboxHost actors of a run, picked least-loaded first."""
+    """A backend's hosts by index, picked least-loaded first."""
 
-    def __init__(self, hosts: Sequence[Any]) -> None:
-        if not hosts:
+    def __init__(self, count: int) -> None:
+        if count < 1:
             raise ValueError("a HostPool needs at least one host")
-        self.hosts = list(hosts)
-        self.load = [0] * len(self.hosts)
+        self.load = [0] * count
 
     def acquire(self, avoid: int | None = None) -> int:
-        order = sorted(range(len(self.hosts)), key=lambda i: (i == avoid, self.load[i]))
+        order = sorted(range(len(self.load)), key=lambda i: (i == avoid, self.load[i]))
         index = order[0]
         self.load[index] += 1
         return index
@@ -126,23 +147,20 @@ class Progress:
 
 
 class RunDriver:
-    """Drives one run over a host pool; ``on_episode`` sees every finished episode."""
+    """Drives one run over a backend; ``on_episode`` sees every finished episode."""
 
     def __init__(
         self,
         plan: RunPlan,
-        pool: HostPool,
-        sink: Any,
+        backend: RunBackend,
         on_episode: Callable[[EpisodeOutcome], Awaitable[None]] | None = None,
         resume: dict[str, ResumeState] | None = None,
-        unfit: Callable[[Task[Any]], str | None] | None = None,
     ) -> None:
         self.plan = plan
-        self.pool = pool
-        self.sink = sink
+        self.backend = backend
+        self.pool = HostPool(backend.num_hosts)
         self.on_episode = on_episode
         self.resume = resume or {}
-        self.unfit = unfit
         self.progress = Progress()
         self._window = asyncio.Semaphore(plan.max_concurrent)
         self._groups = (
@@ -178,24 +196,19 @@ class RunDriver:
         if self._groups is not None:
             await self._groups.acquire()
         rollouts: list[asyncio.Task[Any]] = []
-        reason = self.unfit(task) if self.unfit is not None else None
+        reason = self.backend.unfit(task)
         for index in todo:
             await self._window.acquire()
             self.progress.submitted += 1
             attempt = state.next_attempt.get(index, 0)
             if reason is not None:
-                rollouts.append(
-                    asyncio.ensure_future(
-                        self._refuse(task, index, attempt, state.episode_id, reason)
-                    )
-                )
-                continue
-            rollouts.append(
-                asyncio.ensure_future(self._rollout(task, index, attempt, state.episode_id))
-            )
-        job = asyncio.ensure_future(self._finish(task, state, rollouts))
-        self._episodes.add(job)
-        job.add_done_callback(self._episode_done)
+                job = self._refuse(task, index, attempt, state.episode_id, reason)
+            else:
+                job = self._rollout(task, index, attempt, state.episode_id)
+            rollouts.append(asyncio.ensure_future(job))
+        finisher = asyncio.ensure_future(self._finish(task, state, rollouts))
+        self._episodes.add(finisher)
+        finisher.add_done_callback(self._episode_done)
 
     def _episode_done(self, job: asyncio.Task[None]) -> None:
         self._episodes.discard(job)
@@ -211,22 +224,15 @@ class RunDriver:
 
     async def _rollout(self, task: Task[Any], index: int, attempt: int, episode_id: str) -> Any:
         """Run one rollout, retrying on another host when the machinery under it fails.
-        Returns the ObjectRef of the final trace."""
+        Returns the backend's handle to the final trace."""
         avoid: int | None = None
         try:
             while True:
-                host_index = self.pool.acquire(avoid)
-                host = self.pool.hosts[host_index]
+                host = self.pool.acquire(avoid)
                 try:
-                    outcome_ref, trace_ref = host.run_rollout.options(num_returns=2).remote(
-                        task, index, attempt, self.plan.run_id, episode_id
+                    outcome, handle = await self.backend.rollout(
+                        host, task, index, attempt, self.plan.run_id, episode_id
                     )
-                    try:
-                        outcome: RolloutOutcome = await outcome_ref
-                    except asyncio.CancelledError:
-                        # Cancel the actor-side coroutine too: it tears its sandbox down.
-                        ray.cancel(outcome_ref)
-                        raise
                     if outcome.error_type in RETRYABLE and attempt < self.plan.max_retries:
                         # The model endpoint or the interception failed, not the task: keep
                         # the attempt as a row and run the rollout again.
@@ -237,49 +243,45 @@ class RunDriver:
                             attempt,
                             outcome.error_type,
                         )
-                        await self.sink.append_trace.remote(trace_ref)
+                        await self.backend.keep_attempt(handle)
                         self.progress.retried += 1
                         attempt += 1
-                        avoid = host_index
+                        avoid = host
                         continue
                     self.progress.record(outcome)
-                    return trace_ref
-                except INFRA_ERRORS as exc:
-                    if _is_cancellation(exc):
-                        # The host cancelled it (Farm.close, ray job stop): end the run, do
-                        # not retry.
-                        raise asyncio.CancelledError(f"rollout cancelled: {exc}") from exc
+                    return handle
+                except HostLost as exc:
                     failed = self._infra_trace(task, index, attempt, episode_id, exc)
                     if attempt >= self.plan.max_retries:
                         self.progress.record(RolloutOutcome.of(failed))
-                        return ray.put(failed)
+                        return self.backend.hold(failed)
                     log.warning(
                         "rollout %s/%d attempt %d lost (%s); retrying",
                         task.key[:12],
                         index,
                         attempt,
-                        type(exc).__name__,
+                        exc,
                     )
                     # The lost attempt stays in the run as its own row.
-                    await self.sink.append.remote(traces_to_table([failed]))
+                    await self.backend.keep_attempt(self.backend.hold(failed))
                     self.progress.retried += 1
                     attempt += 1
-                    avoid = host_index
+                    avoid = host
                 finally:
-                    self.pool.release(host_index)
+                    self.pool.release(host)
         finally:
             self._window.release()
 
     async def _refuse(
         self, task: Task[Any], index: int, attempt: int, episode_id: str, reason: str
     ) -> Any:
-        """A rollout no node can host fails at once, as data, instead of waiting forever."""
+        """A rollout no host can run fails at once, as data, instead of waiting forever."""
         try:
             trace = self._infra_trace(task, index, attempt, episode_id, None)
             trace.errors.clear()
             trace.add_error(SandboxError(reason), "placement")
             self.progress.record(RolloutOutcome.of(trace))
-            return ray.put(trace)
+            return self.backend.hold(trace)
         finally:
             self._window.release()
 
@@ -299,9 +301,7 @@ class RunDriver:
             run_id=self.plan.run_id,
             episode_id=episode_id,
         )
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        message = f"{type(exc).__name__}: {first_line}"
-        trace.add_error(InfrastructureError(message), "host")
+        trace.add_error(InfrastructureError(str(exc) if exc is not None else ""), "host")
         trace.stop(StopCondition.ERROR)
         return trace
 
@@ -309,23 +309,22 @@ class RunDriver:
         self, task: Task[Any], state: ResumeState, rollouts: list[asyncio.Task[Any]]
     ) -> None:
         try:
-            refs = await asyncio.gather(*rollouts)
+            handles = await asyncio.gather(*rollouts)
         except BaseException:
             for r in rollouts:
                 r.cancel()
+            # Wait for them: a cancelled rollout is still tearing its sandbox down.
+            await asyncio.gather(*rollouts, return_exceptions=True)
             raise
-        outcome_ref, rows_ref = run_episode.remote(
+        outcome = await self.backend.finish(
             task,
             self.plan.run_id,
             state.episode_id,
             self.plan.scoring_overrides,
             self.plan.keep_episodes,
             list(state.done.values()),
-            *refs,
+            list(handles),
         )
-        # The sink resolves the rows itself; the driver never deserializes them.
-        await self.sink.append_rows.remote(rows_ref, state.episode_id)
-        outcome: EpisodeOutcome = await outcome_ref
         self.progress.episodes += 1
         if self.on_episode is not None:
             await self.on_episode(outcome)

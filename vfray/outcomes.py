@@ -1,0 +1,89 @@
+"""What a run's driver learns about finished work, whichever backend ran it: a small
+:class:`RolloutOutcome` per rollout (its progress line) and an :class:`EpisodeOutcome` per task,
+plus :func:`finish_episode`, which scores a finished group and turns it into Parquet rows.
+
+Ray-free: the in-process backend calls :func:`finish_episode` directly, the Ray backend wraps it
+in a Ray task (``actors.episode``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from vfray.episode import Episode, finalize_episode
+from vfray.task import Task
+from vfray.trace import Trace
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class RolloutOutcome(BaseModel):
+    """What the driver needs to know about one finished rollout (its progress line)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    reward: float | None
+    error_type: str | None
+    stop_condition: str | None
+    input_tokens: int
+    output_tokens: int
+
+    @classmethod
+    def of(cls, trace: Trace) -> RolloutOutcome:
+        err = trace.error()
+        return cls(
+            ok=trace.ok,
+            reward=trace.reward,
+            error_type=err.type if err else None,
+            stop_condition=trace.stop_condition.value if trace.stop_condition else None,
+            input_tokens=trace.usage.input_tokens,
+            output_tokens=trace.usage.output_tokens,
+        )
+
+
+class EpisodeOutcome(BaseModel):
+    """The driver's view of a finished episode; ``episode`` is filled only when streaming."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    episode_id: str
+    task_key: str
+    rollouts: list[RolloutOutcome]
+    mean_reward: float | None
+    episode: Episode | None = None
+
+
+EpisodeRows = tuple["pa.Table", "pa.Table"]
+"""An episode's new trace rows and its episode row, on their way to the sink."""
+
+
+async def finish_episode(
+    task: Task[Any],
+    run_id: str | None,
+    episode_id: str,
+    overrides: dict[str, str],
+    keep: bool,
+    previous: list[Trace],
+    new: list[Trace],
+) -> tuple[EpisodeOutcome, EpisodeRows]:
+    """Run the group rewards over ``previous`` + ``new`` and build the rows. ``previous`` are a
+    resumed group's rollouts that already succeeded: they take part in the group rewards but
+    are not written again."""
+    # Imported here, not at the top: pyarrow costs a few hundred ms of start-up that a local
+    # run should not pay before its first rollout.
+    from vfray.traces.convert import traces_to_table
+    from vfray.traces.episodes import episodes_to_table
+
+    episode = await finalize_episode(task, [*previous, *new], overrides, episode_id=episode_id)
+    episode.traces.sort(key=lambda t: t.rollout_index)
+    outcome = EpisodeOutcome(
+        episode_id=episode.episode_id,
+        task_key=task.key,
+        rollouts=[RolloutOutcome.of(t) for t in new],
+        mean_reward=episode.mean_reward,
+        episode=episode if keep else None,
+    )
+    return outcome, (traces_to_table(new), episodes_to_table([episode], run_id))
