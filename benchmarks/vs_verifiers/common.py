@@ -1,10 +1,12 @@
 """Shared plumbing of the vfray-vs-verifiers benchmarks: the verifiers virtualenv, the shared
-scripted model server, launching either framework's eval CLI as a measured subprocess (wall
-time, process-tree RSS), and reading back the finish times of its traces.
+scripted model server, launching each side's eval CLI (vfray on its Ray backend, vfray on its
+local backend, verifiers) as a measured subprocess (wall time, process-tree RSS), and reading
+back the finish times of its traces.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -15,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,16 +33,25 @@ VF_PYTHON = VENV / "bin" / "python"
 API_KEY_VAR = "VFBENCH_API_KEY"
 
 
+_venv_checked = False
+
+
 def ensure_venv() -> Path:
-    """Create the verifiers virtualenv (outside the repo) on first use; returns its python."""
+    """Create the verifiers virtualenv (outside the repo) on first use; returns its python.
+    Probed once per process (the probe imports verifiers: seconds on a loaded machine)."""
+    global _venv_checked
+    if _venv_checked:
+        return VF_PYTHON
     if VF_PYTHON.exists():
         probe = [str(VF_PYTHON), "-c", "import verifiers.v1"]
         if subprocess.run(probe, capture_output=True).returncode == 0:
+            _venv_checked = True
             return VF_PYTHON
     print(f"creating {VENV} with verifiers=={VF_VERSION} (one-off)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip = [str(VF_PYTHON), "-m", "pip", "install", "-q", f"verifiers=={VF_VERSION}", "psutil"]
     subprocess.run(pip, check=True)
+    _venv_checked = True
     return VF_PYTHON
 
 
@@ -139,17 +150,38 @@ def fresh_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"vfbench-{prefix}-"))
 
 
-# -- the two eval commands --------------------------------------------------------------------
+# -- the eval commands ------------------------------------------------------------------------
+
+SIDES = ("vfray", "vfray-local", "verifiers")
+"""What the comparison scripts measure: ``vfray eval --backend ray`` ("vfray", the default,
+kept under its old name so older results.json entries still read), ``vfray eval --backend
+local`` ("vfray-local": one process, no Ray) and verifiers' ``vf-eval``."""
+VFRAY_SIDES = ("vfray", "vfray-local")
+BACKEND = {"vfray": "ray", "vfray-local": "local"}
+LABEL = {"vfray": "vfray (Ray)", "vfray-local": "vfray (local)", "verifiers": "verifiers"}
 
 
-def vfray_eval(url: str, tasks: int, rollouts: int, concurrency: int, timeout: float) -> Measured:
-    out = fresh_dir("vfray")
+def ratio_key(name: str, side: str) -> str:
+    """Where a vfray side's ratio against verifiers is stored: ``ratio_<name>`` for the Ray
+    backend (the name older results use), ``ratio_<name>_local`` for the local one."""
+    return f"ratio_{name}" if side == "vfray" else f"ratio_{name}_local"
+
+
+def vfray_eval(
+    url: str,
+    tasks: int,
+    rollouts: int,
+    concurrency: int,
+    timeout: float,
+    backend: str = "ray",
+) -> Measured:
+    out = fresh_dir(f"vfray-{backend}")
     argv = [sys.executable, "-m", "vfray.cli.main", "eval", "arithmetic"]
     # The built-in taskset holds 100 tasks by default; size it like the verifiers side.
     argv += ["--taskset-args", json.dumps({"num_tasks": tasks})]
     argv += ["-n", str(tasks), "-r", str(rollouts), "-c", str(concurrency), "-m", "scripted"]
     argv += ["--base-url", url, "--harness", "null", "--runtime", "subprocess"]
-    argv += ["--no-progress", "-o", str(out / "outputs")]
+    argv += ["--backend", backend, "--no-progress", "-o", str(out / "outputs")]
     return run_measured(argv, {**os.environ}, out, timeout)
 
 
@@ -165,6 +197,34 @@ def verifiers_eval(
     env = {**os.environ, "PYTHONPATH": str(VF_SIDE), API_KEY_VAR: "unused"}
     env.pop("VIRTUAL_ENV", None)
     return run_measured(argv, env, out, timeout)
+
+
+def run_side(
+    side: str, url: str, tasks: int, rollouts: int, concurrency: int, timeout: float
+) -> tuple[Measured, Finished]:
+    """Run one side's eval command and read back what it finished."""
+    if side == "verifiers":
+        measured = verifiers_eval(url, tasks, rollouts, concurrency, timeout)
+        return measured, verifiers_finished(measured.out_dir)
+    measured = vfray_eval(url, tasks, rollouts, concurrency, timeout, BACKEND[side])
+    return measured, vfray_finished(measured.out_dir)
+
+
+def sides_arg(parser: argparse.ArgumentParser) -> None:
+    """The ``--sides`` option every comparison script takes (default: all three)."""
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=list(SIDES),
+        help="what to measure: vfray (Ray backend), vfray-local (local backend), verifiers",
+    )
+
+
+def ordered(sides: Iterable[str]) -> list[str]:
+    """``sides`` in the canonical order, without repeats."""
+    chosen = set(sides)
+    return [side for side in SIDES if side in chosen]
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Throughput: the arithmetic taskset (N tasks x 4 rollouts), the tool-less chat harness, the local
-subprocess runtime and one shared scripted model, run by ``vfray eval`` and by verifiers'
-``vf-eval``; rollouts/s (end to end, and over the run phase: first
-rollout start to last rollout end) and peak memory of each, and the ratio vfray / verifiers.
+subprocess runtime and one shared scripted model, run by ``vfray eval --backend ray``, ``vfray
+eval --backend local`` and verifiers' ``vf-eval``; rollouts/s (end to end, and over the run
+phase: first rollout start to last rollout end) and peak memory of each, and the ratios of
+each vfray backend against verifiers.
 
     python benchmarks/vs_verifiers/throughput.py                      # 200 x 4, c=32,256, 0 s,1 s
     python benchmarks/vs_verifiers/throughput.py --tasks 20 --vf-tasks 8 --latency 0 -c 32
+    python benchmarks/vs_verifiers/throughput.py --sides vfray-local verifiers
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,7 @@ from benchmarks.vs_verifiers import common
 def one_side(
     side: str, url: str, tasks: int, rollouts: int, c: int, timeout: float
 ) -> dict[str, Any]:
-    run = common.vfray_eval if side == "vfray" else common.verifiers_eval
-    read = common.vfray_finished if side == "vfray" else common.verifiers_finished
-    measured = run(url, tasks, rollouts, c, timeout)
-    done = read(measured.out_dir)
+    measured, done = common.run_side(side, url, tasks, rollouts, c, timeout)
     # Run-phase rate: from the first rollout's start to the last one's end, so the command's
     # start-up (imports, Ray) and shutdown are left out; cold_start.py measures those.
     span = done.ends[-1] - done.first_start if done.ends and done.first_start else 0.0
@@ -58,39 +58,56 @@ def measure(
     latencies: list[float],
     timeout: float,
     max_vf_gib: float,
+    sides: Iterable[str] = common.SIDES,
 ) -> list[dict[str, Any]]:
-    """One row per (latency, concurrency): both sides, their figures and the ratios."""
+    """One row per (latency, concurrency): each side's figures (keyed by side name) and each
+    vfray side's ratios against verifiers."""
+    chosen = common.ordered(sides)
     rows = []
     vf_per_rollout_gib: float | None = None
     for latency in latencies:
         for c in sorted(concurrencies):
+            row: dict[str, Any] = {"latency": latency, "concurrency": c}
             with common.scripted_model(latency) as url:
-                ours = one_side("vfray", url, tasks, rollouts, c, timeout)
-                need = None if vf_per_rollout_gib is None else vf_per_rollout_gib * c
-                if need is not None and need > max_vf_gib:
-                    theirs: dict[str, Any] = {
-                        "side": "verifiers",
-                        "skipped": f"would need ~{need:.1f} GiB (> {max_vf_gib:.1f} GiB allowed)",
-                        "predicted_peak_rss_gib": need,
-                    }
-                else:
-                    theirs = one_side("verifiers", url, vf_tasks, rollouts, c, timeout)
+                for side in chosen:
+                    if side != "verifiers":
+                        row[side] = one_side(side, url, tasks, rollouts, c, timeout)
+                        continue
+                    need = None if vf_per_rollout_gib is None else vf_per_rollout_gib * c
+                    if need is not None and need > max_vf_gib:
+                        row[side] = {
+                            "side": side,
+                            "skipped": f"would need ~{need:.1f} GiB"
+                            f" (> {max_vf_gib:.1f} GiB allowed)",
+                            "predicted_peak_rss_gib": need,
+                        }
+                        continue
+                    theirs = one_side(side, url, vf_tasks, rollouts, c, timeout)
+                    row[side] = theirs
                     in_flight = min(c, vf_tasks * rollouts)
                     per = theirs["peak_rss_gib"] / in_flight
                     vf_per_rollout_gib = max(vf_per_rollout_gib or 0.0, per)
-            row = {"latency": latency, "concurrency": c, "vfray": ours, "verifiers": theirs}
-            row["ratio_rollouts_per_s"] = common.ratio(
-                ours["rollouts_per_s"], theirs.get("rollouts_per_s")
-            )
-            row["ratio_steady"] = common.ratio(
-                ours["steady_rollouts_per_s"], theirs.get("steady_rollouts_per_s")
-            )
-            # A skipped verifiers run is compared with its predicted peak (flagged in the table).
-            their_peak = theirs.get("peak_rss_gib", theirs.get("predicted_peak_rss_gib"))
-            row["ratio_peak_rss"] = common.ratio(ours["peak_rss_gib"], their_peak)
+            add_ratios(row)
             rows.append(row)
             print_row(row)
     return rows
+
+
+def add_ratios(row: dict[str, Any]) -> None:
+    """(Re)compute each vfray side's ratios against verifiers in ``row`` from the sides present
+    (None where either is missing). A skipped verifiers run is compared by its predicted peak
+    memory (the table flags it)."""
+    theirs = row.get("verifiers", {})
+    their_peak = theirs.get("peak_rss_gib", theirs.get("predicted_peak_rss_gib"))
+    for side in common.VFRAY_SIDES:
+        ours = row.get(side, {})
+        row[common.ratio_key("rollouts_per_s", side)] = common.ratio(
+            ours.get("rollouts_per_s"), theirs.get("rollouts_per_s")
+        )
+        row[common.ratio_key("steady", side)] = common.ratio(
+            ours.get("steady_rollouts_per_s"), theirs.get("steady_rollouts_per_s")
+        )
+        row[common.ratio_key("peak_rss", side)] = common.ratio(ours.get("peak_rss_gib"), their_peak)
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -98,30 +115,37 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def print_row(row: dict[str, Any]) -> None:
-    for side in ("vfray", "verifiers"):
-        r = row[side]
+    where = f"  latency {row['latency']:g}s c={row['concurrency']:<4}"
+    for side in common.SIDES:
+        r = row.get(side)
+        if r is None:
+            continue
         if "skipped" in r:
-            print(
-                f"  latency {row['latency']:g}s c={row['concurrency']:<4} {side:<10} {r['skipped']}"
-            )
+            print(f"{where} {common.LABEL[side]:<14} {r['skipped']}")
             continue
         print(
-            f"  latency {row['latency']:g}s c={row['concurrency']:<4} {side:<10}"
+            f"{where} {common.LABEL[side]:<14}"
             f" {r['ok']}/{r['rollouts']} ok  wall {r['wall_s']:.1f}s"
             f"  {r['rollouts_per_s']:.1f} rollouts/s (steady {_fmt(r['steady_rollouts_per_s'])})"
             f"  peak RSS {r['peak_rss_gib']:.2f} GiB"
         )
-    print(
-        f"  -> vfray/verifiers rollouts/s {_fmt(row['ratio_rollouts_per_s'], '.1f')}x"
-        f" (steady {_fmt(row['ratio_steady'], '.1f')}x), peak RSS"
-        f" {_fmt(row['ratio_peak_rss'], '.2f')}x",
-        flush=True,
-    )
+    if "verifiers" not in row:
+        return
+    for side in common.VFRAY_SIDES:
+        if side not in row:
+            continue
+        print(
+            f"  -> {common.LABEL[side]} / verifiers rollouts/s"
+            f" {_fmt(row[common.ratio_key('rollouts_per_s', side)], '.1f')}x"
+            f" (steady {_fmt(row[common.ratio_key('steady', side)], '.1f')}x), peak RSS"
+            f" {_fmt(row[common.ratio_key('peak_rss', side)], '.2f')}x",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=200, help="vfray's tasks")
+    parser.add_argument("--tasks", type=int, default=200, help="vfray's tasks (either backend)")
     parser.add_argument("--vf-tasks", type=int, default=200, help="verifiers' tasks")
     parser.add_argument("-r", "--rollouts", type=int, default=4)
     parser.add_argument("-c", "--concurrency", type=int, nargs="+", default=[32, 256])
@@ -134,8 +158,10 @@ def main() -> None:
         help="skip a verifiers run predicted above this (default: 60%% of free memory)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    common.sides_arg(parser)
     args = parser.parse_args()
-    common.ensure_venv()
+    if "verifiers" in args.sides:
+        common.ensure_venv()
     rows = measure(
         args.tasks,
         args.vf_tasks,
@@ -144,6 +170,7 @@ def main() -> None:
         args.latency,
         args.timeout,
         args.max_vf_gib or common.memory_budget_gib(),
+        args.sides,
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
