@@ -1,11 +1,13 @@
 """The TraceSink actor: appends Arrow tables to the run folder's Parquet parts as episodes
-finish, flushing by rows and by seconds, and writes the run header (``config.json``) once."""
+finish, flushing by rows and by seconds, writes the run header (``config.json``) once, and on
+close compacts each table's parts into one. A plain class: Ray wraps it, and it runs in-process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,9 @@ import pyarrow as pa
 
 from vfray.trace import Trace
 from vfray.traces.convert import traces_to_table
-from vfray.traces.io import TraceWriter
+from vfray.traces.io import TraceWriter, compact_parts
+
+logger = logging.getLogger(__name__)
 
 
 class TraceSink:
@@ -26,6 +30,7 @@ class TraceSink:
         *,
         flush_rows: int = 1000,
         flush_seconds: float = 10.0,
+        compact: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -35,6 +40,7 @@ class TraceSink:
         self.traces = TraceWriter(self.run_dir / "traces", flush_rows=flush_rows)
         self.episodes = TraceWriter(self.run_dir / "episodes", flush_rows=flush_rows)
         self.flush_seconds = flush_seconds
+        self.compact = compact
         self._ticker: asyncio.Task[None] | None = None
         self.rows = 0
         self._seen: set[str] = set()
@@ -85,4 +91,16 @@ class TraceSink:
                 await self._ticker
         self.traces.close()
         self.episodes.close()
+        if self.compact:
+            # Off the event loop: compaction reads and rewrites the whole run.
+            await asyncio.to_thread(self._compact)
         return self.rows
+
+    def _compact(self) -> None:
+        """One part per table (a resumed run's new parts merge with the earlier ones)."""
+        for writer in (self.traces, self.episodes):
+            try:
+                compact_parts(writer.directory)
+            except Exception:
+                # Every row is still in the parts, which readers handle; the run is not lost.
+                logger.warning("could not compact %s", writer.directory, exc_info=True)

@@ -12,9 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from vfray.traces.io import parquet_files, read_traces
+from vfray.traces.io import read_parquet, read_traces
 from vfray.traces.schema import PHASES
 
 
@@ -113,13 +112,13 @@ class RunResult:
 
     @property
     def episodes(self) -> pa.Table:
-        folder = self.run_dir / "episodes"
-        files = parquet_files(folder) if folder.exists() else []
-        if not files:
-            from vfray.traces.episodes import EPISODE_SCHEMA
+        """One row per task group (see :mod:`vfray.traces.episodes`)."""
+        from vfray.traces.episodes import EPISODE_SCHEMA
 
+        folder = self.run_dir / "episodes"
+        if not folder.exists():
             return EPISODE_SCHEMA.empty_table()
-        return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+        return read_parquet(folder, EPISODE_SCHEMA)
 
     @property
     def config(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 """
 
 from vfray.traces.convert import table_to_traces, traces_to_table
-from vfray.traces.io import TraceWriter, read_traces, write_traces
+from vfray.traces.io import TraceWriter, compact_parts, read_traces, write_traces
 from vfray.traces.samples import to_samples
 from vfray.traces.schema import (
     SAMPLE_SCHEMA,
@@ -17,6 +17,7 @@ __all__ = [
     "TRACE_SCHEMA",
     "TRACE_SCHEMA_VERSION",
     "TraceWriter",
+    "compact_parts",
     "read_traces",
     "schema_version",
     "table_to_traces",

@@ -1,29 +1,28 @@
-"""Reading and writing trace tables as Parquet: single files or directories of part files.
-
-Part files are written under a hidden temporary name and then hard-linked to their final
-``part-NNNNN.parquet`` name, so readers never see a half-written part and no part is ever
-overwritten, even with several writers in one directory.
+"""Reading and writing trace tables as Parquet: single files or directories of part files
+(written, listed and compacted by :mod:`vfray.traces.parts`), conformed to the current schema.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeAlias
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from vfray.trace import Trace
 from vfray.traces.convert import traces_to_table
+from vfray.traces.parts import COMPACTED_SUFFIX
+from vfray.traces.parts import DEFAULT_COMPRESSION as DEFAULT_COMPRESSION
+from vfray.traces.parts import compact_parts as compact_parts
+from vfray.traces.parts import parquet_files as parquet_files
+from vfray.traces.parts import write_part as write_part
 from vfray.traces.schema import KIND_KEY, SAMPLE_SCHEMA, TRACE_SCHEMA
-
-_PART = re.compile(r"^part-(\d+)\.parquet$")
-DEFAULT_COMPRESSION = "zstd"
 
 TraceRows: TypeAlias = Iterable[Trace] | pa.Table
 """Either traces or a table already converted with :func:`traces_to_table`."""
@@ -35,37 +34,6 @@ def _as_table(rows: TraceRows) -> pa.Table:
 
 def _is_file_path(path: Path) -> bool:
     return path.suffix == ".parquet" and not path.is_dir()
-
-
-def _write_file(table: pa.Table, path: Path, compression: str) -> None:
-    pq.write_table(table, path, compression=compression)
-
-
-def write_part(
-    table: pa.Table, directory: str | os.PathLike[str], *, compression: str = DEFAULT_COMPRESSION
-) -> Path:
-    """Write ``table`` as the next ``part-NNNNN.parquet`` in ``directory``; never overwrites."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Readers (pyarrow, datasets, Ray) skip names starting with "." so the temp file is invisible.
-    tmp = folder / f".tmp-{uuid.uuid4().hex}.parquet"
-    _write_file(table, tmp, compression)
-    try:
-        index = _next_index(folder)
-        while True:
-            final = folder / f"part-{index:05d}.parquet"
-            try:
-                os.link(tmp, final)  # atomic and fails if the name exists: no overwrite race
-                return final
-            except FileExistsError:
-                index += 1
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _next_index(folder: Path) -> int:
-    indices = [int(m.group(1)) for p in folder.iterdir() if (m := _PART.match(p.name))]
-    return max(indices, default=-1) + 1
 
 
 def write_traces(
@@ -87,27 +55,17 @@ def write_traces(
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True or write to a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write_file(table, target, compression)
+    pq.write_table(table, target, compression=compression)
     return target
 
 
-def parquet_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The Parquet files that make up ``path``: itself, or a directory's visible parts in order."""
-    target = Path(path)
-    if target.is_file():
-        return [target]
-    if not target.is_dir():
-        raise FileNotFoundError(f"no trace file or directory at {target}")
-    return sorted(
-        p
-        for p in target.iterdir()
-        if p.suffix == ".parquet" and not p.name.startswith((".", "_")) and p.is_file()
-    )
-
-
-def _target_schema(schema: pa.Schema) -> pa.Schema:
+def _target_schema(schema: pa.Schema, default: pa.Schema = TRACE_SCHEMA) -> pa.Schema:
     kind = (schema.metadata or {}).get(KIND_KEY)
-    return SAMPLE_SCHEMA if kind == b"samples" else TRACE_SCHEMA
+    if kind == b"samples":
+        return SAMPLE_SCHEMA
+    if kind == b"traces":
+        return TRACE_SCHEMA
+    return default
 
 
 def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
@@ -146,21 +104,83 @@ def read_traces(path: str | os.PathLike[str], *, columns: Sequence[str] | None =
     Files written by older schema versions are filled with nulls for the columns they lack
     (their own version stays visible in the ``schema_version`` column). ``columns`` projects.
     """
-    files = parquet_files(path)
+    return read_parquet(path, TRACE_SCHEMA, columns=columns)
+
+
+def read_parquet(
+    path: str | os.PathLike[str], schema: pa.Schema, *, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """Read a file or a directory of parts, each part laid out as ``schema`` by :func:`conform`
+    (or as the trace or samples schema when its metadata says it holds those).
+
+    Consecutive parts with the same schema are read by one dataset scan, so a directory of
+    many small parts costs one scan rather than one read per file.
+    """
+    if not Path(path).is_dir():
+        return _read_parts(parquet_files(path), schema, columns)
+    # A compaction running meanwhile can delete parts after we list them, or (directory
+    # listings are not snapshots) hide both a part and the merged file holding its rows from
+    # the listing: either shows as a missing file or as a merged part that was not listed.
+    for attempt in range(3):
+        files = parquet_files(path)
+        try:
+            table = _read_parts(files, schema, columns)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        if _compacted(parquet_files(path)) == _compacted(files) or attempt == 2:
+            return table
+    raise AssertionError("unreachable")
+
+
+def _compacted(files: list[Path]) -> list[str]:
+    return [f.name for f in files if f.name.endswith(COMPACTED_SUFFIX)]
+
+
+def _read_parts(files: list[Path], default: pa.Schema, columns: Sequence[str] | None) -> pa.Table:
     if not files:
-        target = TRACE_SCHEMA
-        schema = target if columns is None else pa.schema([target.field(c) for c in columns])
+        schema = default if columns is None else pa.schema([default.field(c) for c in columns])
         return schema.empty_table()
+    fmt = ds.ParquetFileFormat()
+    local = pafs.LocalFileSystem()
+    fragments = [fmt.make_fragment(str(file), local) for file in files]
     tables: list[pa.Table] = []
-    for file in files:
-        available = pq.read_schema(file)
+    # physical_schema reads each footer once; the scan reuses it.
+    for available, group in _same_schema_runs(fragments):
         wanted = None if columns is None else [c for c in columns if c in available.names]
-        table = pq.read_table(file, columns=wanted)
-        tables.append(conform(table, _target_schema(available)))
+        dataset = ds.FileSystemDataset(group, available, fmt, local)
+        table = dataset.to_table(columns=wanted)
+        tables.append(conform(table, _target_schema(available, default)))
     result = pa.concat_tables(tables, promote_options="default")
     if columns is not None:
         result = result.select(list(columns))
     return result
+
+
+def _same_schema_runs(
+    fragments: list[ds.ParquetFileFragment],
+) -> Iterator[tuple[pa.Schema, list[ds.ParquetFileFragment]]]:
+    """Runs of consecutive fragments whose columns and kind agree (row order is kept)."""
+    run: list[ds.ParquetFileFragment] = []
+    first: pa.Schema | None = None
+    for fragment in fragments:
+        schema = fragment.physical_schema
+        if first is not None and not _same_layout(first, schema):
+            yield first, run
+            run = []
+            first = None
+        if first is None:
+            first = schema
+        run.append(fragment)
+    if first is not None:
+        yield first, run
+
+
+def _same_layout(a: pa.Schema, b: pa.Schema) -> bool:
+    kind_a = (a.metadata or {}).get(KIND_KEY)
+    kind_b = (b.metadata or {}).get(KIND_KEY)
+    return kind_a == kind_b and a.equals(b, check_metadata=False)
 
 
 class TraceWriter:
