@@ -122,7 +122,11 @@ class ChatLoopHarness(Harness):
         prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
         await runtime.write(prompt_path, prompt.encode())
         argv = self.argv(prompt_path, runtime.python)
-        return await runtime.run_program(argv, self.env(ctx), timeout=ctx.timeout)
+        # The program signals once its interpreter is up: a throttled runtime starts the next
+        # launch then (vfray.runtimes.launches).
+        return await runtime.run_program(
+            argv, self.env(ctx), timeout=ctx.timeout, signals_ready=True
+        )
 
     async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
         try:

@@ -98,8 +98,13 @@ class Runtime(abc.ABC):
         env: Mapping[str, str] | None = None,
         *,
         timeout: float | None = None,
+        signals_ready: bool = False,
     ) -> ProgramResult:
-        """Run the harness program; same as :meth:`run` unless a runtime needs otherwise."""
+        """Run the harness program; same as :meth:`run` unless a runtime needs otherwise.
+
+        ``signals_ready``: the program writes a byte to the fd named by ``$VFRAY_READY_FD``
+        (when set) once it has started; a runtime that throttles launches
+        (:mod:`vfray.runtimes.launches`) holds the program's launch slot until then."""
         return await self.run(argv, env, timeout=timeout)
 
     @abc.abstractmethod

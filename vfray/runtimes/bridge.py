@@ -54,11 +54,18 @@ for spec in sys.argv[1:sep]:
 cmd = sys.argv[sep + 1:]
 if not cmd:
     threading.Event().wait()
+ready = os.environ.get("VFRAY_READY_FD", "")  # the launch throttle's fd: the program's
+ready_fds = (int(ready),) if ready.isdigit() else ()
 try:
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, pass_fds=ready_fds)
 except OSError as exc:
     print(f"vfray: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
     sys.exit(127)
+for fd in ready_fds:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 rc = proc.wait()
 sys.exit(rc if rc >= 0 else 128 - rc)
 """

@@ -24,6 +24,7 @@ from pathlib import Path
 from vfray.errors import SandboxError
 from vfray.runtimes.base import ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.launches import Launch
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -117,8 +118,15 @@ class BwrapRuntime(SubprocessRuntime):
         output_cap: int = OUTPUT_CAP,
         use_cgroups: bool = True,
         root: str | None = None,
+        launch_concurrency: int | None = None,
     ) -> None:
-        super().__init__(spec, cpu_seconds=cpu_seconds, output_cap=output_cap, root=root)
+        super().__init__(
+            spec,
+            cpu_seconds=cpu_seconds,
+            output_cap=output_cap,
+            root=root,
+            launch_concurrency=launch_concurrency,
+        )
         self.share_network = share_network
         self.setup_network = setup_network
         """Whether runs before :meth:`prepare_execution` (task setup) use the host network."""
@@ -213,13 +221,14 @@ class BwrapRuntime(SubprocessRuntime):
 
         return apply
 
-    async def run(
+    async def _run(
         self,
         argv: Sequence[str],
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None,
         *,
-        timeout: float | None = None,
+        timeout: float | None,
         stdin: bytes | None = None,
+        launch: Launch | None = None,
     ) -> ProgramResult:
         workdir = self._require_workdir()
         assert self.bridges is not None
@@ -241,13 +250,14 @@ class BwrapRuntime(SubprocessRuntime):
         base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
         return await run_process_group(
             [self._bwrap, *prefix, "--", *command],
-            box_env(base_env, self.box_workdir, self.box_id, env),
+            box_env(base_env, self.box_workdir, self.box_id, env, owner=self.owner),
             str(workdir),
             timeout=timeout,
             stdin=stdin,
             preexec_fn=self._preexec(),
             on_start=self._pgids.add,
             output_cap=self.output_cap,
+            launch=launch,
         )
 
     async def host_url(self, url: str) -> str:

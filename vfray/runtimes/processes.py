@@ -15,6 +15,8 @@ from pathlib import Path
 
 from vfray.errors import SandboxError
 from vfray.runtimes.base import ProgramResult
+from vfray.runtimes.launches import Launch
+from vfray.runtimes.lifeline import OWNER_ENV
 
 OUTPUT_CAP = 64 * 1024
 """Bytes of stdout and of stderr kept per run (the tail: the end of a log says why it ended)."""
@@ -60,15 +62,23 @@ def is_secret(name: str) -> bool:
 
 
 def box_env(
-    base: Mapping[str, str], home: str, marker: str, extra: Mapping[str, str] | None = None
+    base: Mapping[str, str],
+    home: str,
+    marker: str,
+    extra: Mapping[str, str] | None = None,
+    *,
+    owner: str | None = None,
 ) -> dict[str, str]:
-    """The environment of a boxed process: a few safe host variables, HOME, the box marker,
-    then ``extra`` (the caller's own variables, which may carry e.g. the rollout secret)."""
+    """The environment of a boxed process: a few safe host variables, HOME, the box marker and
+    the owner's (:mod:`vfray.runtimes.lifeline`), then ``extra`` (the caller's own variables,
+    which may carry e.g. the rollout secret)."""
     env = {k: v for k, v in base.items() if k in KEPT_ENV and not is_secret(k)}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.setdefault("LANG", "C.UTF-8")
     env["HOME"] = home
     env[MARKER_ENV] = marker
+    if owner is not None:
+        env[OWNER_ENV] = owner
     env.update(extra or {})
     return env
 
@@ -156,22 +166,29 @@ async def run_process_group(
     preexec_fn: Callable[[], None] | None,
     on_start: Callable[[int], None],
     output_cap: int = OUTPUT_CAP,
+    launch: Launch | None = None,
 ) -> ProgramResult:
     """Run ``argv`` as the leader of a new session, capture the output tails, and SIGKILL the
-    whole group on timeout. ``on_start(pgid)`` lets the runtime track the group for ``stop``."""
+    whole group on timeout. ``on_start(pgid)`` lets the runtime track the group for ``stop``;
+    ``launch`` takes a slot of the launch throttle for the program's start-up."""
+    launch = launch or Launch(None, signals_ready=False)
     started = time.monotonic()
     try:
+        await launch.acquire()
+        started = time.monotonic()  # the wait for a launch slot is not the program's time
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=cwd,
-            env=dict(env),
+            env=launch.child_env(dict(env)),
             start_new_session=True,
             preexec_fn=preexec_fn,
+            pass_fds=(launch.write_fd,) if launch.write_fd >= 0 else (),
         )
     except (FileNotFoundError, PermissionError) as exc:
+        launch.release()
         # Report a missing or non-executable program as a shell would, like the other boxes.
         return ProgramResult(
             exit_code=127 if isinstance(exc, FileNotFoundError) else 126,
@@ -179,7 +196,12 @@ async def run_process_group(
             duration=time.monotonic() - started,
         )
     except (OSError, ValueError) as exc:
+        launch.release()
         raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+    except BaseException:
+        launch.release()
+        raise
+    launch.spawned()
     on_start(proc.pid)
     out, err = _TailBuffer(output_cap), _TailBuffer(output_cap)
     readers = [
@@ -201,6 +223,7 @@ async def run_process_group(
             await proc.wait()
         await asyncio.wait(readers, timeout=_GRACE_AFTER_EXIT)
     finally:
+        launch.release()
         if proc.returncode is None:  # cancelled: never leave the group running
             kill_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):

@@ -2,7 +2,9 @@
 
 It scrubs the host's secrets from the environment and applies rlimits, but it gives NO isolation:
 a harness that executes code can read and write anything the farm process can. Use ``bwrap`` or
-``docker`` for untrusted code.
+``docker`` for untrusted code. Harness programs start through the launch throttle
+(:mod:`vfray.runtimes.launches`), and the box's processes die with their owner process
+(:mod:`vfray.runtimes.lifeline`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import ClassVar
 
 from vfray.errors import SandboxError
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.launches import Launch, launch_limit, launch_slots
+from vfray.runtimes.lifeline import owner_id
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -48,12 +52,17 @@ class SubprocessRuntime(Runtime):
         cpu_seconds: int | None = None,
         output_cap: int = OUTPUT_CAP,
         root: str | None = None,
+        launch_concurrency: int | None = None,
     ) -> None:
         super().__init__(spec)
         self.cpu_seconds = cpu_seconds
         self.output_cap = output_cap
         self.root = root
+        self.launch_concurrency = launch_limit(launch_concurrency)
+        """Harness programs starting at once per event loop (0: unthrottled); see
+        :mod:`vfray.runtimes.launches`."""
         self.box_id = uuid.uuid4().hex[:12]
+        self.owner: str | None = None
         self.workdir: Path | None = None
         self._pgids: set[int] = set()
         self._stopped = False
@@ -67,6 +76,10 @@ class SubprocessRuntime(Runtime):
                 "subprocess runtime gives no isolation: programs run as this user on this host"
                 " (use runtime 'bwrap' or 'docker' for harnesses that execute code)"
             )
+        try:
+            self.owner = owner_id()
+        except OSError as exc:
+            raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
         try:
             base = Path(tempfile.mkdtemp(prefix=f"vfray-{self.type}-", dir=self.root))
         except OSError as exc:
@@ -90,16 +103,39 @@ class SubprocessRuntime(Runtime):
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ProgramResult:
+        return await self._run(argv, env, timeout=timeout, stdin=stdin)
+
+    async def run_program(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+        signals_ready: bool = False,
+    ) -> ProgramResult:
+        launch = Launch(launch_slots(self.launch_concurrency), signals_ready)
+        return await self._run(argv, env, timeout=timeout, launch=launch)
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | None = None,
+        launch: Launch | None = None,
+    ) -> ProgramResult:
         workdir = self._require_workdir()
         return await run_process_group(
             argv,
-            box_env(os.environ, str(workdir), self.box_id, env),
+            box_env(os.environ, str(workdir), self.box_id, env, owner=self.owner),
             str(workdir),
             timeout=timeout,
             stdin=stdin,
             preexec_fn=rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
             on_start=self._pgids.add,
             output_cap=self.output_cap,
+            launch=launch,
         )
 
     async def read(self, path: str) -> bytes:
