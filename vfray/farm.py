@@ -358,13 +358,17 @@ class Farm:
         on_run_dir: Callable[[Path], object] | None = None,
     ) -> RunResult:
         """:meth:`run` for async callers; returns when every row is written."""
-        from actors.resume import load_resume_state
-
         name = name or getattr(tasks, "name", None) or "tasks"
         run_dir, run_id = self._run_dir(name, resume)
         if on_run_dir is not None:
             on_run_dir(run_dir)
-        resume_state = load_resume_state(run_dir) if resume is not None else {}
+        resume_state = {}
+        if resume is not None:
+            # Imported only here: it reads Parquet (pyarrow), which a fresh run's start-up
+            # does not need.
+            from actors.resume import load_resume_state
+
+            resume_state = load_resume_state(run_dir)
         plan = self._run_plan(run_id, rollouts_per_task, streaming=False)
         total = _known_length(tasks, rollouts_per_task)
         header = self._header(run_id, name, rollouts_per_task)

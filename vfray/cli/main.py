@@ -13,6 +13,11 @@ from vfray.errors import VfrayError
 SUBCOMMANDS = ("eval", "resume", "show", "validate", "init", "serve-model")
 
 
+# Each subcommand module imports its heavy dependencies (pyarrow, rich, Ray) inside its run
+# function: building the parser imports every module, and `vfray eval` must not pay for
+# `vfray show`'s imports before its first rollout.
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vfray", description="Run agentic LLM rollouts at scale, locally or on Ray."

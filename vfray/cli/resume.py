@@ -13,11 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from vfray.cli.eval import build_tasks, exit_code
-from vfray.cli.report import print_results
 from vfray.cli.runlog import capture_run_log
 from vfray.config import EvalConfig, format_validation_error
 from vfray.errors import ConfigError
-from vfray.results import RunResult
 from vfray.task import Task
 
 log = logging.getLogger("vfray.cli")
@@ -49,6 +47,8 @@ def load_run_header(run_dir: Path) -> dict[str, Any]:
 
 def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
     """How many (task key, rollout index) pairs have no successful final row yet."""
+    from vfray.results import RunResult
+
     final = RunResult(run_dir).final_traces
     done = {
         (key, index)
@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     n = int(header.get("rollouts_per_task", config.rollouts_per_task))
     tasks = build_tasks(config)
     todo = missing_rollouts(run_dir, tasks, n)
+    from vfray.cli.report import print_results
+    from vfray.results import RunResult
+
     if todo == 0:
         # Nothing to re-run: no Ray, no actors, just the table again.
         summary = RunResult(run_dir).summary()

@@ -6,12 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from vfray.cli.report import print_results
 from vfray.errors import ConfigError
-from vfray.results import RunResult
-from vfray.traces.convert import table_to_traces
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,6 +20,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the parser of every command is built on each `vfray` call.
+    from rich.console import Console
+
+    from vfray.cli.report import print_results
+    from vfray.results import RunResult
+    from vfray.traces.convert import table_to_traces
+
     run_dir = Path(args.run_dir)
     if not (run_dir / "traces").exists():
         raise ConfigError(f"{run_dir} has no traces/ folder: not a vfray run folder")

@@ -12,16 +12,16 @@ import asyncio
 import itertools
 import json
 from dataclasses import dataclass
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from vfray.errors import ConfigError
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.registry import make_runtime, runtime_class
 from vfray.task import Task, call_maybe_async
 from vfray.tasksets import load_taskset
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,8 @@ async def validate_all(
 
 
 def problems_table(problems: list[Problem]) -> Table:
+    from rich.table import Table
+
     table = Table(title="problems", show_header=True, header_style="bold")
     for column in ("task", "key", "check", "problem"):
         table.add_column(column)
@@ -177,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     tasks, problems = collect(args.taskset, taskset_args, args.num_tasks)
     problems += asyncio.run(validate_all(tasks, args.runtime, runtime_options, args.timeout))
     problems.sort(key=lambda p: -1 if p.index is None else p.index)
+    from rich.console import Console  # imported here: every `vfray` call builds this parser
+
     console = Console()
     if problems:
         console.print(problems_table(problems))

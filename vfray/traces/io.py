@@ -8,11 +8,9 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from vfray.trace import Trace
@@ -23,6 +21,9 @@ from vfray.traces.parts import compact_parts as compact_parts
 from vfray.traces.parts import parquet_files as parquet_files
 from vfray.traces.parts import write_part as write_part
 from vfray.traces.schema import KIND_KEY, SAMPLE_SCHEMA, TRACE_SCHEMA
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 TraceRows: TypeAlias = Iterable[Trace] | pa.Table
 """Either traces or a table already converted with :func:`traces_to_table`."""
@@ -142,6 +143,11 @@ def _read_parts(files: list[Path], default: pa.Schema, columns: Sequence[str] | 
     if not files:
         schema = default if columns is None else pa.schema([default.field(c) for c in columns])
         return schema.empty_table()
+    # Imported here: pyarrow.dataset pulls in pandas (~0.4 s), which writers (the TraceSink
+    # in every run) never need.
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
     fmt = ds.ParquetFileFormat()
     local = pafs.LocalFileSystem()
     fragments = [fmt.make_fragment(str(file), local) for file in files]
