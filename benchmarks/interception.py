@@ -8,6 +8,8 @@ record). Prints turns/s, p50/p99 latency added over ``direct``, and the ratio vf
 
     python benchmarks/interception.py            # ~2 minutes
     python benchmarks/interception.py --quick    # ~30 seconds
+    python benchmarks/interception.py --turns 50 # episodes of 50 turns instead of 8
+    python benchmarks/interception.py --growth   # proxy CPU per turn vs episode length (~1 min)
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ class Served:
 # -- the load ---------------------------------------------------------------------------------
 
 
-async def _load(url: str, secrets: list[str], sessions: int, seconds: float) -> dict[str, float]:
+async def _load(
+    url: str, secrets: list[str], sessions: int, seconds: float, turns: int
+) -> dict[str, float]:
     latencies: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -141,7 +145,7 @@ async def _load(url: str, secrets: list[str], sessions: int, seconds: float) -> 
             headers = {"authorization": f"Bearer {secrets[i] if secrets else 'x'}"}
             messages: list[dict[str, Any]] = []
             while not measuring or time.perf_counter() < deadline:
-                if len(messages) >= 16:  # an episode of 8 turns, then a fresh conversation
+                if len(messages) >= 2 * turns:  # an episode of `turns` turns, then a fresh one
                     messages = []
                 messages.append({"role": "user", "content": f"session {i} turn {len(messages)}"})
                 body = {"model": "m", "messages": messages}
@@ -171,19 +175,118 @@ async def _load(url: str, secrets: list[str], sessions: int, seconds: float) -> 
     }
 
 
-def _run(kind: str, model_url: str, sessions: int, seconds: float) -> dict[str, float]:
+def _run(kind: str, model_url: str, sessions: int, seconds: float, turns: int) -> dict[str, float]:
     if kind == "direct":
-        return asyncio.run(_load(model_url, [], sessions, seconds))
+        return asyncio.run(_load(model_url, [], sessions, seconds, turns))
     proxy = Served(kind, f"{model_url}/v1", sessions)
     try:
-        return asyncio.run(_load(proxy.url, proxy.secrets, sessions, seconds))
+        return asyncio.run(_load(proxy.url, proxy.secrets, sessions, seconds, turns))
     finally:
         proxy.close()
+
+
+# -- cost per turn as conversations grow ------------------------------------------------------
+
+GROWTH_LENGTHS = (8, 25, 50, 100)
+GROWTH_TURNS_PER_SESSION = 200
+FILLER = " lorem" * 80  # ~500-character messages, the size of a short tool output
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``): unlike wall time, barely moved
+    by whatever else a shared machine is running."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _episodes(url: str, secrets: list[str], turns: int, episodes: int) -> list[float]:
+    """Every session plays ``episodes`` whole conversations of ``turns`` turns; the latencies."""
+    latencies: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def session(i: int) -> None:
+            headers = {"authorization": f"Bearer {secrets[i]}"}
+            for episode in range(episodes):
+                messages: list[dict[str, Any]] = []
+                for turn in range(turns):
+                    text = f"session {i} episode {episode} turn {turn}:{FILLER}"
+                    messages.append({"role": "user", "content": text})
+                    body = {"model": "m", "messages": messages}
+                    start = time.perf_counter()
+                    async with http.post(
+                        f"{url}/v1/chat/completions", json=body, headers=headers
+                    ) as r:
+                        data = await r.json()
+                    latencies.append(time.perf_counter() - start)
+                    messages.append(data["choices"][0]["message"])
+
+        await asyncio.gather(*(session(i) for i in range(len(secrets))))
+    return latencies
+
+
+def _recording_cpu(turns: int) -> float:
+    """CPU seconds per turn of the recording path alone, in this process: a session's request
+    parsed (through its cache of parsed history) and recorded on its trace, as the proxy does."""
+    from vfray.interception.dialects import DIALECTS
+    from vfray.interception.sessions import SessionRegistry
+    from vfray.trace import Message, TaskRecord, Trace
+
+    chat, registry = DIALECTS["chat"], SessionRegistry()
+    trace = Trace(task=TaskRecord(key="k", hash="h"))
+    session = registry.lookup(registry.register(trace))
+    assert session is not None
+    messages: list[dict[str, Any]] = []
+    spent = 0.0
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"turn {turn}:{FILLER}"})
+        body = json.loads(json.dumps({"model": "m", "messages": messages}))
+        reply = Message(role="assistant", content=f"reply {turn}:{FILLER}")
+        start = time.process_time()
+        parsed = chat.parse_request(body, session.parsed)
+        trace.record_call(parsed.messages, reply)
+        spent += time.process_time() - start
+        messages.append(reply.model_dump(exclude_none=True))
+    return spent / turns
+
+
+def _growth(model_url: str, sessions: int) -> None:
+    print(
+        f"\nvfray proxy, {sessions} sessions x {GROWTH_TURNS_PER_SESSION} turns each, "
+        f"~{len(FILLER)}-character messages, scripted model at zero latency; proxy CPU is the "
+        f"proxy process's, parse+record the recording path alone (in this process)"
+    )
+    print(
+        f"{'turns/episode':>14}{'turns/s':>10}{'p50 ms':>9}{'proxy CPU us/turn':>19}"
+        f"{'parse+record us/turn':>22}"
+    )
+    for turns in GROWTH_LENGTHS:
+        episodes = max(1, GROWTH_TURNS_PER_SESSION // turns)
+        proxy = Served("vfray", f"{model_url}/v1", sessions)
+        try:
+            cpu = _cpu_seconds(proxy.proc.pid)
+            began = time.perf_counter()
+            latencies = asyncio.run(_episodes(proxy.url, proxy.secrets, turns, episodes))
+            elapsed = time.perf_counter() - began
+            cpu = _cpu_seconds(proxy.proc.pid) - cpu
+        finally:
+            proxy.close()
+        recording = min(_recording_cpu(turns) for _ in range(3))
+        latencies.sort()
+        print(
+            f"{turns:>14}{len(latencies) / elapsed:>10.0f}"
+            f"{latencies[len(latencies) // 2] * 1000:>9.2f}{cpu / len(latencies) * 1e6:>19.0f}"
+            f"{recording * 1e6:>22.0f}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs (about 30 s)")
+    parser.add_argument("--turns", type=int, default=8, help="turns per episode (default 8)")
+    parser.add_argument(
+        "--growth", action="store_true", help="only: proxy CPU per turn vs episode length"
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
@@ -193,16 +296,25 @@ def main() -> None:
         return
     seconds = 2.0 if args.quick else 8.0
     model = Served("model")
+    if args.growth:
+        try:
+            _growth(model.url, 16)
+        finally:
+            model.close()
+        return
     try:
         results: dict[tuple[str, int], dict[str, float]] = {}
         plan = [("direct", 64), ("bare-httpx", 64), ("bare-aiohttp", 64), ("vfray", 64)]
         plan += [("direct", 1024), ("bare-aiohttp", 1024), ("vfray", 1024)]
         for kind, sessions in plan:
-            results[kind, sessions] = _run(kind, model.url, sessions, seconds)
+            results[kind, sessions] = _run(kind, model.url, sessions, seconds, args.turns)
     finally:
         model.close()
 
-    print(f"\nscripted model at zero latency, {seconds:.0f} s per row, non-streaming chat turns")
+    print(
+        f"\nscripted model at zero latency, {seconds:.0f} s per row, non-streaming chat turns, "
+        f"episodes of {args.turns} turns"
+    )
     print(
         f"{'proxy':<14}{'sessions':>9}{'turns/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'+p50 ms':>9}{'+p99 ms':>9}{'errors':>8}"

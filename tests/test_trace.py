@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from vfray.trace import Message, RewardRecord, StopCondition, TaskRecord, Trace, Usage
 
 SYS = Message(role="system", content="You are a coding agent.")
@@ -164,3 +167,53 @@ def test_trace_round_trips_through_json() -> None:
     assert again.usage.input_tokens == 3
     assert again.branches == trace.branches
     assert not again.ok
+
+
+# -- record_call stores only the new tail: the same trace as storing every message --------------
+
+# Two objects with one content id (a None extra field is not hashed) but different dumps: which
+# one the graph keeps shows whether messages were offered to it in the same order.
+_SAME_ID = Message(role="user", content="q", note=None)
+POOL = [SYS, SUB_SYS, user("q"), _SAME_ID, bot("a"), bot("b"), user("r")]
+steps = st.lists(
+    st.tuples(
+        st.booleans(),  # continue from the last request and its reply, or start afresh
+        st.integers(0, 8),  # keep this much of it (a rewrite or compaction when short)
+        st.lists(st.integers(0, len(POOL) - 1), max_size=3),  # then append these
+        st.none() | st.integers(0, len(POOL) - 1),  # the reply, None for a failed call
+    ),
+    max_size=12,
+)
+
+
+def _record_call_offering_everything(
+    trace: Trace, request: list[Message], response: Message | None
+) -> None:
+    """The reference: every request message, then the reply, offered to the graph in order
+    (what record_call did before it skipped the prefix the branch already holds)."""
+    for message in request:
+        trace.add_message(message)
+    if response is not None:
+        trace.add_message(response)
+    trace.record_call(request, response)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=steps)
+def test_record_call_stores_the_same_graph_as_offering_every_message(
+    steps: list[tuple[bool, int, list[int], int | None]],
+) -> None:
+    trace, reference = new_trace(), new_trace()
+    last: list[Message] = []
+    for extend, keep, added, reply in steps:
+        request = (last[:keep] if extend else []) + [POOL[i] for i in added]
+        response = None if reply is None else POOL[reply]
+        trace.record_call(request, response)
+        _record_call_offering_everything(reference, request, response)
+        last = request + ([response] if response is not None else [])
+    assert list(trace.graph.items()) == list(reference.graph.items())
+    assert [m.model_dump() for m in trace.graph.values()] == [
+        m.model_dump() for m in reference.graph.values()
+    ]
+    assert trace.branch_list == reference.branch_list
+    assert trace.calls == reference.calls

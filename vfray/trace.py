@@ -336,10 +336,17 @@ class Trace(BaseModel):
         if none is (history was compacted, edited, or a sub-agent started afresh), a new
         branch begins. ``fields`` are the remaining :class:`ModelCall` fields.
         """
-        request_ids = [self.add_message(m) for m in request]
-        response_id = self.add_message(response) if response is not None else None
-        index = len(self.calls)
+        request_ids = [m.id for m in request]
+        response_id = response.id if response is not None else None
         branch = self._branch_for(request_ids)
+        # Every id on a branch went into the graph with it, so the branch's prefix of the
+        # request is stored already: only the rest is added, in order (the same graph as adding
+        # all of it), and a long conversation's turn costs its new tail, not its history.
+        for message in request[len(branch.message_ids) :]:
+            self.add_message(message)
+        if response is not None:
+            self.add_message(response)
+        index = len(self.calls)
         if response_id is not None:
             branch.message_ids = [*request_ids, response_id]
         elif len(request_ids) > len(branch.message_ids):

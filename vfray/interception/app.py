@@ -174,7 +174,7 @@ class InterceptionApp:
         raw = await self._read_body(request)
         body = _parse_json(raw)
         try:
-            parsed = dialect.parse_request(body)
+            parsed = dialect.parse_request(body, session.parsed)
         except DialectError as exc:
             raise _RequestError(400, f"invalid {dialect.name} request: {exc}") from None
         except Exception as exc:  # anything else in a client's body is still the client's

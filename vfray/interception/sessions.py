@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfray.interception.dialects.prefix import PrefixCache
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
 from vfray.trace import Trace
@@ -30,7 +31,8 @@ def digest(secret: str) -> bytes:
 
 @dataclass(eq=False)
 class Session:
-    """One rollout's state in the proxy: its trace, budgets and the last exchange (for retries)."""
+    """One rollout's state in the proxy: its trace, budgets, the last exchange (for retries) and
+    its recently parsed history."""
 
     key: bytes
     trace: Trace
@@ -39,6 +41,8 @@ class Session:
     sampling: dict[str, Any] | None = None
     concluded: bool = False
     last: Exchange | None = None
+    parsed: PrefixCache = field(default_factory=PrefixCache)
+    """The session's recent requests as parsed, so each call parses only its new messages."""
 
 
 class SessionRegistry:

@@ -25,6 +25,7 @@ from vfray.interception.dialects.base import (
     require,
     tool_call,
 )
+from vfray.interception.dialects.prefix import PrefixCache
 from vfray.trace import Message, Usage, content_text
 
 SAMPLING_KEYS = frozenset(
@@ -89,6 +90,20 @@ def _blocks_to_message(role: str, content: Any, where: str) -> list[Message]:
     return messages
 
 
+def _fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], list[int]]:
+    # Each item becomes its own messages (tool results split out): every boundary restarts.
+    messages: list[Message] = []
+    marks: list[int] = []
+    for i in range(start, len(items)):
+        raw = items[i]
+        require(isinstance(raw, dict), f"messages[{i}] must be an object")
+        role = raw.get("role")
+        require(isinstance(role, str) and role != "", f"messages[{i}].role must be a string")
+        messages.extend(_blocks_to_message(str(role), raw.get("content"), f"messages[{i}]"))
+        marks.append(len(messages))
+    return messages, marks
+
+
 def _usage(raw: Any) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
@@ -110,7 +125,7 @@ class AnthropicDialect(Dialect):
     path = "/messages"
     sampling_keys = SAMPLING_KEYS
 
-    def parse_request(self, body: JSON) -> ParsedRequest:
+    def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
         raw_messages = body.get("messages")
         require(isinstance(raw_messages, list), "'messages' must be a list of messages")
         assert isinstance(raw_messages, list)
@@ -122,11 +137,7 @@ class AnthropicDialect(Dialect):
         )
         if system:
             messages.append(Message(role="system", content=content_text(system)))
-        for i, raw in enumerate(raw_messages):
-            require(isinstance(raw, dict), f"messages[{i}] must be an object")
-            role = raw.get("role")
-            require(isinstance(role, str) and role != "", f"messages[{i}].role must be a string")
-            messages.extend(_blocks_to_message(str(role), raw.get("content"), f"messages[{i}]"))
+        messages.extend(self.parse_items(raw_messages, _fold, cache))
         tools = body.get("tools")
         require(
             tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)),

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfray.interception.dialects.prefix import Fold, PrefixCache
 from vfray.trace import Message, Usage, canonical_json, content_text
 
 JSON = dict[str, Any]
@@ -126,7 +127,15 @@ class Dialect(ABC):
     """Request fields recorded as the call's sampling parameters."""
 
     @abstractmethod
-    def parse_request(self, body: JSON) -> ParsedRequest: ...
+    def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
+        """Normalize a request; with the session's ``cache``, a repeated history is not parsed
+        again (the result is the same either way)."""
+
+    def parse_items(self, items: list[Any], fold: Fold, cache: PrefixCache | None) -> list[Message]:
+        """``fold(items, 0, 0)``'s messages, through ``cache`` when there is one."""
+        if cache is None:
+            return fold(items, 0, 0)[0]
+        return cache.parse(self.name, items, fold)
 
     @abstractmethod
     def parse_response(self, body: JSON) -> ParsedResponse: ...

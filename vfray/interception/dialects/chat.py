@@ -21,7 +21,8 @@ from vfray.interception.dialects.base import (
     require,
     tool_call,
 )
-from vfray.trace import Usage
+from vfray.interception.dialects.prefix import PrefixCache
+from vfray.trace import Message, Usage
 
 SAMPLING_KEYS = frozenset(
     {
@@ -58,12 +59,18 @@ def _prompt_ids(body: JSON, choice: JSON) -> list[int] | None:
     return int_list(body.get("prompt_token_ids")) or int_list(choice.get("prompt_token_ids"))
 
 
+def _fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], list[int]]:
+    # One message per item: every boundary is a restart point.
+    messages = [chat_message(items[i], f"messages[{i}]") for i in range(start, len(items))]
+    return messages, list(range(1, len(messages) + 1))
+
+
 class ChatDialect(Dialect):
     name = "chat"
     path = "/chat/completions"
     sampling_keys = SAMPLING_KEYS
 
-    def parse_request(self, body: JSON) -> ParsedRequest:
+    def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
         messages = body.get("messages")
         require(isinstance(messages, list), "'messages' must be a list of chat messages")
         assert isinstance(messages, list)
@@ -75,9 +82,7 @@ class ChatDialect(Dialect):
         stream = body.get("stream", False)
         require(isinstance(stream, bool), "'stream' must be a boolean")
         return ParsedRequest(
-            messages=[chat_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
-            tools=tools,
-            stream=stream,
+            messages=self.parse_items(messages, _fold, cache), tools=tools, stream=stream
         )
 
     def impose(self, body: JSON, model: str, sampling: Mapping[str, Any]) -> JSON:

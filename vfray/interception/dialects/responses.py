@@ -26,6 +26,7 @@ from vfray.interception.dialects.base import (
     require,
     tool_call,
 )
+from vfray.interception.dialects.prefix import PrefixCache
 from vfray.trace import Message, Usage, content_text
 
 SAMPLING_KEYS = frozenset(
@@ -48,14 +49,29 @@ def _text_parts(content: Any) -> Any:
 
 def items_to_messages(items: list[Any], where: str) -> list[Message]:
     """Fold Responses items into chat messages (see the module docstring)."""
+    return _fold_items(items, 0, 0, where)[0]
+
+
+def _open_assistant(out: list[JSON]) -> bool:
+    """Whether the next assistant-side item joins the last message instead of starting one."""
+    return bool(out) and out[-1].get("role") == "assistant" and not out[-1].get("_closed")
+
+
+def _fold_items(
+    items: list[Any], start: int, offset: int, where: str
+) -> tuple[list[Message], list[int]]:
+    """Fold ``items[start:]`` (a :data:`~vfray.interception.dialects.prefix.Fold`): a boundary
+    is a restart point unless it leaves an assistant message open for the next items."""
     out: list[JSON] = []
+    marks: list[int] = []
 
     def assistant() -> JSON:
-        if not out or out[-1].get("role") != "assistant" or out[-1].get("_closed"):
+        if not _open_assistant(out):
             out.append({"role": "assistant", "content": None})
         return out[-1]
 
-    for i, item in enumerate(items):
+    for i in range(start, len(items)):
+        item = items[i]
         require(isinstance(item, dict), f"{where}[{i}] must be an object")
         kind = item.get("type", "message")
         if kind == "message" or (kind is None and "role" in item):
@@ -91,7 +107,13 @@ def items_to_messages(items: list[Any], where: str) -> list[Message]:
             # whole, under their type as the role, rather than rejected or silently dropped.
             require(isinstance(kind, str), f"{where}[{i}].type must be a string")
             out.append({"role": kind, "content": {k: v for k, v in item.items() if k != "id"}})
-    return [chat_message(m, f"{where}[{i}]") for i, m in enumerate(out)]
+        marks.append(-1 if _open_assistant(out) else len(out))
+    messages = [chat_message(m, f"{where}[{offset + j}]") for j, m in enumerate(out)]
+    return messages, marks
+
+
+def _input_fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], list[int]]:
+    return _fold_items(items, start, offset, "input")
 
 
 def _usage(raw: Any) -> Usage:
@@ -134,7 +156,7 @@ class ResponsesDialect(Dialect):
     path = "/responses"
     sampling_keys = SAMPLING_KEYS
 
-    def parse_request(self, body: JSON) -> ParsedRequest:
+    def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
         raw_input = body.get("input")
         require(isinstance(raw_input, (str, list)), "'input' must be a string or a list of items")
         messages: list[Message] = []
@@ -147,7 +169,7 @@ class ResponsesDialect(Dialect):
         if isinstance(raw_input, str):
             messages.append(Message(role="user", content=raw_input))
         elif isinstance(raw_input, list):
-            messages.extend(items_to_messages(raw_input, "input"))
+            messages.extend(self.parse_items(raw_input, _input_fold, cache))
         tools = body.get("tools")
         require(
             tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)),
