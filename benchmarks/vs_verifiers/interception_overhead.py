@@ -24,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from benchmarks import interception as base
 from benchmarks.vs_verifiers import common
 
+TURNS = 8
+"""Turns per conversation before a session starts over (as in every earlier run of this table)."""
+
 
 class VerifiersServed(base.Served):
     """verifiers' own InterceptionServer with ``sessions`` registered rollouts (same protocol)."""
@@ -45,13 +48,13 @@ class VerifiersServed(base.Served):
 
 def _run(kind: str, model_url: str, sessions: int, seconds: float) -> dict[str, float]:
     if kind == "direct":
-        return asyncio.run(base._load(model_url, [], sessions, seconds))
+        return asyncio.run(base._load(model_url, [], sessions, seconds, TURNS))
     if kind == "verifiers":
         proxy: base.Served = VerifiersServed(f"{model_url}/v1", sessions)
     else:
         proxy = base.Served(kind, f"{model_url}/v1", sessions)
     try:
-        return asyncio.run(base._load(proxy.url, proxy.secrets, sessions, seconds))
+        return asyncio.run(base._load(proxy.url, proxy.secrets, sessions, seconds, TURNS))
     finally:
         proxy.close()
 
