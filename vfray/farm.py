@@ -17,10 +17,8 @@ import importlib.metadata
 import logging
 import platform
 import re
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,56 +26,26 @@ from pydantic import ValidationError
 
 from vfray.config import EvalConfig, ModelConfig, format_validation_error
 from vfray.driver import RunBackend, RunDriver, RunPlan
-from vfray.environment import LocalEnvironment, parse_scripted_model
-from vfray.episode import Episode
+from vfray.environment import parse_scripted_model
 from vfray.errors import ConfigError
 from vfray.models.local import parse_local_model
+from vfray.outcomes import EpisodeGroup
 from vfray.progress import live_progress
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
 from vfray.sync import run_sync
 from vfray.task import Task
-from vfray.trace import AgentInfo, Trace
+from vfray.trace import AgentInfo
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from actors.sink import TraceSink
+    from vfray.local_backend import LocalRun
     from vfray.results import RunResult
 
 # pyarrow (via vfray.results and vfray.traces) is imported where it is used, not here: a local
 # run's first rollout does not need it, and it is a third of the CLI's import time.
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EpisodeGroup:
-    """One task's n scored rollouts, as ``Farm.stream`` yields them."""
-
-    episode: Episode
-
-    @property
-    def traces(self) -> list[Trace]:
-        return self.episode.traces
-
-    @property
-    def table(self) -> pa.Table:
-        from vfray.traces.convert import traces_to_table
-
-        return traces_to_table(self.episode.traces)
-
-    @property
-    def rewards(self) -> list[float | None]:
-        return self.episode.rewards
-
-    @property
-    def advantages(self) -> list[float | None]:
-        return self.episode.advantages
-
-    @property
-    def group_rewards(self) -> dict[str, list[float | None]]:
-        return self.episode.group_rewards
 
 
 def _slug(text: str) -> str:
@@ -147,11 +115,7 @@ class Farm:
         self._started_ray = False
         self._hosts: list[Any] = []
         self._model_actor: Any = None
-        self._local: Any = None  # the LocalBackend of a run in progress (backend="local")
-        # (loop, task, finished) of that run, so close() can cancel it from any thread.
-        self._local_run: (
-            tuple[asyncio.AbstractEventLoop, asyncio.Task[Any], threading.Event] | None
-        ) = None
+        self._local_run: LocalRun | None = None  # a backend="local" run in progress
         self._closed = False
 
     @property
@@ -229,7 +193,7 @@ class Farm:
             return
         self._closed = True
         if self._local_run is not None:
-            self._cancel_local_run(*self._local_run)
+            self._local_run.cancel()
         if not self._hosts and self._model_actor is None:
             return
         import ray
@@ -248,22 +212,6 @@ class Farm:
         if self._started_ray:
             ray.shutdown()
 
-    @staticmethod
-    def _cancel_local_run(
-        loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], finished: threading.Event
-    ) -> None:
-        """Cancel a local run: its rollouts tear their sandboxes down and the rows written so
-        far are flushed. From another thread, wait for that; on the run's own loop, we can't."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            task.cancel()
-            return
-        loop.call_soon_threadsafe(task.cancel)
-        finished.wait(timeout=120)
-
     def __enter__(self) -> Farm:
         return self
 
@@ -272,8 +220,8 @@ class Farm:
 
     def host_stats(self) -> list[dict[str, Any]]:
         """Per SandboxHost: node, pid, rollouts in flight and completed, live sessions."""
-        if self._local is not None:
-            return [self._local.stats()]
+        if self._local_run is not None:
+            return [self._local_run.backend.stats()]
         if not self._hosts:
             return []
         import ray
@@ -284,8 +232,8 @@ class Farm:
     def set_policy_version(self, version: int | None) -> None:
         """Stamp ``version`` on every ModelCall from now on (RL: the trainer's step)."""
         self.policy_version = version
-        if self._local is not None:
-            self._local.env.interception.app.policy_version = version
+        if self._local_run is not None:
+            self._local_run.backend.env.interception.app.policy_version = version
         if self._hosts:
             import ray
 
@@ -461,25 +409,10 @@ class Farm:
     async def _local_backend(
         self, run_dir: Path, header: dict[str, Any]
     ) -> AsyncIterator[RunBackend]:
-        from vfray.local_backend import LocalBackend, write_run_header
+        from vfray.local_backend import open_local_run
 
         if self._closed:
             raise RuntimeError("this Farm is closed")
-        cfg = self.config
-        env = LocalEnvironment(
-            cfg.model.name,
-            base_url=cfg.model.base_url,
-            api_key_var=cfg.model.api_key_var,
-            harness=cfg.env.harness.id,
-            harness_options=cfg.env.harness.options,
-            runtime=cfg.env.runtime.type,
-            runtime_options=cfg.env.runtime.options,
-            sampling=cfg.sampling.as_params(),
-            limits=cfg.env.limits(),
-            timeouts=cfg.env.timeouts,
-            scoring_overrides=cfg.env.scoring,
-        )
-        write_run_header(run_dir, header)
 
         def make_sink() -> TraceSink:
             from actors.sink import TraceSink  # a plain class: used here without Ray
@@ -488,22 +421,14 @@ class Farm:
                 str(run_dir), header, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds
             )
 
-        current = asyncio.current_task()
-        assert current is not None
-        finished = threading.Event()
-        self._local_run = (asyncio.get_running_loop(), current, finished)
-        try:
-            async with env:
-                env.interception.app.policy_version = self.policy_version
-                self._local = LocalBackend(env, make_sink)
-                try:
-                    yield self._local
-                finally:
-                    backend, self._local = self._local, None
-                    await backend.close()
-        finally:
-            self._local_run = None
-            finished.set()
+        async with open_local_run(
+            self.config, run_dir, header, make_sink, self.policy_version
+        ) as run:
+            self._local_run = run
+            try:
+                yield run.backend
+            finally:
+                self._local_run = None
 
     def _checked(self, tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
         """Validate each task class once, lazily (a group reward with n < 2 is refused), and

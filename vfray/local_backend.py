@@ -11,12 +11,16 @@ plus the first rollout, and memory is one Python process plus the harness progra
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vfray.config import EvalConfig
 from vfray.environment import LocalEnvironment
 from vfray.outcomes import EpisodeOutcome, RolloutOutcome, finish_episode
 from vfray.task import Task
@@ -125,3 +129,73 @@ class LocalBackend:
             "sessions": self.env.interception.app.session_count,
             "url": self.env.interception.url,
         }
+
+
+def environment_from_config(config: EvalConfig) -> LocalEnvironment:
+    """The :class:`LocalEnvironment` a run with ``config`` needs (harness and runtime refused
+    here when unknown or incompatible)."""
+    env = config.env
+    return LocalEnvironment(
+        config.model.name,
+        base_url=config.model.base_url,
+        api_key_var=config.model.api_key_var,
+        harness=env.harness.id,
+        harness_options=env.harness.options,
+        runtime=env.runtime.type,
+        runtime_options=env.runtime.options,
+        sampling=config.sampling.as_params(),
+        limits=env.limits(),
+        timeouts=env.timeouts,
+        scoring_overrides=env.scoring,
+    )
+
+
+class LocalRun:
+    """A local run in progress: its backend, and a way to cancel it from any thread."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+        task = asyncio.current_task()
+        assert task is not None, "a local run runs inside a task"
+        self._task = task
+        self._loop = asyncio.get_running_loop()
+        self.finished = threading.Event()
+
+    def cancel(self) -> None:
+        """Cancel the run: its rollouts tear their sandboxes down and the rows written so far
+        are flushed. From another thread, wait for that; on the run's own loop, we can't."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._task.cancel()
+            return
+        self._loop.call_soon_threadsafe(self._task.cancel)
+        self.finished.wait(timeout=120)
+
+
+@contextlib.asynccontextmanager
+async def open_local_run(
+    config: EvalConfig,
+    run_dir: Path,
+    header: dict[str, Any],
+    make_sink: Callable[[], RowSink],
+    policy_version: int | None = None,
+) -> AsyncIterator[LocalRun]:
+    """Start the model endpoint and interception, write the run header, and yield the run;
+    on the way out every buffered row is written, also when the run fails or is cancelled."""
+    env = environment_from_config(config)
+    write_run_header(run_dir, header)
+    run: LocalRun | None = None
+    try:
+        async with env:
+            env.interception.app.policy_version = policy_version
+            run = LocalRun(LocalBackend(env, make_sink))
+            try:
+                yield run
+            finally:
+                await run.backend.close()
+    finally:
+        if run is not None:
+            run.finished.set()

@@ -7,6 +7,7 @@ in a Ray task (``actors.episode``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -54,6 +55,35 @@ class EpisodeOutcome(BaseModel):
     rollouts: list[RolloutOutcome]
     mean_reward: float | None
     episode: Episode | None = None
+
+
+@dataclass
+class EpisodeGroup:
+    """One task's n scored rollouts, as ``Farm.stream`` yields them."""
+
+    episode: Episode
+
+    @property
+    def traces(self) -> list[Trace]:
+        return self.episode.traces
+
+    @property
+    def table(self) -> pa.Table:
+        from vfray.traces.convert import traces_to_table
+
+        return traces_to_table(self.episode.traces)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return self.episode.rewards
+
+    @property
+    def advantages(self) -> list[float | None]:
+        return self.episode.advantages
+
+    @property
+    def group_rewards(self) -> dict[str, list[float | None]]:
+        return self.episode.group_rewards
 
 
 EpisodeRows = tuple["pa.Table", "pa.Table"]
