@@ -96,3 +96,16 @@ def test_training_stream_yields_groups_with_tokens(
     assert "loss " in text
     assert text.count("completion tokens [") == 4  # token ids came back with every group
     assert "completion_token_ids" in text  # the last batch as a DataFrame
+
+
+def test_the_documented_jupyter_lab_command_is_installed() -> None:
+    """notebooks/README.md says `jupyter lab notebooks/` after `pip install -e '.[notebooks]'`
+    (which `[dev]` includes): JupyterLab must be there, not only nbclient."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyterlab", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().split(".")[0].isdigit()
