@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import importlib.metadata
 import logging
 import platform
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from vfray.outcomes import EpisodeGroup
 from vfray.progress import live_progress
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
+from vfray.streams import GroupStream
 from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo
@@ -117,6 +119,7 @@ class Farm:
         self._model_actor: Any = None
         self._local_run: LocalRun | None = None  # a backend="local" run in progress
         self._closed = False
+        self._streams: list[GroupStream] = []
 
     @property
     def is_local(self) -> bool:
@@ -188,12 +191,40 @@ class Farm:
             self.set_policy_version(self.policy_version)
 
     def close(self) -> None:
-        """Cancel every rollout (tearing its sandbox down) and release the actors."""
+        """Cancel every rollout (tearing its sandbox down) and release the actors. Called on a
+        stream's own event loop (leaving ``with Farm`` inside the training coroutine), the
+        release waits until the stream's run has finished its clean-up on that loop."""
         if self._closed:
             return
         self._closed = True
-        if self._local_run is not None:
+        if self._local_run is not None and not self._streams:
             self._local_run.cancel()
+        running = [s for s in self._streams if s.running]
+        self._streams = []
+        if not running:
+            self._release()
+            return
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            for stream in running:
+                stream.cancel_and_wait()
+            self._release()
+            return
+        pending = {id(s) for s in running}
+
+        def finished(stream_id: int) -> None:
+            pending.discard(stream_id)
+            if not pending:
+                self._release()
+
+        for stream in running:
+            stream.cancel(functools.partial(finished, id(stream)))
+
+    def _release(self) -> None:
         if not self._hosts and self._model_actor is None:
             return
         import ray
@@ -211,6 +242,16 @@ class Farm:
         self._model_actor = None
         if self._started_ray:
             ray.shutdown()
+
+    async def __aenter__(self) -> Farm:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close, first waiting (without blocking the loop) for open streams' clean-up."""
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            await stream.aclose()
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Farm:
         return self
@@ -328,47 +369,33 @@ class Farm:
 
         return RunResult(run_dir)
 
-    async def stream(
+    def stream(
         self, tasks: Iterable[Task[Any]], rollouts_per_task: int = 2, *, name: str | None = None
-    ) -> AsyncIterator[EpisodeGroup]:
-        """Yield each task's scored group as soon as it finishes (for RL training loops).
-        Rows are also written to a run folder, as with :meth:`run`."""
+    ) -> GroupStream:
+        """Yield each task's scored group as soon as it finishes (for RL training loops), as an
+        async iterator. Rows are also written to a run folder, as with :meth:`run`. Stopping
+        early is clean: ``break`` and leave the ``with Farm`` block (or ``await
+        stream.aclose()``); every box is torn down and the rows written so far are kept."""
         name = name or getattr(tasks, "name", None) or "tasks"
-        run_dir, run_id = self._run_dir(name, None)
-        # A one-slot queue plus a bound on groups in flight: a trainer that is busy with a
-        # step holds the farm back, so groups are at most ~max_concurrent rollouts stale.
-        queue: asyncio.Queue[EpisodeGroup | None] = asyncio.Queue(maxsize=1)
 
-        async def deliver(outcome: Any) -> None:
-            if outcome.episode is not None:
-                await queue.put(EpisodeGroup(outcome.episode))
+        async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
+            run_dir, run_id = self._run_dir(name, None)
 
-        plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
-        header = self._header(run_id, name, rollouts_per_task)
-        async with self._backend(run_dir, header) as backend:
-            driver = RunDriver(plan, backend, deliver)
-            runner = asyncio.ensure_future(driver.run(self._checked(tasks, rollouts_per_task)))
-            try:
-                while True:
-                    getter = asyncio.ensure_future(queue.get())
-                    await asyncio.wait([getter, runner], return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        group = getter.result()
-                        if group is not None:
-                            yield group
-                        continue
-                    getter.cancel()
-                    while not queue.empty():
-                        item = queue.get_nowait()
-                        if item is not None:
-                            yield item
-                    runner.result()
-                    break
-            finally:
-                if not runner.done():
-                    runner.cancel()
-                    with contextlib.suppress(BaseException):
-                        await runner
+            async def deliver_outcome(outcome: Any) -> None:
+                if outcome.episode is not None:
+                    await deliver(EpisodeGroup(outcome.episode))
+
+            plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
+            header = self._header(run_id, name, rollouts_per_task)
+            async with self._backend(run_dir, header) as backend:
+                driver = RunDriver(plan, backend, deliver_outcome)
+                await driver.run(self._checked(tasks, rollouts_per_task))
+
+        if self._closed:
+            raise RuntimeError("this Farm is closed")
+        stream = GroupStream(produce)
+        self._streams.append(stream)
+        return stream
 
     def _run_plan(self, run_id: str, n: int, *, streaming: bool) -> RunPlan:
         return RunPlan(
