@@ -323,7 +323,10 @@ def to_score(raw: Any) -> tuple[float | None, str | None]:
         return None, None
     if isinstance(raw, str | bytes) or not hasattr(raw, "__float__"):
         return None, f"TypeError: expected a number or bool, got {type(raw).__name__}"
-    number = float(raw)
+    try:
+        number = float(raw)
+    except Exception as exc:  # 10**400 (OverflowError), a numpy array, a broken __float__
+        return None, _describe(exc)
     if not math.isfinite(number):
         return None, f"ValueError: non-finite value {number}"
     return number, None
@@ -373,6 +376,8 @@ async def score_rollout(
         for hook, result in level:
             for key, raw in spread_keys(hook, result).items():
                 store_score(trace, hook, key, *to_score(raw))
+    if trace.reward is None and any(r.value is not None for r in trace.rewards.values()):
+        trace.notes.append("reward has no value: the weighted sum is not a finite number")
 
 
 async def check_stop(
