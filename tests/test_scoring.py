@@ -627,3 +627,71 @@ async def test_a_reward_sum_past_float_range_is_no_reward_not_infinity() -> None
     assert trace.rewards["big"].value == 1e308
     assert trace.reward is None
     assert any("not a finite number" in note for note in trace.notes)
+
+
+# -- deadlines and the hook threads ----------------------------------------------------------
+
+
+class Stuck(Task[QA]):
+    """One sync and one async hook that do not return until released; one that does."""
+
+    release = threading.Event()
+
+    @reward
+    def blocks(self) -> float:
+        self.release.wait(60)
+        return 1.0
+
+    @metric
+    async def awaits(self) -> float:
+        await asyncio.sleep(60)
+        return 1.0
+
+    @reward(weight=2.0)
+    def quick(self) -> float:
+        return 0.5
+
+    @group_reward
+    def group_blocks(self, traces: list[Trace]) -> list[float]:
+        self.release.wait(60)
+        return [1.0] * len(traces)
+
+
+async def test_hooks_past_the_deadline_leave_their_keys_empty_and_the_rest_stands() -> None:
+    task = Stuck(qa())
+    trace = make_trace(task)
+    try:
+        await score_rollout(task, trace, timeout=0.5)
+        assert trace.rewards["blocks"].value is None
+        assert "PhaseTimeoutError" in (trace.rewards["blocks"].error or "")
+        assert trace.metrics["awaits"] is None
+        assert trace.rewards["quick"].value == 0.5
+        assert trace.reward == 1.0
+        error = trace.error()
+        assert error is not None and error.type == "PhaseTimeoutError"
+        assert "blocks" in error.message and "awaits" in error.message
+        traces = [make_trace(task, index=i) for i in range(2)]
+        episode = await finalize_episode(task, traces, timeout=0.5)
+        assert episode.group_rewards["group_blocks"] == [None, None]
+        assert "PhaseTimeoutError" in (traces[0].rewards["group_blocks"].error or "")
+    finally:
+        Stuck.release.set()
+
+
+async def test_sync_hooks_do_not_use_the_loops_default_thread_pool() -> None:
+    """File writes and sweeps share the default pool; hooks that block must not starve it
+    (and asyncio.run joins it at exit, so a hook that never returns would hang the process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1)
+    loop.set_default_executor(pool)
+    held = threading.Event()
+    pool.submit(held.wait, 30)  # the default pool's only worker is busy
+    try:
+        task = Basic(qa())
+        trace = make_trace(task)
+        await asyncio.wait_for(score_rollout(task, trace, timeout=10), 15)
+        assert trace.rewards["exact"].value == 1.0 and trace.ok
+    finally:
+        held.set()

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
 
-from vfray.errors import ConfigError
+from vfray._hook_threads import run_in_hook_thread
+from vfray.errors import ConfigError, PhaseTimeoutError
 from vfray.plugins import load_object
 from vfray.task import Task
-from vfray.trace import RewardRecord, Trace
+from vfray.trace import RewardRecord, StopCondition, Trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -265,32 +266,58 @@ def select_hooks(
 
 
 async def run_levels(
-    hooks: list[ScoringHook], owner: Any, available: Mapping[str, Any], offload: bool
+    hooks: list[ScoringHook],
+    owner: Any,
+    available: Mapping[str, Any],
+    offload: bool,
+    timeout: float | None = None,
 ) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
-    """Run hooks level by level (highest priority first), concurrently within a level."""
+    """Run hooks level by level (highest priority first), concurrently within a level.
+
+    With ``timeout`` (seconds, for all levels together), a hook still running when it expires
+    is abandoned and its result is a :class:`PhaseTimeoutError`; later levels get the same.
+    """
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
     for level in ([h for h in hooks if h.spec.priority == p] for p in priorities):
-        results = await asyncio.gather(*(_invoke(h, owner, available, offload) for h in level))
+        results = await asyncio.gather(
+            *(_invoke(h, owner, available, offload, deadline) for h in level)
+        )
         yield list(zip(level, results, strict=True))
 
 
 async def _invoke(
-    hook: ScoringHook, owner: Any, available: Mapping[str, Any], offload: bool
+    hook: ScoringHook,
+    owner: Any,
+    available: Mapping[str, Any],
+    offload: bool,
+    deadline: float | None,
 ) -> Any:
     """Run one hook; exceptions are returned, not raised, so siblings always finish."""
     fn = hook.func if hook.func is not None else getattr(owner, hook.name)
     kwargs = {p: available[p] for p in hook.params}
+
+    async def call() -> Any:
+        try:
+            if inspect.iscoroutinefunction(fn) or not offload:
+                result = fn(**kwargs)
+            else:
+                # A blocking sync hook must not stall the event loop other rollouts share, nor
+                # the loop's default thread pool that their file I/O shares.
+                result = await run_in_hook_thread(fn, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except Exception as exc:
+            return exc
+
+    if deadline is None:
+        return await call()
+    left = max(0.0, deadline - asyncio.get_running_loop().time())
     try:
-        if inspect.iscoroutinefunction(fn) or not offload:
-            result = fn(**kwargs)
-        else:
-            # A blocking sync hook must not stall the event loop other rollouts share.
-            result = await asyncio.to_thread(fn, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-    except Exception as exc:
-        return exc
+        return await asyncio.wait_for(call(), left)
+    except TimeoutError:
+        return PhaseTimeoutError(f"{hook.name} did not return before the scoring deadline")
 
 
 def _describe(exc: BaseException) -> str:
@@ -360,11 +387,17 @@ def _skip(trace: Trace, hook: ScoringHook) -> None:
 
 
 async def score_rollout(
-    task: Task[Any], trace: Trace, runtime: Any = None, overrides: Overrides | None = None
+    task: Task[Any],
+    trace: Trace,
+    runtime: Any = None,
+    overrides: Overrides | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Run the task's rewards and metrics on ``trace``, filling ``trace.rewards``/``metrics``.
 
     ``runtime=None`` means offline re-scoring: hooks that take ``runtime`` are skipped and noted.
+    A hook still running after ``timeout`` seconds leaves its keys ``None`` and the trace a
+    scoring :class:`PhaseTimeoutError`; the other hooks' values are kept.
     """
     hooks = select_hooks(task, overrides, HookKind.REWARD, HookKind.METRIC)
     if runtime is None:
@@ -372,10 +405,17 @@ async def score_rollout(
             _skip(trace, hook)
         hooks = [h for h in hooks if not h.needs_runtime]
     available = {"trace": trace, "task": task, "runtime": runtime}
-    async for level in run_levels(hooks, task, available, offload=True):
+    late: list[str] = []
+    async for level in run_levels(hooks, task, available, offload=True, timeout=timeout):
         for hook, result in level:
+            if isinstance(result, PhaseTimeoutError):
+                late.append(hook.name)
             for key, raw in spread_keys(hook, result).items():
                 store_score(trace, hook, key, *to_score(raw))
+    if late:
+        message = f"scoring exceeded {timeout:g}s: {', '.join(late)} did not return"
+        trace.add_error(PhaseTimeoutError(message), "scoring")
+        trace.stop(StopCondition.TIMEOUT)
     if trace.reward is None and any(r.value is not None for r in trace.rewards.values()):
         trace.notes.append("reward has no value: the weighted sum is not a finite number")
 
