@@ -282,7 +282,7 @@ class RunDriver:
             while True:
                 probe = await self.circuit.admit()
                 host = self.pool.acquire(avoid)
-                told = provider = False
+                told = provider = outage = False
                 try:
                     outcome, handle = await self.backend.rollout(
                         host, task, index, attempt, self.plan.run_id, episode_id
@@ -292,7 +292,11 @@ class RunDriver:
                     told = True
                     self.progress.endpoint_down_since = self.circuit.down_since
                     if provider:
-                        retry = provider_retries < self.plan.retry.provider_retries
+                        # While the endpoint is judged down the failure is the outage's, not
+                        # this rollout's: it waits for the endpoint without spending its budget
+                        # (max_outage bounds that wait).
+                        outage = self.circuit.holding
+                        retry = outage or provider_retries < self.plan.retry.provider_retries
                     else:
                         retry = outcome.error_type in RETRYABLE and attempt < self.plan.max_retries
                     if not retry:
@@ -330,8 +334,9 @@ class RunDriver:
                 attempt += 1
                 avoid = host
                 if provider:
-                    provider_retries += 1
-                    await asyncio.sleep(self.plan.retry.delay(provider_retries))
+                    if not outage:
+                        provider_retries += 1
+                    await asyncio.sleep(self.plan.retry.delay(max(1, provider_retries)))
         finally:
             self._window.release()
 
