@@ -279,31 +279,36 @@ async def test_an_endpoint_outage_holds_new_starts_and_every_rollout_recovers() 
     assert all(c.attempt > 0 for c in during), during
 
 
-async def test_circuit_opens_after_k_failures_and_a_good_probe_closes_it() -> None:
-    circuit = EndpointCircuit(RetryPolicy(backoff=0.05, max_backoff=0.1, circuit_failures=2))
+async def test_circuit_opens_after_k_failures_paces_probes_and_a_good_one_closes_it() -> None:
+    circuit = EndpointCircuit(RetryPolicy(backoff=0.1, max_backoff=0.4, circuit_failures=2))
     assert await circuit.admit() is False
     circuit.record(True)
     assert circuit.down_since is None
     circuit.record(True)
     assert circuit.down_since is not None and circuit.holding
     started = time.monotonic()
-    assert await circuit.admit() is True  # the probe, after the cool-down
-    assert time.monotonic() - started >= 0.04
-    second = asyncio.ensure_future(circuit.admit())
-    await asyncio.sleep(0.15)
-    assert not second.done()  # one probe at a time
+    assert await circuit.admit() is True  # the first probe, after the cool-down
+    assert time.monotonic() - started >= 0.09
+    circuit.record(True, probe=True)  # it failed: the next one waits twice as long
+    started = time.monotonic()
+    assert await circuit.admit() is True
+    assert time.monotonic() - started >= 0.19
+    waiter = asyncio.ensure_future(circuit.admit())
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # no second probe within the cool-down
     circuit.record(False, probe=True)
-    assert await asyncio.wait_for(second, 1) is False
+    assert await asyncio.wait_for(waiter, 1) is False  # up again: everyone goes
     assert circuit.down_since is None and not circuit.holding
 
 
 async def test_circuit_stops_holding_after_max_outage() -> None:
-    policy = RetryPolicy(backoff=0.05, max_backoff=0.05, circuit_failures=1, max_outage=0.2)
+    policy = RetryPolicy(backoff=0.15, max_backoff=1.0, circuit_failures=1, max_outage=0.25)
     circuit = EndpointCircuit(policy)
     circuit.record(True)
     assert await circuit.admit() is True
+    circuit.record(True, probe=True)  # the next probe would be due after the outage limit
     waiter = asyncio.ensure_future(circuit.admit())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.03)
     assert not waiter.done()
     assert await asyncio.wait_for(waiter, 1) is False  # released by max_outage
     assert circuit.down_since is not None and not circuit.holding

@@ -1,6 +1,7 @@
 """The run driver: iterates the taskset lazily, keeps at most ``max_concurrent`` rollouts in
-flight, retries rollouts whose machinery failed, and hands each task's finished rollouts to the
-backend to be scored and written.
+flight, retries rollouts whose machinery or model endpoint failed (the latter after a backoff,
+holding new starts while the endpoint is down: :mod:`vfray.retry`), and hands each task's
+finished rollouts to the backend to be scored and written.
 
 The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
 one (``actors.backend``) over SandboxHost actors, episode tasks and a TraceSink actor, passing

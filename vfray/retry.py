@@ -50,11 +50,12 @@ class EndpointCircuit:
     """The model endpoint's health as the driver sees it, from rollout outcomes.
 
     Closed: rollouts start freely. After ``circuit_failures`` provider failures in a row it
-    opens: rollouts wait in :meth:`admit`; after a cool-down (``backoff``, doubling up to
-    ``max_backoff``) one waiter goes as the probe. A rollout that ends without a provider failure
-    closes it; a failed probe opens it again. Once the endpoint has been down ``max_outage``
-    seconds the circuit stops holding rollouts (they fail through their retry budgets) until
-    one succeeds.
+    opens: rollouts wait in :meth:`admit`, and one waiter per cool-down (``backoff``, doubling
+    with each failed probe up to ``max_backoff``) goes as a probe. Probes are paced, not one at a
+    time: an agent rollout may take minutes to report, and the endpoint may be back long before.
+    A rollout that ends without a provider failure closes the circuit. Once the endpoint has been
+    down ``max_outage`` seconds the circuit stops holding rollouts (they fail through their retry
+    budgets) until one succeeds.
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
@@ -65,7 +66,6 @@ class EndpointCircuit:
         self._opened_at = 0.0  # monotonic
         self._cooldown = policy.backoff
         self._probe_at = 0.0
-        self._probing = False
         self._changed = asyncio.Event()
 
     @property
@@ -76,31 +76,27 @@ class EndpointCircuit:
         return time.monotonic() - self._opened_at < self.policy.max_outage
 
     async def admit(self) -> bool:
-        """Wait until a rollout may start; True when it goes as the probe (report its outcome
+        """Wait until a rollout may start; True when it goes as a probe (report its outcome
         with ``probe=True``, or :meth:`abandon` it)."""
         while self.holding:
             now = time.monotonic()
-            if not self._probing and now >= self._probe_at:
-                self._probing = True
+            if now >= self._probe_at:
+                self._probe_at = now + self._cooldown
                 return True
             self._changed.clear()
-            wait = self._probe_at - now if not self._probing else self.policy.max_backoff
-            deadline = self._opened_at + self.policy.max_outage - now
+            left = min(self._probe_at, self._opened_at + self.policy.max_outage) - now
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(0.01, min(wait, deadline)))
+                await asyncio.wait_for(self._changed.wait(), max(0.01, left))
         return False
 
     def record(self, provider_failed: bool, probe: bool = False) -> None:
         """One rollout attempt's outcome (an attempt lost with its host says nothing about the
         endpoint: :meth:`abandon` its probe instead)."""
-        if probe:
-            self._probing = False
         if not provider_failed:
             self._failures = 0
             if self.down_since is not None:
                 self.down_since = None
-                self._cooldown = self.policy.backoff
-                self._wake()
+                self._changed.set()
             return
         self._failures += 1
         now = time.monotonic()
@@ -112,14 +108,11 @@ class EndpointCircuit:
                 self._probe_at = now + self._cooldown
         elif probe:
             self._cooldown = min(self.policy.max_backoff, self._cooldown * 2)
-            self._probe_at = now + self._cooldown
-        self._wake()
+            self._probe_at = max(self._probe_at, now + self._cooldown)
 
     def abandon(self, probe: bool) -> None:
-        """A probe that ended without telling anything (cancelled, its host lost)."""
-        if probe:
-            self._probing = False
-            self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
+        """A probe that ended without telling anything (cancelled, its host lost): the next
+        waiter may probe at once."""
+        if probe and self.down_since is not None:
+            self._probe_at = time.monotonic()
+            self._changed.set()
