@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from vfray._hook_calls import run_levels
 from vfray.scoring import (
     HookKind,
     Overrides,
-    run_levels,
     select_hooks,
     spread_keys,
     store_score,

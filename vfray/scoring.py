@@ -8,17 +8,16 @@ its keys in the result with value ``None`` and the reason recorded, so a missing
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import math
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
 
-from vfray._hook_threads import run_in_hook_thread
+from vfray._hook_calls import run_levels
 from vfray.errors import ConfigError, PhaseTimeoutError
 from vfray.plugins import load_object
 from vfray.task import Task
@@ -263,61 +262,6 @@ def select_hooks(
     task: Task[Any], overrides: Overrides | None, *kinds: HookKind
 ) -> list[ScoringHook]:
     return [h for h in scoring_hooks(type(task), overrides) if h.spec.kind in kinds]
-
-
-async def run_levels(
-    hooks: list[ScoringHook],
-    owner: Any,
-    available: Mapping[str, Any],
-    offload: bool,
-    timeout: float | None = None,
-) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
-    """Run hooks level by level (highest priority first), concurrently within a level.
-
-    With ``timeout`` (seconds, for all levels together), a hook still running when it expires
-    is abandoned and its result is a :class:`PhaseTimeoutError`; later levels get the same.
-    """
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-    priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
-    for level in ([h for h in hooks if h.spec.priority == p] for p in priorities):
-        results = await asyncio.gather(
-            *(_invoke(h, owner, available, offload, deadline) for h in level)
-        )
-        yield list(zip(level, results, strict=True))
-
-
-async def _invoke(
-    hook: ScoringHook,
-    owner: Any,
-    available: Mapping[str, Any],
-    offload: bool,
-    deadline: float | None,
-) -> Any:
-    """Run one hook; exceptions are returned, not raised, so siblings always finish."""
-    fn = hook.func if hook.func is not None else getattr(owner, hook.name)
-    kwargs = {p: available[p] for p in hook.params}
-
-    async def call() -> Any:
-        try:
-            if inspect.iscoroutinefunction(fn) or not offload:
-                result = fn(**kwargs)
-            else:
-                # A blocking sync hook must not stall the event loop other rollouts share, nor
-                # the loop's default thread pool that their file I/O shares.
-                result = await run_in_hook_thread(fn, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
-        except Exception as exc:
-            return exc
-
-    if deadline is None:
-        return await call()
-    left = max(0.0, deadline - asyncio.get_running_loop().time())
-    try:
-        return await asyncio.wait_for(call(), left)
-    except TimeoutError:
-        return PhaseTimeoutError(f"{hook.name} did not return before the scoring deadline")
 
 
 def _describe(exc: BaseException) -> str:
