@@ -234,7 +234,11 @@ class RunDriver:
             )
             failure.__cause__ = exc
             self._failure = failure
-        log.error("%s", self._failure)
+        log.warning(
+            "no new tasks (%s); finishing the %d rollouts in flight",
+            self._failure,
+            self.progress.in_flight,
+        )
         return None
 
     async def _start_episode(self, task: Task[Any]) -> None:
