@@ -17,7 +17,7 @@ from ray import exceptions as rex
 
 from actors.episode import run_episode
 from vfray.driver import HostLost
-from vfray.outcomes import EpisodeOutcome, RolloutOutcome
+from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -88,16 +88,12 @@ class RayBackend:
     async def finish(
         self,
         task: Task[Any],
-        run_id: str,
         episode_id: str,
-        overrides: dict[str, str],
-        keep: bool,
+        spec: EpisodeSpec,
         previous: list[Trace],
         handles: list[Any],
     ) -> EpisodeOutcome:
-        outcome_ref, rows_ref = run_episode.remote(
-            task, run_id, episode_id, overrides, keep, previous, *handles
-        )
+        outcome_ref, rows_ref = run_episode.remote(task, episode_id, spec, previous, *handles)
         # The sink resolves the rows itself; the driver never deserializes them.
         await self.sink.append_rows.remote(rows_ref, episode_id)
         outcome: EpisodeOutcome = await outcome_ref

@@ -543,3 +543,155 @@ async def test_static_and_class_method_hooks() -> None:
     await score_rollout(task, trace)
     assert trace.rewards["static_first"] == RewardRecord(value=0.5, weight=2.0)
     assert trace.metrics == {"from_class": 1.0}
+
+
+# -- values that are not scores ------------------------------------------------------------
+
+
+class Unscorable:
+    """A value whose ``__float__`` raises: the hook's fault, recorded on its key."""
+
+    def __float__(self) -> float:
+        raise RuntimeError("no float for you")
+
+
+class OddValues(Task[QA]):
+    @reward
+    def huge(self) -> int:
+        return 10**400
+
+    @reward
+    def infinite(self) -> float:
+        return float("-inf")
+
+    @reward
+    def nan(self) -> float:
+        return float("nan")
+
+    @reward
+    def text(self) -> str:
+        return "1.0"
+
+    @reward
+    def unscorable(self) -> Any:
+        return Unscorable()
+
+    @reward
+    def fine(self) -> float:
+        return 0.5
+
+    @metric
+    def huge_metric(self) -> int:
+        return -(10**400)
+
+    @group_reward
+    def huge_group(self, traces: list[Trace]) -> list[Any]:
+        return [10**400, 1.0, float("nan")][: len(traces)]
+
+
+async def test_unscorable_values_leave_their_key_empty_with_the_error() -> None:
+    task = OddValues(qa())
+    traces = [make_trace(task, index=i) for i in range(3)]
+    for trace in traces:
+        await score_rollout(task, trace)  # must not raise
+    trace = traces[0]
+    for key, error in [
+        ("huge", "OverflowError"),
+        ("infinite", "non-finite"),
+        ("nan", "non-finite"),
+        ("text", "TypeError"),
+        ("unscorable", "no float for you"),
+    ]:
+        assert trace.rewards[key].value is None, key
+        assert error in (trace.rewards[key].error or ""), (key, trace.rewards[key].error)
+    assert trace.metrics["huge_metric"] is None
+    assert any("huge_metric" in note and "OverflowError" in note for note in trace.notes)
+    assert trace.rewards["fine"].value == 0.5
+    assert trace.reward == 0.5
+    episode = await finalize_episode(task, traces)  # must not raise
+    assert episode.group_rewards["huge_group"] == [None, 1.0, None]
+    assert "OverflowError" in (traces[0].rewards["huge_group"].error or "")
+    assert "non-finite" in (traces[2].rewards["huge_group"].error or "")
+    assert episode.rewards == [0.5, 1.5, 0.5]
+
+
+async def test_a_reward_sum_past_float_range_is_no_reward_not_infinity() -> None:
+    class Big(Task[QA]):
+        @reward(weight=10.0)
+        def big(self) -> float:
+            return 1e308
+
+    task = Big(qa())
+    trace = make_trace(task)
+    await score_rollout(task, trace)
+    assert trace.rewards["big"].value == 1e308
+    assert trace.reward is None
+    assert any("not a finite number" in note for note in trace.notes)
+
+
+# -- deadlines and the hook threads ----------------------------------------------------------
+
+
+class Stuck(Task[QA]):
+    """One sync and one async hook that do not return until released; one that does."""
+
+    release = threading.Event()
+
+    @reward
+    def blocks(self) -> float:
+        self.release.wait(60)
+        return 1.0
+
+    @metric
+    async def awaits(self) -> float:
+        await asyncio.sleep(60)
+        return 1.0
+
+    @reward(weight=2.0)
+    def quick(self) -> float:
+        return 0.5
+
+    @group_reward
+    def group_blocks(self, traces: list[Trace]) -> list[float]:
+        self.release.wait(60)
+        return [1.0] * len(traces)
+
+
+async def test_hooks_past_the_deadline_leave_their_keys_empty_and_the_rest_stands() -> None:
+    task = Stuck(qa())
+    trace = make_trace(task)
+    try:
+        await score_rollout(task, trace, timeout=0.5)
+        assert trace.rewards["blocks"].value is None
+        assert "PhaseTimeoutError" in (trace.rewards["blocks"].error or "")
+        assert trace.metrics["awaits"] is None
+        assert trace.rewards["quick"].value == 0.5
+        assert trace.reward == 1.0
+        error = trace.error()
+        assert error is not None and error.type == "PhaseTimeoutError"
+        assert "blocks" in error.message and "awaits" in error.message
+        traces = [make_trace(task, index=i) for i in range(2)]
+        episode = await finalize_episode(task, traces, timeout=0.5)
+        assert episode.group_rewards["group_blocks"] == [None, None]
+        assert "PhaseTimeoutError" in (traces[0].rewards["group_blocks"].error or "")
+    finally:
+        Stuck.release.set()
+
+
+async def test_sync_hooks_do_not_use_the_loops_default_thread_pool() -> None:
+    """File writes and sweeps share the default pool; hooks that block must not starve it
+    (and asyncio.run joins it at exit, so a hook that never returns would hang the process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1)
+    loop.set_default_executor(pool)
+    held = threading.Event()
+    pool.submit(held.wait, 30)  # the default pool's only worker is busy
+    try:
+        task = Basic(qa())
+        trace = make_trace(task)
+        await asyncio.wait_for(score_rollout(task, trace, timeout=10), 15)
+        assert trace.rewards["exact"].value == 1.0 and trace.ok
+    finally:
+        held.set()

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
+from vfray.retry import RetryPolicy
 from vfray.rollout import Timeouts
 
 
@@ -108,6 +109,7 @@ class EvalConfig(BaseSettings):
     backend: Literal["ray", "local"] = Field(
         "ray", description="ray (a cluster, or a local Ray) or local (this process, no Ray)"
     )
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
     @model_validator(mode="after")
     def _address_needs_ray(self) -> EvalConfig:

@@ -1,6 +1,7 @@
 """The run driver: iterates the taskset lazily, keeps at most ``max_concurrent`` rollouts in
-flight, retries rollouts whose machinery failed, and hands each task's finished rollouts to the
-backend to be scored and written.
+flight, retries rollouts whose machinery or model endpoint failed (the latter after a backoff,
+holding new starts while the endpoint is down: :mod:`vfray.retry`), and hands each task's
+finished rollouts to the backend to be scored and written.
 
 The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
 one (``actors.backend``) over SandboxHost actors, episode tasks and a TraceSink actor, passing
@@ -12,19 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vfray.errors import InfrastructureError, SandboxError
-from vfray.outcomes import EpisodeOutcome, RolloutOutcome
+from vfray.errors import (
+    InfrastructureError,
+    ProviderError,
+    SandboxError,
+    TasksetError,
+    VfrayError,
+)
+from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
+from vfray.retry import EndpointCircuit, RetryPolicy
 from vfray.task import Task
 from vfray.trace import AgentInfo, StopCondition, Trace, new_id
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({"ProviderError", "InterceptionError", "InfrastructureError"})
-"""Rollout error types that say nothing about the task or the policy: retried."""
+RETRYABLE = frozenset({"InterceptionError", "InfrastructureError"})
+"""Rollout error types that say nothing about the task or the policy: retried at once, up to
+``max_retries``. A ``ProviderError`` is retried too, after a backoff, under the run's
+:class:`~vfray.retry.RetryPolicy`."""
 
 
 class HostLost(Exception):
@@ -57,10 +67,8 @@ class RunBackend(Protocol):
     async def finish(
         self,
         task: Task[Any],
-        run_id: str,
         episode_id: str,
-        overrides: dict[str, str],
-        keep: bool,
+        spec: EpisodeSpec,
         previous: list[Trace],
         handles: list[Any],
     ) -> EpisodeOutcome:
@@ -112,6 +120,18 @@ class RunPlan:
     max_groups_in_flight: int | None = None
     """Bound on groups started but not yet delivered to ``on_episode`` (streaming: bounds how
     stale a trainer's groups can be); None means only ``max_concurrent`` rollouts bound."""
+    scoring_timeout: float | None = None
+    """Seconds a group's ``@group_reward`` hooks may run (the config's ``env.timeouts.scoring``)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff of provider retries and the endpoint circuit (the config's ``retry``)."""
+
+    def episode_spec(self) -> EpisodeSpec:
+        return EpisodeSpec(
+            run_id=self.run_id,
+            overrides=self.scoring_overrides,
+            keep=self.keep_episodes,
+            scoring_timeout=self.scoring_timeout,
+        )
 
 
 @dataclass
@@ -126,6 +146,9 @@ class Progress:
     reward_sum: float = 0.0
     rewarded: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    endpoint_down_since: float | None = None
+    """Wall-clock time since which the model endpoint is judged down and new rollouts wait
+    (None while it is up)."""
 
     @property
     def in_flight(self) -> int:
@@ -166,14 +189,22 @@ class RunDriver:
         self._groups = (
             asyncio.Semaphore(plan.max_groups_in_flight) if plan.max_groups_in_flight else None
         )
+        self._spec = plan.episode_spec()
+        self.circuit = EndpointCircuit(plan.retry)
         self._episodes: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
+        self._tasks_seen = 0
 
     async def run(self, tasks: Iterable[Task[Any]]) -> Progress:
-        """Submit every task's rollouts, bounded by the window; returns when all are written."""
+        """Submit every task's rollouts, bounded by the window; returns when all are written.
+
+        When the task source fails mid-run, the rollouts already started still finish and are
+        written; then the run raises one :class:`TasksetError` saying what failed."""
         try:
-            for task in tasks:
-                if self._failure is not None:
+            source = iter(tasks)
+            while self._failure is None:
+                task = self._next_task(source)
+                if task is None:
                     break
                 await self._start_episode(task)
             while self._episodes:
@@ -187,7 +218,31 @@ class RunDriver:
             raise self._failure
         return self.progress
 
+    def _next_task(self, source: Iterator[Task[Any]]) -> Task[Any] | None:
+        """The next task, None at the end; a failing source ends the run's submissions and is
+        kept as the run's failure (raised once the started rollouts are written)."""
+        try:
+            return next(source)
+        except StopIteration:
+            return None
+        except VfrayError as exc:  # already says what is wrong (a duplicate key, a bad config)
+            self._failure = exc
+        except Exception as exc:
+            failure = TasksetError(
+                f"the taskset failed after {self._tasks_seen} tasks: {type(exc).__name__}: "
+                f"{exc} (the rollouts already started were finished and written)"
+            )
+            failure.__cause__ = exc
+            self._failure = failure
+        log.warning(
+            "no new tasks (%s); finishing the %d rollouts in flight",
+            self._failure,
+            self.progress.in_flight,
+        )
+        return None
+
     async def _start_episode(self, task: Task[Any]) -> None:
+        self._tasks_seen += 1
         n = self.plan.rollouts_per_task
         state = self.resume.get(task.key) or ResumeState(episode_id=new_id())
         todo = [i for i in range(n) if i not in state.done]
@@ -223,33 +278,45 @@ class RunDriver:
             self._failure = job.exception()
 
     async def _rollout(self, task: Task[Any], index: int, attempt: int, episode_id: str) -> Any:
-        """Run one rollout, retrying on another host when the machinery under it fails.
-        Returns the backend's handle to the final trace."""
+        """Run one rollout, retrying it when the machinery under it failed (at once, on another
+        host) or the model endpoint did (after a backoff, and while the endpoint circuit lets
+        rollouts through). Returns the backend's handle to the final trace."""
         avoid: int | None = None
+        provider_retries = 0
         try:
             while True:
+                probe = await self.circuit.admit()
                 host = self.pool.acquire(avoid)
+                told = provider = outage = False
                 try:
                     outcome, handle = await self.backend.rollout(
                         host, task, index, attempt, self.plan.run_id, episode_id
                     )
-                    if outcome.error_type in RETRYABLE and attempt < self.plan.max_retries:
-                        # The model endpoint or the interception failed, not the task: keep
-                        # the attempt as a row and run the rollout again.
-                        log.warning(
-                            "rollout %s/%d attempt %d failed with %s; retrying",
-                            task.key[:12],
-                            index,
-                            attempt,
-                            outcome.error_type,
-                        )
-                        await self.backend.keep_attempt(handle)
-                        self.progress.retried += 1
-                        attempt += 1
-                        avoid = host
-                        continue
-                    self.progress.record(outcome)
-                    return handle
+                    provider = outcome.error_type == ProviderError.__name__
+                    self.circuit.record(provider, probe)
+                    told = True
+                    self.progress.endpoint_down_since = self.circuit.down_since
+                    if provider:
+                        # While the endpoint is judged down the failure is the outage's, not
+                        # this rollout's: it waits for the endpoint without spending its budget
+                        # (max_outage bounds that wait).
+                        outage = self.circuit.holding
+                        retry = outage or provider_retries < self.plan.retry.provider_retries
+                    else:
+                        retry = outcome.error_type in RETRYABLE and attempt < self.plan.max_retries
+                    if not retry:
+                        self.progress.record(outcome)
+                        return handle
+                    # The model endpoint or the interception failed, not the task: keep the
+                    # attempt as a row and run the rollout again.
+                    log.warning(
+                        "rollout %s/%d attempt %d failed with %s; retrying",
+                        task.key[:12],
+                        index,
+                        attempt,
+                        outcome.error_type,
+                    )
+                    await self.backend.keep_attempt(handle)
                 except HostLost as exc:
                     failed = self._infra_trace(task, index, attempt, episode_id, exc)
                     if attempt >= self.plan.max_retries:
@@ -264,11 +331,17 @@ class RunDriver:
                     )
                     # The lost attempt stays in the run as its own row.
                     await self.backend.keep_attempt(self.backend.hold(failed))
-                    self.progress.retried += 1
-                    attempt += 1
-                    avoid = host
                 finally:
                     self.pool.release(host)
+                    if not told:
+                        self.circuit.abandon(probe)
+                self.progress.retried += 1
+                attempt += 1
+                avoid = host
+                if provider:
+                    if not outage:
+                        provider_retries += 1
+                    await asyncio.sleep(self.plan.retry.delay(max(1, provider_retries)))
         finally:
             self._window.release()
 
@@ -317,13 +390,7 @@ class RunDriver:
             await asyncio.gather(*rollouts, return_exceptions=True)
             raise
         outcome = await self.backend.finish(
-            task,
-            self.plan.run_id,
-            state.episode_id,
-            self.plan.scoring_overrides,
-            self.plan.keep_episodes,
-            list(state.done.values()),
-            list(handles),
+            task, state.episode_id, self._spec, list(state.done.values()), list(handles)
         )
         self.progress.episodes += 1
         if self.on_episode is not None:

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from vfray._hook_calls import run_levels
 from vfray.scoring import (
     HookKind,
     Overrides,
-    run_levels,
     select_hooks,
     spread_keys,
     store_score,
@@ -87,19 +87,24 @@ def _column(raw: Any, n: int) -> list[tuple[float | None, str | None]]:
 
 
 async def score_group(
-    task: Task[Any], traces: Sequence[Trace], overrides: Overrides | None = None
+    task: Task[Any],
+    traces: Sequence[Trace],
+    overrides: Overrides | None = None,
+    timeout: float | None = None,
 ) -> dict[str, list[float | None]]:
     """Run the ``@group_reward`` hooks over the n traces of one task; one value per trace and key.
 
-    Each value is also written to its trace as ``RewardRecord(group=True)``; a hook that fails
-    or returns the wrong number of values yields ``None`` for every trace with the error recorded.
+    Each value is also written to its trace as ``RewardRecord(group=True)``; a hook that fails,
+    returns the wrong number of values or is still running after ``timeout`` seconds yields
+    ``None`` for every trace with the error recorded.
     """
     hooks = select_hooks(task, overrides, HookKind.GROUP_REWARD)
     n = len(traces)
     if hooks:
         validate_group_config(type(task), n, overrides)
     out: dict[str, list[float | None]] = {}
-    async for level in run_levels(hooks, task, {"traces": list(traces), "task": task}, True):
+    available = {"traces": list(traces), "task": task}
+    async for level in run_levels(hooks, task, available, True, timeout):
         for hook, result in level:
             for key, raw in spread_keys(hook, result).items():
                 column = _column(raw, n)
@@ -114,8 +119,10 @@ async def finalize_episode(
     traces: Sequence[Trace],
     overrides: Overrides | None = None,
     episode_id: str | None = None,
+    timeout: float | None = None,
 ) -> Episode:
-    """Run the task's group rewards over its traces and build the :class:`Episode`.
+    """Run the task's group rewards over its traces (abandoning any still running after
+    ``timeout`` seconds) and build the :class:`Episode`.
 
     Stamps every trace with ``episode_id`` (a resumed group keeps the id its traces share) and
     its ``advantage``.
@@ -124,7 +131,7 @@ async def finalize_episode(
         ids = {t.episode_id for t in traces}
         shared = ids.pop() if len(ids) == 1 else None
         episode_id = shared or new_id()
-    group = await score_group(task, traces, overrides) if traces else {}
+    group = await score_group(task, traces, overrides, timeout) if traces else {}
     episode = Episode(
         episode_id=episode_id, task=task.record(), traces=list(traces), group_rewards=group
     )

@@ -412,6 +412,8 @@ class Farm:
             ),
             keep_episodes=streaming,
             max_groups_in_flight=max(1, self.config.max_concurrent // n) if streaming else None,
+            scoring_timeout=self.config.env.timeouts.scoring,
+            retry=self.config.retry,
         )
 
     @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vfray.config import EvalConfig
 from vfray.environment import LocalEnvironment
-from vfray.outcomes import EpisodeOutcome, RolloutOutcome, finish_episode
+from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -94,15 +94,13 @@ class LocalBackend:
     async def finish(
         self,
         task: Task[Any],
-        run_id: str,
         episode_id: str,
-        overrides: dict[str, str],
-        keep: bool,
+        spec: EpisodeSpec,
         previous: list[Trace],
         handles: list[Any],
     ) -> EpisodeOutcome:
         outcome, (trace_rows, episode_rows) = await finish_episode(
-            task, run_id, episode_id, overrides, keep, previous, list(handles)
+            task, episode_id, spec, previous, list(handles)
         )
         await self._sink().append(trace_rows, episode_rows, episode_id)
         return outcome

@@ -86,34 +86,51 @@ class EpisodeGroup:
         return self.episode.group_rewards
 
 
+class EpisodeSpec(BaseModel):
+    """What every episode of one run shares, fixed when the run starts and passed down whole
+    (to the episode Ray task, too)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str | None = None
+    overrides: dict[str, str] = {}
+    """Scoring hook overrides from the config (``env.scoring``)."""
+    keep: bool = False
+    """Return the scored :class:`Episode` in the outcome (streaming), not only its rows."""
+    scoring_timeout: float | None = None
+    """Seconds the group rewards may run (``env.timeouts.scoring``); a task's own wins."""
+
+
 EpisodeRows = tuple["pa.Table", "pa.Table"]
 """An episode's new trace rows and its episode row, on their way to the sink."""
 
 
 async def finish_episode(
     task: Task[Any],
-    run_id: str | None,
     episode_id: str,
-    overrides: dict[str, str],
-    keep: bool,
+    spec: EpisodeSpec,
     previous: list[Trace],
     new: list[Trace],
 ) -> tuple[EpisodeOutcome, EpisodeRows]:
     """Run the group rewards over ``previous`` + ``new`` and build the rows. ``previous`` are a
     resumed group's rollouts that already succeeded: they take part in the group rewards but
-    are not written again."""
+    are not written again. A group reward past its deadline is recorded as ``None`` with the
+    timeout, and the rows are built all the same."""
     # Imported here, not at the top: pyarrow costs a few hundred ms of start-up that a local
     # run should not pay before its first rollout.
     from vfray.traces.convert import traces_to_table
     from vfray.traces.episodes import episodes_to_table
 
-    episode = await finalize_episode(task, [*previous, *new], overrides, episode_id=episode_id)
+    timeout = task.data.timeout.scoring or spec.scoring_timeout
+    episode = await finalize_episode(
+        task, [*previous, *new], spec.overrides, episode_id=episode_id, timeout=timeout
+    )
     episode.traces.sort(key=lambda t: t.rollout_index)
     outcome = EpisodeOutcome(
         episode_id=episode.episode_id,
         task_key=task.key,
         rollouts=[RolloutOutcome.of(t) for t in new],
         mean_reward=episode.mean_reward,
-        episode=episode if keep else None,
+        episode=episode if spec.keep else None,
     )
-    return outcome, (traces_to_table(new), episodes_to_table([episode], run_id))
+    return outcome, (traces_to_table(new), episodes_to_table([episode], spec.run_id))

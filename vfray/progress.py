@@ -43,6 +43,8 @@ def render(counters: Counters, total: int | None, elapsed: float) -> Text:
         f"  retried {counters.retried}  reward {'-' if reward is None else f'{reward:.3f}'}"
         f"  {rate:.1f}/s{eta}"
     )
+    if (down := getattr(counters, "endpoint_down_since", None)) is not None:
+        line += f"  endpoint down {time.time() - down:.0f}s"
     from rich.text import Text
 
     return Text(line)

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 PHASES = ("boot", "setup", "agent", "finalize", "scoring", "teardown")
 
+SCORING_GRACE = 5.0
+"""Seconds past the scoring deadline before the whole phase is abandoned (only when the hooks'
+own deadline could not end it, e.g. an async hook that blocks the event loop)."""
+
 
 class Timeouts(BaseModel):
     """Default per-phase deadlines in seconds; a task's own ``TaskData.timeout`` wins."""
@@ -179,12 +183,16 @@ async def execute_rollout(
                 # Scoring still runs after an agent timeout or a finalize failure: the partial
                 # trajectory is data. It needs the live runtime, so it precedes teardown. A
                 # cancelled rollout is not scored: its caller is gone and teardown must be prompt.
+                # The hooks get the deadline themselves (a late one leaves its keys None and the
+                # others' values stand); the phase's own, a little later, is only a backstop.
                 with contextlib.suppress(_PhaseFailed):
                     await _run_phase(
                         trace,
                         "scoring",
-                        timeouts.scoring,
-                        lambda: score_rollout(task, trace, runtime, plan.scoring_overrides),
+                        timeouts.scoring + SCORING_GRACE,
+                        lambda: score_rollout(
+                            task, trace, runtime, plan.scoring_overrides, timeouts.scoring
+                        ),
                         TaskError,
                     )
         finally:

@@ -8,20 +8,20 @@ its keys in the result with value ``None`` and the reason recorded, so a missing
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import math
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
 
-from vfray.errors import ConfigError
+from vfray._hook_calls import run_levels
+from vfray.errors import ConfigError, PhaseTimeoutError
 from vfray.plugins import load_object
 from vfray.task import Task
-from vfray.trace import RewardRecord, Trace
+from vfray.trace import RewardRecord, StopCondition, Trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -264,35 +264,6 @@ def select_hooks(
     return [h for h in scoring_hooks(type(task), overrides) if h.spec.kind in kinds]
 
 
-async def run_levels(
-    hooks: list[ScoringHook], owner: Any, available: Mapping[str, Any], offload: bool
-) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
-    """Run hooks level by level (highest priority first), concurrently within a level."""
-    priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
-    for level in ([h for h in hooks if h.spec.priority == p] for p in priorities):
-        results = await asyncio.gather(*(_invoke(h, owner, available, offload) for h in level))
-        yield list(zip(level, results, strict=True))
-
-
-async def _invoke(
-    hook: ScoringHook, owner: Any, available: Mapping[str, Any], offload: bool
-) -> Any:
-    """Run one hook; exceptions are returned, not raised, so siblings always finish."""
-    fn = hook.func if hook.func is not None else getattr(owner, hook.name)
-    kwargs = {p: available[p] for p in hook.params}
-    try:
-        if inspect.iscoroutinefunction(fn) or not offload:
-            result = fn(**kwargs)
-        else:
-            # A blocking sync hook must not stall the event loop other rollouts share.
-            result = await asyncio.to_thread(fn, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-    except Exception as exc:
-        return exc
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -323,7 +294,10 @@ def to_score(raw: Any) -> tuple[float | None, str | None]:
         return None, None
     if isinstance(raw, str | bytes) or not hasattr(raw, "__float__"):
         return None, f"TypeError: expected a number or bool, got {type(raw).__name__}"
-    number = float(raw)
+    try:
+        number = float(raw)
+    except Exception as exc:  # 10**400 (OverflowError), a numpy array, a broken __float__
+        return None, _describe(exc)
     if not math.isfinite(number):
         return None, f"ValueError: non-finite value {number}"
     return number, None
@@ -357,11 +331,17 @@ def _skip(trace: Trace, hook: ScoringHook) -> None:
 
 
 async def score_rollout(
-    task: Task[Any], trace: Trace, runtime: Any = None, overrides: Overrides | None = None
+    task: Task[Any],
+    trace: Trace,
+    runtime: Any = None,
+    overrides: Overrides | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Run the task's rewards and metrics on ``trace``, filling ``trace.rewards``/``metrics``.
 
     ``runtime=None`` means offline re-scoring: hooks that take ``runtime`` are skipped and noted.
+    A hook still running after ``timeout`` seconds leaves its keys ``None`` and the trace a
+    scoring :class:`PhaseTimeoutError`; the other hooks' values are kept.
     """
     hooks = select_hooks(task, overrides, HookKind.REWARD, HookKind.METRIC)
     if runtime is None:
@@ -369,10 +349,19 @@ async def score_rollout(
             _skip(trace, hook)
         hooks = [h for h in hooks if not h.needs_runtime]
     available = {"trace": trace, "task": task, "runtime": runtime}
-    async for level in run_levels(hooks, task, available, offload=True):
+    late: list[str] = []
+    async for level in run_levels(hooks, task, available, offload=True, timeout=timeout):
         for hook, result in level:
+            if isinstance(result, PhaseTimeoutError):
+                late.append(hook.name)
             for key, raw in spread_keys(hook, result).items():
                 store_score(trace, hook, key, *to_score(raw))
+    if late:
+        message = f"scoring exceeded {timeout:g}s: {', '.join(late)} did not return"
+        trace.add_error(PhaseTimeoutError(message), "scoring")
+        trace.stop(StopCondition.TIMEOUT)
+    if trace.reward is None and any(r.value is not None for r in trace.rewards.values()):
+        trace.notes.append("reward has no value: the weighted sum is not a finite number")
 
 
 async def check_stop(

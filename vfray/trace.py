@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import time
 import uuid
 from enum import Enum
@@ -262,11 +263,13 @@ class Trace(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def reward(self) -> float | None:
-        """Weighted sum of the rewards that have a value; None when nothing was scored."""
+        """Weighted sum of the rewards that have a value; None when nothing was scored, or
+        when the sum overflows the float range (an infinite mean would poison the group)."""
         scored = [r for r in self.rewards.values() if r.value is not None]
         if not scored:
             return None
-        return float(sum(r.value * r.weight for r in scored if r.value is not None))
+        total = float(sum(r.value * r.weight for r in scored if r.value is not None))
+        return total if math.isfinite(total) else None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
