@@ -30,7 +30,7 @@ from vfray.environment import parse_scripted_model
 from vfray.errors import ConfigError
 from vfray.models.local import parse_local_model
 from vfray.outcomes import EpisodeGroup
-from vfray.progress import live_progress
+from vfray.progress import Baseline, live_progress
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
 from vfray.sync import run_sync
@@ -322,7 +322,9 @@ class Farm:
         header = self._header(run_id, name, rollouts_per_task)
         async with self._backend(run_dir, header) as backend:
             driver = RunDriver(plan, backend, None, resume_state)
-            async with live_progress(driver.progress, total, enabled=self.progress):
+            async with live_progress(
+                driver.progress, total, enabled=self.progress, baseline=_baseline(resume_state)
+            ):
                 await driver.run(self._checked(tasks, rollouts_per_task))
         from vfray.results import RunResult
 
@@ -445,6 +447,13 @@ class Farm:
                     ship_by_value(type(task), type(task.data))
                 seen.add(type(task))
             yield task
+
+
+def _baseline(resume_state: dict[str, Any]) -> Baseline:
+    """A resumed run's progress counts the rollouts it already holds against the whole run."""
+    done = [t for state in resume_state.values() for t in state.done.values()]
+    rewards = [t.reward for t in done if t.reward is not None]
+    return Baseline(len(done), float(sum(rewards)), len(rewards))
 
 
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:
