@@ -108,15 +108,15 @@ def run(args: argparse.Namespace) -> int:
     notes = [resolve_output_dir(config)]
     tasks, note = check(config)
     notes.append(note)
+    for line in notes:
+        if line:
+            print(line, file=sys.stderr)
     if args.dry_run:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
     # A group reward with one rollout per task: refused here, not after Ray started.
     validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
     preflight(config, endpoint=not args.no_preflight)
-    for line in notes:
-        if line:
-            print(line, file=sys.stderr)
     from vfray.farm import Farm
 
     run_dir: list[Path] = []
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                     )
                 summary = result.summary()
         except RunStopped as stop:
-            log.warning("%s", stop)
+            log.info("%s", stop)
             return print_stopped(stop)
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
         from vfray.cli.report import error_lines, first_errors

@@ -103,11 +103,12 @@ def guarded_run(run_dir: list[Path]) -> Iterator[None]:
         full = disk_full(exc)
         if full is None:
             raise
-        where = str(run_dir[0]) if run_dir else "the output folder"
+        if not run_dir:
+            raise RunStopped("error: no space left on device in the output folder", 1) from None
+        folder = shlex.quote(str(run_dir[0]))
         raise RunStopped(
-            f"error: no space left on device while writing {where} ({full.filename or full}); "
-            "free some space, then: "
-            + (f"vfray resume {shlex.quote(str(run_dir[0]))}" if run_dir else "run again"),
+            f"error: no space left on device while writing the run folder {run_dir[0]}; "
+            f"free some space, then: vfray resume {folder}",
             1,
         ) from None
 

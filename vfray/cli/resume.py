@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                     summary = result.summary()
                     errors = error_lines(first_errors(result.final_traces), str(run_dir))
             except RunStopped as stop:
-                log.warning("%s", stop)
+                log.info("%s", stop)
                 return print_stopped(stop)
             log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
             for line in errors:

@@ -95,6 +95,15 @@ class RunLog(logging.Handler):
             del self._buffer[0]
 
     def close(self) -> None:
+        # logging.shutdown() calls this for every handler, and so does any library that
+        # reconfigures logging mid-run (uvicorn.Config runs dictConfig, which closes all
+        # existing handlers): flush, but keep writing until the run releases the file.
+        if self._file is not None:
+            self._file.flush()
+        super().close()
+
+    def finish(self) -> None:
+        """Close ``eval.log`` at the end of the run."""
         self.acquire()
         try:
             if self._file is not None:
@@ -102,7 +111,6 @@ class RunLog(logging.Handler):
                 self._file = None
         finally:
             self.release()
-        super().close()
 
 
 @contextmanager
@@ -124,6 +132,7 @@ def capture_run_log(level: int = logging.INFO) -> Iterator[RunLog]:
         yield handler
     finally:
         root.removeHandler(handler)
+        handler.finish()
         handler.close()
         root.setLevel(previous)
         for console in pinned:
