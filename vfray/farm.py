@@ -323,7 +323,7 @@ class Farm:
         async with self._backend(run_dir, header) as backend:
             driver = RunDriver(plan, backend, None, resume_state)
             async with live_progress(
-                driver.progress, total, enabled=self.progress, baseline=_baseline(resume_state)
+                driver.progress, total, enabled=self.progress, baseline=Baseline.of(resume_state)
             ):
                 await driver.run(self._checked(tasks, rollouts_per_task))
         from vfray.results import RunResult
@@ -447,13 +447,6 @@ class Farm:
                     ship_by_value(type(task), type(task.data))
                 seen.add(type(task))
             yield task
-
-
-def _baseline(resume_state: dict[str, Any]) -> Baseline:
-    """A resumed run's progress counts the rollouts it already holds against the whole run."""
-    done = [t for state in resume_state.values() for t in state.done.values()]
-    rewards = [t.reward for t in done if t.reward is not None]
-    return Baseline(len(done), float(sum(rewards)), len(rewards))
 
 
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:

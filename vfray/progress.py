@@ -9,7 +9,7 @@ import contextlib
 import importlib.util
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +39,13 @@ class Baseline:
     done: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
+
+    @classmethod
+    def of(cls, resume_state: Mapping[str, Any]) -> Baseline:
+        """From the driver's resume state (task key -> ResumeState with ``done`` traces)."""
+        done = [t for state in resume_state.values() for t in state.done.values()]
+        rewards = [t.reward for t in done if t.reward is not None]
+        return cls(len(done), float(sum(rewards)), len(rewards))
 
 
 def render(
