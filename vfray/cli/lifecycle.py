@@ -60,9 +60,10 @@ def disk_full(exc: BaseException) -> OSError | None:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, OSError) and item.errno == errno.ENOSPC:
-            return item
-        if "No space left on device" in str(item) and isinstance(item, OSError | IOError):
+        # An actor's error re-raised by Ray is an OSError subclass without its errno.
+        if isinstance(item, OSError) and (
+            item.errno == errno.ENOSPC or "No space left on device" in str(item)
+        ):
             return item
         stack += [item.__cause__, item.__context__, getattr(item, "cause", None)]
         stack += list(getattr(item, "exceptions", None) or [])  # an exception group
