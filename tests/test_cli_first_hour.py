@@ -351,6 +351,16 @@ def test_sigterm_under_ray_stops_cleanly_with_the_resume_command(tmp_path: Path)
     assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err, err
 
 
+def test_ray_failing_to_start_is_one_line(tmp_path: Path) -> None:
+    """Ray's start-up raising (here: its temp dir cannot be created) is one line, no stack."""
+    proc = vfray(
+        "eval", "arithmetic", "-n", "2", "-r", "2", "--harness", "null", "-o", str(tmp_path),
+        env=cli_env(RAY_TMPDIR="/proc/no-such-dir"),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    one_error_line(proc, "starting on Ray failed", "/proc/no-such-dir", "--backend local")
+
+
 # -- 8. Ray's temporary working dir ----------------------------------------------------------------
 
 

@@ -10,12 +10,14 @@ import shlex
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
 from vfray.config import EvalConfig
+from vfray.errors import VfrayError
 
 _terminated = threading.Event()
 
@@ -70,6 +72,13 @@ def disk_full(exc: BaseException) -> OSError | None:
     return None
 
 
+def raised_by_ray(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of Ray's own code (its start-up failing on a busy machine)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    marker = f"{os.sep}ray{os.sep}"
+    return any(marker in f.filename for f in frames) and not isinstance(exc, VfrayError)
+
+
 class RunStopped(Exception):
     """The run ended early for a reason the user can act on; ``code`` is the exit status."""
 
@@ -102,6 +111,13 @@ def guarded_run(run_dir: list[Path]) -> Iterator[None]:
         ) from None
     except Exception as exc:
         full = disk_full(exc)
+        if full is None and not run_dir and raised_by_ray(exc):
+            message = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise RunStopped(
+                f"error: starting on Ray failed: {message} (on one machine, --backend local runs "
+                "without Ray)",
+                1,
+            ) from None
         if full is None:
             raise
         if not run_dir:
