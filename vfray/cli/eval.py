@@ -1,5 +1,7 @@
-"""``vfray eval``: run a taskset on the farm (a local Ray unless an address is given) and print
-the results table; the run folder holds config.json, Parquet traces/episodes and eval.log."""
+"""``vfray eval``: check what can be checked before Ray (config, taskset, output folder, model
+endpoint), run the taskset on the farm (a local Ray unless an address is given), and print the
+results table with the first error of each type; the run folder holds config.json, Parquet
+traces/episodes and eval.log."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What ``vfray eval`` and ``vfray resume`` do around a run: say what start-up is doing, turn
 Ctrl-C and SIGTERM into a clean stop that names the run folder and the ``vfray resume``
-command, and report a full disk in one line."""
+command, and report a full disk or a Ray that fails to start in one line."""
 
 from __future__ import annotations
 
