@@ -50,6 +50,8 @@ def reference() -> str:
         default = json.dumps(default_of(dotted))
         kebab = f"--{dotted.replace('_', '-')}"
         flags = list(dict.fromkeys([*ALIASES.get(dotted, []), kebab]))
+        if annotation is bool:
+            flags.append(f"--no-{dotted.replace('_', '-')}")
         if dotted == "taskset":
             flags = ["TASKSET (positional)"]
         env = "VFRAY_" + dotted.upper().replace(".", "__")

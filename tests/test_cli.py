@@ -126,12 +126,15 @@ def test_show_prints_the_table_and_one_transcript(
     table = vfray("show", str(finished_run))
     assert table.returncode == 0, table.stderr
     assert "8 / 8" in table.stdout and "reward/correct" in table.stdout
-    code, out, err = vfray_here(capsys, "show", str(finished_run), "--rollout", "0")
+    key = pq.read_table(sorted((finished_run / "traces").glob("*.parquet"))[0])["task_key"][0]
+    code, out, err = vfray_here(
+        capsys, "show", str(finished_run), "--rollout", "1", "--task", key.as_py()
+    )
     assert code == 0, err
     assert "user: What is" in out and "assistant:" in out
-    assert "reward correct = 1.0" in out
+    assert "rollout 1" in out and "reward correct = 1.0" in out
     code, _, err = vfray_here(capsys, "show", str(finished_run), "--rollout", "99")
-    assert code == 2 and "--rollout must be in 0..7" in err
+    assert code == 2 and "--rollout must be a rollout index in 0..1" in err
 
 
 def test_resume_with_nothing_to_do_is_a_no_op(finished_run: Path) -> None:

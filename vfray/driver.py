@@ -164,9 +164,14 @@ class Progress:
             self.errored += 1
             key = outcome.error_type or "unknown"
             self.errors[key] = self.errors.get(key, 0) + 1
-        if outcome.reward is not None:
-            self.reward_sum += outcome.reward
-            self.rewarded += 1
+
+    def scored(self, episode: EpisodeOutcome) -> None:
+        """Count the group's final rewards (group rewards included), once its episode is
+        scored: the progress line then shows the same mean as the results table."""
+        for outcome in episode.rollouts:
+            if outcome.reward is not None:
+                self.reward_sum += outcome.reward
+                self.rewarded += 1
 
 
 class RunDriver:
@@ -393,5 +398,6 @@ class RunDriver:
             task, state.episode_id, self._spec, list(state.done.values()), list(handles)
         )
         self.progress.episodes += 1
+        self.progress.scored(outcome)
         if self.on_episode is not None:
             await self.on_episode(outcome)

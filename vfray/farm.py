@@ -31,7 +31,7 @@ from vfray.environment import parse_scripted_model
 from vfray.errors import ConfigError
 from vfray.models.local import parse_local_model
 from vfray.outcomes import EpisodeGroup
-from vfray.progress import live_progress
+from vfray.progress import Baseline, live_progress
 from vfray.rollout import RolloutPlan
 from vfray.scoring import validate_group_config
 from vfray.streams import GroupStream
@@ -363,7 +363,9 @@ class Farm:
         header = self._header(run_id, name, rollouts_per_task)
         async with self._backend(run_dir, header) as backend:
             driver = RunDriver(plan, backend, None, resume_state)
-            async with live_progress(driver.progress, total, enabled=self.progress):
+            async with live_progress(
+                driver.progress, total, enabled=self.progress, baseline=Baseline.of(resume_state)
+            ):
                 await driver.run(self._checked(tasks, rollouts_per_task))
         from vfray.results import RunResult
 

@@ -11,6 +11,8 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +39,37 @@ def is_file_target(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
+
+
+def failure_site(exc: BaseException) -> str:
+    """``file:line`` where importing user code failed: the innermost frame outside Python's
+    own library and installed packages (the user's line, not importlib's), or the line a
+    SyntaxError points at."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    libraries = _library_dirs()
+    own = [
+        f
+        for f in frames
+        if not f.filename.startswith("<")
+        and not f.filename.startswith(libraries)
+        and f.filename != __file__
+    ]
+    candidates = own or [f for f in frames if not f.filename.startswith("<")]
+    return f"{candidates[-1].filename}:{candidates[-1].lineno}" if candidates else "?"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__}: {exc.msg}"
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 def load_module(target: str, base_dir: str | Path | None = None) -> ModuleType:
     """Import a module by dotted name, or load a ``.py`` file (relative to ``base_dir``)."""
     if is_file_target(target):
@@ -44,10 +77,15 @@ def load_module(target: str, base_dir: str | Path | None = None) -> ModuleType:
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"cannot import module {target!r}: {exc}") from exc
+        if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
+            raise ConfigError(f"cannot import module {target!r}: {exc}") from exc
+        # The module exists; something it imports does not.
+        raise ConfigError(
+            f"importing module {target!r} failed at {failure_site(exc)}: {_describe(exc)}"
+        ) from exc
     except Exception as exc:
         raise ConfigError(
-            f"importing module {target!r} failed: {type(exc).__name__}: {exc}"
+            f"importing module {target!r} failed at {failure_site(exc)}: {_describe(exc)}"
         ) from exc
 
 
@@ -75,7 +113,7 @@ def _load_file(path: Path, base_dir: str | Path | None) -> ModuleType:
     except Exception as exc:
         del sys.modules[name]
         raise ConfigError(
-            f"loading plugin file {str(path)!r} failed: {type(exc).__name__}: {exc}"
+            f"loading {str(path)!r} failed at {failure_site(exc)}: {_describe(exc)}"
         ) from exc
     return module
 

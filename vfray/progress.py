@@ -1,5 +1,6 @@
-"""Live progress of a run with rich: done / in flight / errored, mean reward so far, rollouts/s
-and ETA, refreshed a few times a second from the driver's counters."""
+"""Live progress of a run: done / in flight / errored, mean reward so far, rollouts/s and ETA,
+from the driver's counters. On a terminal one line refreshes in place (rich); elsewhere (CI
+logs, ``ray job submit``) a newline-terminated line is printed every few seconds."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import contextlib
 import importlib.util
 import sys
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from rich.text import Text
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 # rich is imported when a progress line is actually shown: `--no-progress` runs (benchmarks,
 # CI, scripts) skip its import time.
+
+PLAIN_INTERVAL = 5.0
+"""Seconds between lines when the output is not a terminal."""
 
 
 class Counters(Protocol):
@@ -23,21 +25,42 @@ class Counters(Protocol):
     done: int
     errored: int
     retried: int
+    reward_sum: float
+    rewarded: int
 
     @property
     def in_flight(self) -> int: ...
 
-    @property
-    def mean_reward(self) -> float | None: ...
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a resumed run already holds: counted in the totals, not in the rate."""
+
+    done: int = 0
+    reward_sum: float = 0.0
+    rewarded: int = 0
+
+    @classmethod
+    def of(cls, resume_state: Mapping[str, Any]) -> Baseline:
+        """From the driver's resume state (task key -> ResumeState with ``done`` traces)."""
+        done = [t for state in resume_state.values() for t in state.done.values()]
+        rewards = [t.reward for t in done if t.reward is not None]
+        return cls(len(done), float(sum(rewards)), len(rewards))
 
 
-def render(counters: Counters, total: int | None, elapsed: float) -> Text:
+def render(
+    counters: Counters, total: int | None, elapsed: float, baseline: Baseline = Baseline()
+) -> str:
+    """One status line. ``reward`` is the mean of the per-rollout ``reward`` (the weighted sum,
+    group rewards included), the same number the results table shows."""
     rate = counters.done / elapsed if elapsed > 0 else 0.0
-    done = f"{counters.done}/{total}" if total else f"{counters.done}"
+    done_all = baseline.done + counters.done
+    done = f"{done_all}/{total}" if total else f"{done_all}"
     eta = ""
     if total and rate > 0:
-        eta = f"  ETA {max(0.0, (total - counters.done) / rate):.0f}s"
-    reward = counters.mean_reward
+        eta = f"  ETA {max(0.0, (total - done_all) / rate):.0f}s"
+    rewarded = baseline.rewarded + counters.rewarded
+    reward = (baseline.reward_sum + counters.reward_sum) / rewarded if rewarded else None
     line = (
         f"rollouts {done}  in flight {counters.in_flight}  errored {counters.errored}"
         f"  retried {counters.retried}  reward {'-' if reward is None else f'{reward:.3f}'}"
@@ -45,34 +68,66 @@ def render(counters: Counters, total: int | None, elapsed: float) -> Text:
     )
     if (down := getattr(counters, "endpoint_down_since", None)) is not None:
         line += f"  endpoint down {time.time() - down:.0f}s"
-    from rich.text import Text
-
-    return Text(line)
+    return line
 
 
 @contextlib.asynccontextmanager
 async def live_progress(
-    counters: Counters, total: int | None, *, enabled: bool = True, console: Any = None
+    counters: Counters,
+    total: int | None,
+    *,
+    enabled: bool = True,
+    console: Any = None,
+    baseline: Baseline = Baseline(),
+    interval: float = PLAIN_INTERVAL,
 ) -> AsyncIterator[None]:
-    """Show a live status line while the block runs (only when ``enabled``)."""
+    """Show progress while the block runs (only when ``enabled``)."""
     if not enabled:
         yield
         return
     from rich.console import Console
-    from rich.live import Live
 
     # In Jupyter without ipywidgets rich's Live shows an empty box: print plainly instead.
     jupyter = None if importlib.util.find_spec("ipywidgets") else False
     console = console or Console(file=sys.stderr, force_jupyter=jupyter)
     started = time.monotonic()
-    with Live(
-        render(counters, total, 0.0), console=console, refresh_per_second=4, transient=False
-    ) as live:
+
+    def line() -> str:
+        return render(counters, total, time.monotonic() - started, baseline)
+
+    if console.is_terminal or console.is_jupyter:
+        async with _live(console, line):
+            yield
+        return
+    # Not a terminal: rich's Live would print one line at the very end, without a newline.
+    stream = console.file
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            print(line(), file=stream, flush=True)
+
+    task = asyncio.ensure_future(ticker())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        print(line(), file=stream, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def _live(console: Any, line: Any) -> AsyncIterator[None]:
+    from rich.live import Live
+    from rich.text import Text
+
+    with Live(Text(line()), console=console, refresh_per_second=4, transient=False) as live:
 
         async def refresh() -> None:
             while True:
                 await asyncio.sleep(0.25)
-                live.update(render(counters, total, time.monotonic() - started))
+                live.update(Text(line()))
 
         ticker = asyncio.ensure_future(refresh())
         try:
@@ -81,4 +136,4 @@ async def live_progress(
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
-            live.update(render(counters, total, time.monotonic() - started))
+            live.update(Text(line()))

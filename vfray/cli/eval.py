@@ -1,5 +1,7 @@
-"""``vfray eval``: run a taskset on the farm (a local Ray unless an address is given) and print
-the results table; the run folder holds config.json, Parquet traces/episodes and eval.log."""
+"""``vfray eval``: check what can be checked before Ray (config, taskset, output folder, model
+endpoint), run the taskset on the farm (a local Ray unless an address is given), and print the
+results table with the first error of each type; the run folder holds config.json, Parquet
+traces/episodes and eval.log."""
 
 from __future__ import annotations
 
@@ -7,15 +9,24 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
+from vfray.cli.lifecycle import (
+    RunStopped,
+    guarded_run,
+    handle_sigterm,
+    print_stopped,
+    startup_message,
+)
 from vfray.cli.overrides import add_config_options, collect_overrides, parse_free_overrides
-from vfray.cli.runlog import capture_run_log
+from vfray.cli.preflight import preflight, resolve_output_dir
+from vfray.cli.runlog import CONSOLE_REPEATS, capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
 from vfray.scoring import validate_group_config
 from vfray.taskset import Taskset
-from vfray.tasksets import load_taskset
+from vfray.tasksets import load_for_run
 
 log = logging.getLogger("vfray.cli")
 
@@ -33,16 +44,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("config", nargs="?", help="@path/to/config.toml")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config")
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the GET /models check of --base-url (when only the cluster reaches it)",
+    )
     add_config_options(parser)
     # Leftover --section.key VALUE pairs under open sections (options dicts, sampling).
-    parser.set_defaults(run=run, accepts_extra=True)
+    parser.set_defaults(
+        run=run, accepts_extra=True, known_options=list(parser._option_string_actions)
+    )
     return parser
 
 
 def resolve(args: argparse.Namespace) -> EvalConfig:
     toml = None
     positional = [p for p in (args.taskset, args.config) if p]
-    overrides = parse_free_overrides(getattr(args, "extra", None) or [])
+    overrides = parse_free_overrides(
+        getattr(args, "extra", None) or [], getattr(args, "known_options", ())
+    )
     overrides.update(collect_overrides(args))
     for item in positional:
         if item.startswith("@"):
@@ -56,54 +76,92 @@ def resolve(args: argparse.Namespace) -> EvalConfig:
     return load_config(toml, overrides)
 
 
-def build_tasks(config: EvalConfig) -> Taskset[Any]:
-    taskset = load_taskset(config.taskset, config.taskset_args)
+def build_tasks(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
+    """The run's taskset (shuffled and cut to -n), and a note when a built-in default was
+    adapted (a built-in's group reward left out with -r 1)."""
+    taskset, note = load_for_run(
+        config.taskset, config.taskset_args, config.rollouts_per_task, dict(config.env.scoring)
+    )
     if config.shuffle:
         if config.num_tasks is not None and taskset.is_infinite:
             taskset = taskset.head(config.num_tasks)
         taskset = taskset.shuffle(config.seed)
     if config.num_tasks is not None:
         taskset = taskset.head(config.num_tasks)
-    return taskset
+    return taskset, note
 
 
-def check(config: EvalConfig) -> Taskset[Any]:
-    """Everything that can be refused without Ray: the taskset, the model endpoint, the
-    harness and the runtime names."""
+def check(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
+    """Everything that can be refused without Ray and without the network: the taskset, the
+    model name, the harness and the runtime names."""
     from vfray.farm import Farm
     from vfray.harnesses.registry import make_harness
     from vfray.runtimes.registry import runtime_class
 
-    tasks = build_tasks(config)
+    tasks, note = build_tasks(config)
     Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
     make_harness(config.env.harness.id, dict(config.env.harness.options))
     runtime_class(config.env.runtime.type)
-    return tasks
+    return tasks, note
 
 
 def run(args: argparse.Namespace) -> int:
     config = resolve(args)
-    tasks = check(config)
+    notes = [resolve_output_dir(config)]
+    tasks, note = check(config)
+    notes.append(note)
+    for line in notes:
+        if line:
+            print(line, file=sys.stderr)
     if args.dry_run:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
     # A group reward with one rollout per task: refused here, not after Ray started.
     validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
+    preflight(config, endpoint=not args.no_preflight)
     from vfray.farm import Farm
 
+    run_dir: list[Path] = []
     with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
+        for line in notes:
+            if line:
+                log.info("%s", line)
         log.info("command: vfray %s", " ".join(sys.argv[1:]))
         log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
-        with Farm(config=config, progress=not args.no_progress) as farm:
-            result = farm.run(
-                tasks, config.rollouts_per_task, name=tasks.name, on_run_dir=run_log.open
-            )
-        summary = result.summary()
+
+        def named(path: Path) -> None:
+            run_dir.append(path)
+            run_log.open(path)
+            handle_sigterm()  # ray.init (just before) installed its own
+
+        try:
+            with guarded_run(run_dir):
+                starting = startup_message(config)
+                if starting and not args.no_progress:
+                    print(starting, file=sys.stderr, flush=True)
+                with Farm(config=config, progress=not args.no_progress) as farm:
+                    result = farm.run(
+                        tasks, config.rollouts_per_task, name=tasks.name, on_run_dir=named
+                    )
+                summary = result.summary()
+        except RunStopped as stop:
+            log.info("%s", stop)
+            return print_stopped(stop)
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
-    from vfray.cli.report import print_results  # rich: only needed once the run is over
+        from vfray.cli.report import error_lines, first_errors
+
+        errors = error_lines(first_errors(result.final_traces), str(result.run_dir))
+        for line in errors:
+            log.info("%s", line)
+    from vfray.cli.report import print_errors, print_results  # rich: only once the run is over
 
     title = f"{config.taskset} · {config.model.name} · {config.env.harness.id}"
     print_results(summary, title=title)
+    print_errors(errors)
+    if CONSOLE_REPEATS.suppressed:
+        print(
+            f"({CONSOLE_REPEATS.suppressed} repeated warnings not shown here; all are in eval.log)"
+        )
     print(f"run folder: {result.run_dir}")
     return exit_code(summary)
 

@@ -21,7 +21,9 @@ name = "{dist}"
 version = "0.1.0"
 description = "A vfray taskset: {name}"
 requires-python = ">=3.11"
-dependencies = ["vfray"]
+# vfray itself is not listed: it is not on the package index. Install it first, from its
+# source tree or a wheel (pip install -e /path/to/vfray), into the same environment.
+dependencies = []
 
 [project.entry-points."vfray.tasksets"]
 {name} = "{package}.taskset:{cls}Taskset"
@@ -113,12 +115,18 @@ README = """\
 A taskset for vfray (agentic LLM rollouts on Ray).
 
 ```bash
-pip install -e .          # registers the `{name}` taskset (entry point vfray.tasksets)
+pip install -e .          # registers the `{name}` taskset (vfray must be installed already)
 pytest                    # runs tests/test_taskset.py
 vfray validate {name}     # keys, serialization, Task.validate in a runtime
-vfray eval {name} -n 4 -r 2 --harness null
+{eval_command}
 ```
+
+`scripted:echo` is vfray's built-in stand-in model that repeats the prompt, so every task
+scores 1.0; for a real model use `-m NAME --base-url http://host:8000/v1`.
 """
+
+EVAL_ARGS = "-n 4 -r 2 --harness null -m scripted:echo"
+"""The suggested first eval: the echo model says the word, so the scaffold scores 1.0."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -147,6 +155,7 @@ def names(name: str) -> dict[str, str]:
 def scaffold(name: str, parent: str | Path = ".") -> Path:
     """Write the package into ``parent/name`` (which must not exist or be empty)."""
     spell = names(name)
+    spell["eval_command"] = f"vfray eval {name} {EVAL_ARGS}"
     root = Path(parent) / name
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"{root} exists and is not empty")
@@ -166,6 +175,7 @@ def scaffold(name: str, parent: str | Path = ".") -> Path:
 
 def run(args: argparse.Namespace) -> int:
     root = scaffold(args.name, args.dir)
-    print(f"created {root}")
+    print(f"created {root.absolute()}")
     print(f"next: cd {root} && pip install -e . && pytest && vfray validate {args.name}")
+    print(f"then: vfray eval {args.name} {EVAL_ARGS}")
     return 0

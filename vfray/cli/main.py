@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -31,12 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from vfray.cli.overrides import normalize_bool_flags
+
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(
+        normalize_bool_flags(sys.argv[1:] if argv is None else argv)
+    )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from vfray.cli.runlog import CONSOLE_REPEATS
+
+    for handler in logging.getLogger().handlers:
+        if not args.verbose and CONSOLE_REPEATS not in handler.filters:
+            handler.addFilter(CONSOLE_REPEATS)
     if args.command is None:
         parser.print_help()
         return 2
@@ -51,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vfray: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"vfray: error: no space left on device ({exc.filename or exc})", file=sys.stderr)
+        return 1
     return code
 
 

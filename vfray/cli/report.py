@@ -1,11 +1,21 @@
-"""The results table printed at the end of a run and by ``vfray show``."""
+"""The results table printed at the end of a run and by ``vfray show``, and the first message
+of each error type under it (the cause, not just a count)."""
 
 from __future__ import annotations
 
-from typing import Any
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+REWARD_LABEL = "reward (mean of per-rollout reward)"
+"""Each rollout's ``reward`` is the weighted sum of its rewards, group rewards included; the
+table and the live progress line both show the mean of it."""
 
 
 def _fmt(value: Any) -> str:
@@ -27,7 +37,7 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     table.add_row("rollouts (ok / total)", f"{summary['ok']} / {summary['rollouts']}")
     if summary.get("attempts", 0) != summary.get("rollouts"):
         table.add_row("attempts (incl. retried)", _fmt(summary.get("attempts")))
-    table.add_row("reward", reward)
+    table.add_row(REWARD_LABEL, reward)
     for key in sorted(k for k in summary if k.startswith("pass@")):
         table.add_row(key, _fmt(summary[key]))
     for name, value in summary.get("rewards", {}).items():
@@ -45,5 +55,65 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     return table
 
 
+@dataclass(frozen=True)
+class ErrorExample:
+    """The first rollout (in run order) that failed with one error type, and how many did."""
+
+    type: str
+    count: int
+    message: str
+    phase: str | None
+    task_key: str
+    rollout_index: int
+
+
+def first_errors(final: pa.Table) -> list[ErrorExample]:
+    """One example per error type among the final rows, most frequent type first."""
+    if final.num_rows == 0:
+        return []
+    columns = ["error_type", "error_message", "error_phase", "task_key", "rollout_index"]
+    counts: dict[str, int] = {}
+    first: dict[str, dict[str, Any]] = {}
+    for row in final.select(columns).to_pylist():
+        kind = row["error_type"]
+        if kind:
+            counts[kind] = counts.get(kind, 0) + 1
+            first.setdefault(kind, row)
+    return [
+        ErrorExample(
+            kind,
+            counts[kind],
+            " ".join((first[kind]["error_message"] or "").split())[:300] or "(no message)",
+            first[kind]["error_phase"],
+            first[kind]["task_key"],
+            first[kind]["rollout_index"],
+        )
+        for kind in sorted(counts, key=lambda k: (-counts[k], k))
+    ]
+
+
+def error_lines(examples: list[ErrorExample], run_dir: str) -> list[str]:
+    """Plain lines (for the terminal and for eval.log) naming each error type's first cause."""
+    if not examples:
+        return []
+    lines = ["errors (the first of each type):"]
+    for e in examples:
+        where = f" in {e.phase}" if e.phase else ""
+        lines.append(f"  {e.type} x{e.count}{where}: {e.message}")
+    e = examples[0]
+    lines.append(
+        f"  one transcript: vfray show {shlex.quote(run_dir)} --task {shlex.quote(e.task_key)}"
+        f" --rollout {e.rollout_index}"
+    )
+    return lines
+
+
 def print_results(summary: dict[str, Any], title: str = "results") -> None:
     Console().print(results_table(summary, title))
+
+
+def print_errors(lines: list[str]) -> None:
+    # markup/highlight off: messages are arbitrary text ("[Errno 111]" is not rich markup).
+    console = Console()
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from vfray.cli.eval import build_tasks, exit_code
-from vfray.cli.runlog import capture_run_log
+from vfray.cli.lifecycle import (
+    RunStopped,
+    guarded_run,
+    handle_sigterm,
+    print_stopped,
+    startup_message,
+)
+from vfray.cli.preflight import check_output_dir
+from vfray.cli.runlog import CONSOLE_REPEATS, capture_run_log
+from vfray.cli.show import readable_run
 from vfray.config import EvalConfig, format_validation_error
 from vfray.errors import ConfigError
 from vfray.task import Task
@@ -64,7 +74,7 @@ def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
+    run_dir = Path(args.run_dir).absolute()
     header = load_run_header(run_dir)
     try:
         config = EvalConfig.model_validate(header["config"])
@@ -73,25 +83,50 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         config.address = args.address
     n = int(header.get("rollouts_per_task", config.rollouts_per_task))
-    tasks = build_tasks(config)
-    todo = missing_rollouts(run_dir, tasks, n)
-    from vfray.cli.report import print_results
+    tasks, _ = build_tasks(config)
+    with readable_run(run_dir):
+        todo = missing_rollouts(run_dir, tasks, n)
+    from vfray.cli.report import error_lines, first_errors, print_errors, print_results
     from vfray.results import RunResult
 
     if todo == 0:
         # Nothing to re-run: no Ray, no actors, just the table again.
-        summary = RunResult(run_dir).summary()
+        with readable_run(run_dir):
+            result = RunResult(run_dir)
+            summary = result.summary()
+            errors = error_lines(first_errors(result.final_traces), str(run_dir))
         print("nothing to resume: every rollout already succeeded")
     else:
         from vfray.farm import Farm
 
+        check_output_dir(str(run_dir))
         with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
             run_log.open(run_dir)
             log.info("vfray resume %s: %d rollouts to run", run_dir, todo)
-            with Farm(config=config, progress=not args.no_progress) as farm:
-                result = farm.run(tasks, n, resume=run_dir)
-            summary = result.summary()
+            try:
+                with guarded_run([run_dir]), readable_run(run_dir):
+                    starting = startup_message(config)
+                    if starting and not args.no_progress:
+                        print(starting, file=sys.stderr, flush=True)
+                    with Farm(config=config, progress=not args.no_progress) as farm:
+                        result = farm.run(tasks, n, resume=run_dir, on_run_dir=_reinstall)
+                    summary = result.summary()
+                    errors = error_lines(first_errors(result.final_traces), str(run_dir))
+            except RunStopped as stop:
+                log.info("%s", stop)
+                return print_stopped(stop)
             log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
+            for line in errors:
+                log.info("%s", line)
     print_results(summary, title=run_dir.name)
+    print_errors(errors)
+    if CONSOLE_REPEATS.suppressed:
+        print(
+            f"({CONSOLE_REPEATS.suppressed} repeated warnings not shown here; all are in eval.log)"
+        )
     print(f"run folder: {run_dir}")
     return exit_code(summary)
+
+
+def _reinstall(_: Path) -> None:
+    handle_sigterm()  # ray.init (just before) installed its own

@@ -9,6 +9,7 @@ from typing import Any
 
 from vfray.errors import ConfigError
 from vfray.plugins import load_object
+from vfray.scoring import HookKind, scoring_hooks
 from vfray.taskset import Taskset
 
 BUILTINS: dict[str, str] = {
@@ -46,3 +47,27 @@ def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
     if not isinstance(taskset, Taskset):
         raise ConfigError(f"{spec!r} built a {type(taskset).__name__}, not a vfray Taskset")
     return taskset
+
+
+def load_for_run(
+    spec: str, args: dict[str, Any] | None, rollouts_per_task: int, scoring: dict[str, str]
+) -> tuple[Taskset[Any], str | None]:
+    """The taskset for a run, and a note to show when a default was adapted.
+
+    A built-in taskset's group reward is an extra that must not make the defaults (one
+    rollout per task) fail: with n < 2 it is left out, and the note says so. A user's own
+    taskset, a built-in asked for ``group_rewards`` explicitly, or a group reward set in
+    ``env.scoring`` is left as is, so n < 2 is still refused with the reason.
+    """
+    args = dict(args or {})
+    if spec not in BUILTINS or rollouts_per_task >= 2 or "group_rewards" in args:
+        return load_taskset(spec, args), None
+    full = load_taskset(spec, args)
+    group = [h.name for h in scoring_hooks(full.task_type) if h.spec.kind is HookKind.GROUP_REWARD]
+    if not group or set(group) & set(scoring):
+        return full, None
+    note = (
+        f"note: {spec}'s group reward {', '.join(group)} ranks the rollouts of a task against "
+        f"each other, so it is left out with -r {rollouts_per_task}; use -r 2 or more to score it"
+    )
+    return load_taskset(spec, {**args, "group_rewards": False}), note

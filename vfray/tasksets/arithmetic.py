@@ -52,22 +52,42 @@ class ArithmeticTask(vf.Task[ArithmeticData]):
         return [0.0 if n is None else 1.0 - ranked.index(n) / top for n in lengths]
 
 
-def make_task(a: int, b: int) -> ArithmeticTask:
+class SoloArithmeticTask(ArithmeticTask):
+    """The same task without its group reward, for runs of one rollout per task (a rank among
+    one rollout means nothing): what ``group_rewards=False`` yields."""
+
+    brevity_rank = None  # type: ignore[assignment]  # None removes an inherited hook
+
+
+def make_task(a: int, b: int, *, group_rewards: bool = True) -> ArithmeticTask:
     data = ArithmeticData(prompt=f"What is {a} + {b}?", a=a, b=b, answer=a + b)
-    return ArithmeticTask(data, key=f"{a}+{b}")
+    cls = ArithmeticTask if group_rewards else SoloArithmeticTask
+    return cls(data, key=f"{a}+{b}")
 
 
 class ArithmeticTaskset(vf.Taskset[ArithmeticTask]):
-    """``num_tasks`` distinct sums with operands below ``max_operand``, drawn from ``seed``."""
+    """``num_tasks`` distinct sums with operands below ``max_operand``, drawn from ``seed``;
+    ``group_rewards=False`` leaves out the group reward (for one rollout per task)."""
 
     name = "arithmetic"
 
-    def __init__(self, num_tasks: int = 100, max_operand: int = 100, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_tasks: int = 100,
+        max_operand: int = 100,
+        seed: int = 0,
+        group_rewards: bool = True,
+    ) -> None:
         if num_tasks > max_operand**2:
             raise vf.ConfigError(f"only {max_operand**2} distinct sums exist below {max_operand}")
         self.num_tasks = num_tasks
         self.max_operand = max_operand
         self.seed = seed
+        self.group_rewards = group_rewards
+
+    @property
+    def task_type(self) -> type[vf.Task[Any]]:
+        return ArithmeticTask if self.group_rewards else SoloArithmeticTask
 
     def _pairs(self) -> Iterator[tuple[int, int]]:
         rng = random.Random(self.seed)
@@ -82,7 +102,7 @@ class ArithmeticTaskset(vf.Taskset[ArithmeticTask]):
         for index, (a, b) in enumerate(self._pairs()):
             if index >= self.num_tasks:
                 return
-            yield make_task(a, b)
+            yield make_task(a, b, group_rewards=self.group_rewards)
 
 
 class EndlessArithmetic(vf.Taskset[ArithmeticTask]):
@@ -91,16 +111,21 @@ class EndlessArithmetic(vf.Taskset[ArithmeticTask]):
     INFINITE = True
     name = "arithmetic_endless"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, group_rewards: bool = True) -> None:
         self.seed = seed
+        self.group_rewards = group_rewards
+
+    @property
+    def task_type(self) -> type[vf.Task[Any]]:
+        return ArithmeticTask if self.group_rewards else SoloArithmeticTask
 
     def load(self) -> Iterator[ArithmeticTask]:
         rng = random.Random(self.seed)
         for index in range(10**18):
             a, b = rng.randrange(1000), rng.randrange(1000)
-            task = make_task(a, b)
+            task = make_task(a, b, group_rewards=self.group_rewards)
             # The index in the key keeps keys unique even when a pair comes up twice.
-            yield ArithmeticTask(task.data, key=f"{index}:{a}+{b}")
+            yield type(task)(task.data, key=f"{index}:{a}+{b}")
 
 
 def taskset(**kwargs: Any) -> ArithmeticTaskset:

@@ -1,0 +1,114 @@
+"""Checks ``vfray eval`` runs before any rollout (and before Ray starts): the output folder is
+a writable directory somewhere durable, and a remote model endpoint answers.
+
+Each failure is one :class:`ConfigError` line naming the path or URL; a run that would fail on
+every rollout is refused in a second instead of after Ray's start-up and a table of errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+from vfray.config import EvalConfig
+from vfray.errors import ConfigError
+
+ENDPOINT_TIMEOUT = 5.0
+"""Seconds for the endpoint's ``GET /models``: a live server answers in milliseconds."""
+DURABLE_OUTPUTS = "~/vfray-outputs"
+"""Where run folders go by default when the working directory is Ray's temporary copy."""
+_RAY_WORKING_DIR_MARK = ("runtime_resources", "working_dir_files")
+
+
+def in_ray_working_dir_copy(cwd: Path | None = None) -> bool:
+    """True inside the copy of ``--working-dir`` that ``ray job submit`` unpacks under Ray's
+    session folder (``…/runtime_resources/working_dir_files/_ray_pkg_…``); Ray deletes it
+    when the job ends, so nothing written there survives."""
+    parts = (cwd or Path.cwd()).absolute().parts
+    first, second = _RAY_WORKING_DIR_MARK
+    return any(a == first and b == second for a, b in itertools.pairwise(parts))
+
+
+def resolve_output_dir(config: EvalConfig, cwd: Path | None = None) -> str | None:
+    """Make ``config.output_dir`` absolute (so every printed run folder is); returns a note when
+    the default was moved out of Ray's temporary working-dir copy."""
+    cwd = (cwd or Path.cwd()).absolute()
+    path = Path(config.output_dir).expanduser()
+    note = None
+    if not path.is_absolute() and in_ray_working_dir_copy(cwd):
+        if "output_dir" in config.model_fields_set:
+            raise ConfigError(
+                f"output folder {config.output_dir!r} is relative to Ray's temporary copy of the "
+                f"working dir ({cwd}), which is deleted when the job ends: give an absolute -o"
+            )
+        path = Path(DURABLE_OUTPUTS).expanduser()
+        note = (
+            f"note: running in Ray's temporary working-dir copy; run folders go to {path} "
+            "(set -o to choose)"
+        )
+    config.output_dir = str(path if path.is_absolute() else cwd / path)
+    return note
+
+
+def check_output_dir(output_dir: str) -> None:
+    """The folder (created if missing) must be a directory this process can write in."""
+    path = Path(output_dir)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"output folder {path}: {existing} is a file, not a directory (-o)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # Root ignores permission bits, so only a real write tells (read-only mounts too).
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".vfray-write-check-"):
+            pass
+    except OSError as exc:
+        reason = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror
+        raise ConfigError(f"output folder {path} is not writable: {reason or exc} (-o)") from exc
+
+
+def check_endpoint(
+    base_url: str, api_key_var: str | None, timeout: float = ENDPOINT_TIMEOUT
+) -> None:
+    """One ``GET {base_url}/models``: any HTTP answer but 401/403 means the server is there."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/models"
+    headers = {}
+    key = os.environ.get(api_key_var) if api_key_var else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout)
+    except httpx.TimeoutException as exc:
+        raise ConfigError(
+            f"model endpoint {base_url} did not answer GET {url} within {timeout:g} s "
+            "(is the server up? --no-preflight skips this check)"
+        ) from exc
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ConfigError(
+            f"model endpoint {base_url} is unreachable: GET {url}: {reason} "
+            "(is the server up and --base-url right? --no-preflight skips this check)"
+        ) from exc
+    if response.status_code in (401, 403):
+        hint = (
+            f"is ${api_key_var} the right key?"
+            if key
+            else (f"${api_key_var} is not set" if api_key_var else "pass --api-key-var")
+        )
+        raise ConfigError(
+            f"model endpoint {base_url} refused the request: GET {url} gave HTTP "
+            f"{response.status_code} ({hint})"
+        )
+
+
+def preflight(config: EvalConfig, *, endpoint: bool = True) -> None:
+    """Every check, in the order a user would fix them."""
+    check_output_dir(config.output_dir)
+    if endpoint and config.model.base_url:
+        check_endpoint(config.model.base_url, config.model.api_key_var)
