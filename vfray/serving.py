@@ -1,7 +1,8 @@
 """Serve an ASGI app with uvicorn on 127.0.0.1 (a thread of its own, or the current loop): the
 interception endpoint, the scripted model, tests and demos.
 
-The socket is bound before uvicorn starts, so port 0 yields a free port with no race.
+The socket is bound before uvicorn starts, so port 0 yields a free port with no race. Every
+request head is bounded in size, header count and read time (:class:`HeadLimits`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any
 
 import uvicorn
 
+from vfray._guarded_http import HeadLimits, guarded_protocol
+
+__all__ = ["HeadLimits", "serve_in_loop", "serve_in_thread"]
+
 
 def _bind(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY: otherwise every response waits ~40 ms
@@ -27,13 +32,14 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
+def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) -> uvicorn.Config:
     # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
     options: dict[str, Any] = {
         "log_level": "warning",
         "access_log": False,
         "lifespan": "off",
         "timeout_graceful_shutdown": 5,
+        "http": guarded_protocol(head_limits or HeadLimits()),
     }
     options.update(uvicorn_options)
     return uvicorn.Config(app, **options)
@@ -41,11 +47,16 @@ def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
 
 @contextlib.contextmanager
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    head_limits: HeadLimits | None = None,
+    **uvicorn_options: Any,
 ) -> Iterator[str]:
     """Run ``app`` in a daemon thread with its own event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, **uvicorn_options))
+    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
     thread = threading.Thread(
         target=lambda: asyncio.run(server.serve(sockets=[sock])), name="vfray-serve", daemon=True
     )
@@ -64,11 +75,16 @@ def serve_in_thread(
 
 @contextlib.asynccontextmanager
 async def serve_in_loop(
-    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    head_limits: HeadLimits | None = None,
+    **uvicorn_options: Any,
 ) -> AsyncIterator[str]:
     """Run ``app`` as a task on the current event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, **uvicorn_options))
+    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
