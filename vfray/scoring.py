@@ -14,6 +14,7 @@ import functools
 import inspect
 import math
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
@@ -265,7 +266,7 @@ def select_hooks(
 
 
 async def run_levels(
-    hooks: list[ScoringHook], owner: Any, available: Mapping[str, Any], offload: bool
+    hooks: list[ScoringHook], owner: Any, available: Mapping[str, Any], offload: bool | Executor
 ) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
     """Run hooks level by level (highest priority first), concurrently within a level."""
     priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
@@ -275,14 +276,19 @@ async def run_levels(
 
 
 async def _invoke(
-    hook: ScoringHook, owner: Any, available: Mapping[str, Any], offload: bool
+    hook: ScoringHook, owner: Any, available: Mapping[str, Any], offload: bool | Executor
 ) -> Any:
-    """Run one hook; exceptions are returned, not raised, so siblings always finish."""
+    """Run one hook; exceptions are returned, not raised, so siblings always finish. A sync
+    hook runs inline (``offload=False``), in ``offload`` when it is an executor, else in a
+    thread."""
     fn = hook.func if hook.func is not None else getattr(owner, hook.name)
     kwargs = {p: available[p] for p in hook.params}
     try:
-        if inspect.iscoroutinefunction(fn) or not offload:
+        if inspect.iscoroutinefunction(fn) or offload is False:
             result = fn(**kwargs)
+        elif isinstance(offload, Executor):
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(offload, functools.partial(fn, **kwargs))
         else:
             # A blocking sync hook must not stall the event loop other rollouts share.
             result = await asyncio.to_thread(fn, **kwargs)
@@ -291,6 +297,16 @@ async def _invoke(
         return result
     except Exception as exc:
         return exc
+
+
+_STOP_HOOK_THREADS = 16
+
+
+@functools.cache
+def _stop_hook_pool() -> ThreadPoolExecutor:
+    """The sync ``@stop`` hooks' own threads (not the loop's default executor, which other
+    work shares): bounded, so slow hooks queue for each other and never for anything else."""
+    return ThreadPoolExecutor(_STOP_HOOK_THREADS, thread_name_prefix="vfray-stop-hook")
 
 
 def _describe(exc: BaseException) -> str:
@@ -380,11 +396,13 @@ async def check_stop(
 ) -> str | None:
     """Run the ``@stop`` hooks; return the name of the first that says stop (truthy), else None.
 
-    Sync stop hooks run inline (they sit on every model call's path and should be cheap
-    predicates); a hook that raises is noted on the trace once and does not stop the rollout.
+    They run inside the interception before each model call. Sync ones run in a small pool of
+    their own: inline, one slow hook stalled every rollout served by the same loop (a 3 s hook
+    made every rollout on the host take 60 s). A hook that raises is noted on the trace once and
+    does not stop the rollout.
     """
     hooks = select_hooks(task, overrides, HookKind.STOP)
-    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=False)
+    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=_stop_hook_pool())
     async with contextlib.aclosing(levels):  # closed promptly when a hook says stop
         async for level in levels:
             for hook, result in level:
