@@ -219,3 +219,36 @@ async def test_lone_surrogate_is_client_input_400_and_noted(
     assert len(model[0].history) == 2 and len(trace.calls) == 2
     assert all(call.error is None for call in trace.calls)
     assert sum("lone UTF-16 surrogate" in note for note in trace.notes) == 3
+
+
+# -- the shared upstream client -----------------------------------------------------------------
+
+
+async def test_a_cookie_set_for_one_rollout_never_reaches_another() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from vfray.serving import serve_in_loop
+
+    seen: list[str | None] = []
+
+    async def complete(request: Request) -> JSONResponse:
+        seen.append(request.headers.get("cookie"))
+        reply = {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+        response = JSONResponse(reply)
+        response.set_cookie("affinity", f"rollout-{len(seen)}")
+        return response
+
+    model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+    async with serve_in_loop(model) as url:
+        # A host name, not an IP: aiohttp's default jar keeps cookies only for names.
+        upstream = Upstream(url.replace("127.0.0.1", "localhost") + "/v1", model="m")
+        async with Interception(upstream) as icpt, httpx.AsyncClient(base_url=icpt.url) as http:
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            for _ in range(3):
+                secret = icpt.app.register(new_trace())
+                auth = {"authorization": f"Bearer {secret}"}
+                assert (await http.post("/chat/completions", json=body, headers=auth)).is_success
+    assert seen == [None, None, None]

@@ -39,6 +39,8 @@ def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) ->
         "access_log": False,
         "lifespan": "off",
         "timeout_graceful_shutdown": 5,
+        # Nothing here reads the client address: skip the X-Forwarded-For middleware per call.
+        "proxy_headers": False,
         "http": guarded_protocol(head_limits or HeadLimits()),
     }
     options.update(uvicorn_options)
