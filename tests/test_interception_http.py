@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -252,3 +255,14 @@ async def test_a_cookie_set_for_one_rollout_never_reaches_another() -> None:
                 auth = {"authorization": f"Bearer {secret}"}
                 assert (await http.post("/chat/completions", json=body, headers=auth)).is_success
     assert seen == [None, None, None]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_the_listen_queue_is_as_deep_as_the_kernel_allows(icpt: Interception) -> None:
+    # For a listening socket `ss` reports its backlog as Send-Q. uvicorn used to re-listen with
+    # its default 2048, so a burst of 5,000 harness connects overflowed into SYN retransmits.
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    listing = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port(icpt)}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(listing[2]) == min(8192, somaxconn)

@@ -21,13 +21,19 @@ from vfray._guarded_http import HeadLimits, guarded_protocol
 __all__ = ["HeadLimits", "serve_in_loop", "serve_in_thread"]
 
 
+_BACKLOG = 8192
+"""Pending connections the kernel queues (capped at ``net.core.somaxconn``): a node may hold
+10,000 sessions, and a harness whose connect overflows the queue waits out SYN retransmits
+(1 s, 3 s, 7 s...)."""
+
+
 def _bind(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY: otherwise every response waits ~40 ms
     # for a delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(8192)  # a node may hold 10,000 sessions; the kernel caps it at somaxconn
+    sock.listen(_BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -41,6 +47,9 @@ def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) ->
         "timeout_graceful_shutdown": 5,
         # Nothing here reads the client address: skip the X-Forwarded-For middleware per call.
         "proxy_headers": False,
+        # uvicorn listens again on the socket it is given, with its own backlog (2048 unless
+        # told): without this the queue set in _bind was silently cut to 2048.
+        "backlog": _BACKLOG,
         "http": guarded_protocol(head_limits or HeadLimits()),
     }
     options.update(uvicorn_options)
