@@ -360,9 +360,7 @@ def _sweep(levels: list[int], latency: float, turns: int) -> None:
     )
     try:
         for sessions in levels:
-            direct, direct_failed = asyncio.run(
-                _sessions_of_turns(model.url, [], sessions, turns)
-            )
+            direct, direct_failed = asyncio.run(_sessions_of_turns(model.url, [], sessions, turns))
             proxy = Served("vfray", f"{model.url}/v1", sessions)
             try:
                 cpu = _cpu_seconds(proxy.proc.pid)
