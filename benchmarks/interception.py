@@ -10,6 +10,7 @@ record). Prints turns/s, p50/p99 latency added over ``direct``, and the ratio vf
     python benchmarks/interception.py --quick    # ~30 seconds
     python benchmarks/interception.py --turns 50 # episodes of 50 turns instead of 8
     python benchmarks/interception.py --growth   # proxy CPU per turn vs episode length (~1 min)
+    python benchmarks/interception.py --sweep    # added p50/p99 at 64-2000 sessions (~2 min)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,7 +79,7 @@ def _bare_app(upstream: str, library: str) -> Any:
     return app
 
 
-async def _serve(kind: str, upstream: str, sessions: int) -> None:
+async def _serve(kind: str, upstream: str, sessions: int, latency: float = 0.0) -> None:
     from vfray.interception import InterceptionApp, Upstream
     from vfray.serving import serve_in_loop
     from vfray.testing.scripted import ScriptedModel
@@ -86,7 +88,7 @@ async def _serve(kind: str, upstream: str, sessions: int) -> None:
     secrets: list[str] = []
     app: Any
     if kind == "model":
-        app = ScriptedModel("echo", latency=0.0, history_size=1)
+        app = ScriptedModel("echo", latency=latency, history_size=1)
     elif kind == "vfray":
         app = InterceptionApp(Upstream(upstream, model="bench", sampling={"temperature": 0.0}))
         secrets = [
@@ -102,10 +104,12 @@ async def _serve(kind: str, upstream: str, sessions: int) -> None:
 
 
 class Served:
-    def __init__(self, kind: str, upstream: str = "", sessions: int = 0) -> None:
+    def __init__(
+        self, kind: str, upstream: str = "", sessions: int = 0, latency: float = 0.0
+    ) -> None:
         argv = [sys.executable, __file__, "--serve", kind, "--upstream", upstream]
         self.proc = subprocess.Popen(
-            [*argv, "--sessions", str(sessions)],
+            [*argv, "--sessions", str(sessions), "--latency", str(latency)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -280,6 +284,103 @@ def _growth(model_url: str, sessions: int) -> None:
         )
 
 
+# -- added latency as concurrency grows ---------------------------------------------------------
+
+SWEEP_LEVELS = (64, 256, 1000, 2000)
+SWEEP_TURNS = 3
+SWEEP_LEVEL_TIMEOUT = 180.0
+
+
+def _raise_fd_limit() -> None:
+    # Each session holds a socket in the client, two in the proxy and one in the model.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def _sessions_of_turns(
+    url: str, secrets: list[str], sessions: int, turns: int
+) -> tuple[list[float], int]:
+    """``sessions`` concurrent conversations of ``turns`` turns each (every session opens its
+    own connection, as a harness program does); the turn latencies and the failures."""
+    latencies: list[float] = []
+    failures = 0
+    timeout = aiohttp.ClientTimeout(total=SWEEP_LEVEL_TIMEOUT)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
+    ) as http:
+
+        async def session(i: int) -> None:
+            nonlocal failures
+            headers = {"authorization": f"Bearer {secrets[i] if secrets else 'x'}"}
+            messages: list[dict[str, Any]] = []
+            for turn in range(turns):
+                messages.append({"role": "user", "content": f"session {i} turn {turn}"})
+                body = {"model": "m", "messages": messages}
+                start = time.perf_counter()
+                try:
+                    async with http.post(
+                        f"{url}/v1/chat/completions", json=body, headers=headers
+                    ) as r:
+                        data = await r.json()
+                    ok = r.status == 200
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    ok = False
+                if not ok:
+                    failures += 1
+                    return
+                latencies.append(time.perf_counter() - start)
+                messages.append(data["choices"][0]["message"])
+
+        await asyncio.gather(*(session(i) for i in range(sessions)))
+    return latencies, failures
+
+
+def _percentiles(latencies: list[float]) -> tuple[float, float]:
+    if not latencies:
+        return float("nan"), float("nan")
+    ordered = sorted(latencies)
+    return ordered[len(ordered) // 2], ordered[int(0.99 * (len(ordered) - 1))]
+
+
+def _sweep(levels: list[int], latency: float, turns: int) -> None:
+    """Per concurrency level: the same sessions straight to the model, then through the proxy
+    (a fresh proxy process per level, its sessions registered up front)."""
+    _raise_fd_limit()
+    model = Served("model", latency=latency)
+    print(
+        f"\n{turns} turns per session, all sessions at once, scripted model at {latency:g} s; "
+        f"direct = straight to the model, vfray = through the interception; latency in ms"
+    )
+    print(
+        f"{'sessions':>9}{'direct p50':>11}{'direct p99':>11}{'vfray p50':>10}{'vfray p99':>10}"
+        f"{'+p50':>8}{'+p99':>8}{'errors':>8}{'proxy CPU ms/turn':>19}"
+    )
+    try:
+        for sessions in levels:
+            direct, direct_failed = asyncio.run(_sessions_of_turns(model.url, [], sessions, turns))
+            proxy = Served("vfray", f"{model.url}/v1", sessions)
+            try:
+                cpu = _cpu_seconds(proxy.proc.pid)
+                ours, ours_failed = asyncio.run(
+                    _sessions_of_turns(proxy.url, proxy.secrets, sessions, turns)
+                )
+                cpu = _cpu_seconds(proxy.proc.pid) - cpu
+            finally:
+                proxy.close()
+            (d50, d99), (v50, v99) = _percentiles(direct), _percentiles(ours)
+            print(
+                f"{sessions:>9}{d50 * 1e3:>11.0f}{d99 * 1e3:>11.0f}{v50 * 1e3:>10.0f}"
+                f"{v99 * 1e3:>10.0f}{(v50 - d50) * 1e3:>8.0f}{(v99 - d99) * 1e3:>8.0f}"
+                f"{direct_failed + ours_failed:>8}{cpu / max(1, len(ours)) * 1e3:>19.2f}",
+                flush=True,
+            )
+    finally:
+        model.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs (about 30 s)")
@@ -287,12 +388,24 @@ def main() -> None:
     parser.add_argument(
         "--growth", action="store_true", help="only: proxy CPU per turn vs episode length"
     )
+    parser.add_argument(
+        "--sweep", action="store_true", help="only: added p50/p99 per concurrency level"
+    )
+    parser.add_argument(
+        "--levels",
+        default=",".join(map(str, SWEEP_LEVELS)),
+        help="sweep: concurrent sessions per level (default 64,256,1000,2000)",
+    )
+    parser.add_argument("--latency", type=float, default=1.0, help="sweep: model latency (s)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.serve, args.upstream, args.sessions))
+        asyncio.run(_serve(args.serve, args.upstream, args.sessions, args.latency))
+        return
+    if args.sweep:
+        _sweep([int(n) for n in args.levels.split(",")], args.latency, SWEEP_TURNS)
         return
     seconds = 2.0 if args.quick else 8.0
     model = Served("model")

@@ -369,11 +369,13 @@ async def check_stop(
 ) -> str | None:
     """Run the ``@stop`` hooks; return the name of the first that says stop (truthy), else None.
 
-    Sync stop hooks run inline (they sit on every model call's path and should be cheap
-    predicates); a hook that raises is noted on the trace once and does not stop the rollout.
+    They run inside the interception before each model call. Sync ones run on the hooks' own
+    bounded pool of threads (:mod:`vfray._hook_calls`): inline, one slow hook stalled every
+    rollout served by the same loop (a 3 s hook made every rollout on the host take 60 s). A
+    hook that raises is noted on the trace once and does not stop the rollout.
     """
     hooks = select_hooks(task, overrides, HookKind.STOP)
-    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=False)
+    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=True)
     async with contextlib.aclosing(levels):  # closed promptly when a hook says stop
         async for level in levels:
             for hook, result in level:

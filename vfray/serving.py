@@ -1,7 +1,8 @@
 """Serve an ASGI app with uvicorn on 127.0.0.1 (a thread of its own, or the current loop): the
 interception endpoint, the scripted model, tests and demos.
 
-The socket is bound before uvicorn starts, so port 0 yields a free port with no race.
+The socket is bound before uvicorn starts, so port 0 yields a free port with no race. Every
+request head is bounded in size, header count and read time (:class:`HeadLimits`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from typing import Any
 
 import uvicorn
 
+from vfray._guarded_http import HeadLimits, guarded_protocol
+
+__all__ = ["HeadLimits", "serve_in_loop", "serve_in_thread"]
+
+
+_BACKLOG = 8192
+"""Pending connections the kernel queues (capped at ``net.core.somaxconn``): a node may hold
+10,000 sessions, and a harness whose connect overflows the queue waits out SYN retransmits
+(1 s, 3 s, 7 s...)."""
+
 
 def _bind(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY: otherwise every response waits ~40 ms
@@ -22,18 +33,24 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(8192)  # a node may hold 10,000 sessions; the kernel caps it at somaxconn
+    sock.listen(_BACKLOG)
     sock.setblocking(False)
     return sock
 
 
-def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
+def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) -> uvicorn.Config:
     # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
     options: dict[str, Any] = {
         "log_level": "warning",
         "access_log": False,
         "lifespan": "off",
         "timeout_graceful_shutdown": 5,
+        # Nothing here reads the client address: skip the X-Forwarded-For middleware per call.
+        "proxy_headers": False,
+        # uvicorn listens again on the socket it is given, with its own backlog (2048 unless
+        # told): without this the queue set in _bind was silently cut to 2048.
+        "backlog": _BACKLOG,
+        "http": guarded_protocol(head_limits or HeadLimits()),
     }
     options.update(uvicorn_options)
     return uvicorn.Config(app, **options)
@@ -41,11 +58,16 @@ def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
 
 @contextlib.contextmanager
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    head_limits: HeadLimits | None = None,
+    **uvicorn_options: Any,
 ) -> Iterator[str]:
     """Run ``app`` in a daemon thread with its own event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, **uvicorn_options))
+    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
     thread = threading.Thread(
         target=lambda: asyncio.run(server.serve(sockets=[sock])), name="vfray-serve", daemon=True
     )
@@ -64,11 +86,16 @@ def serve_in_thread(
 
 @contextlib.asynccontextmanager
 async def serve_in_loop(
-    app: Any, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    head_limits: HeadLimits | None = None,
+    **uvicorn_options: Any,
 ) -> AsyncIterator[str]:
     """Run ``app`` as a task on the current event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, **uvicorn_options))
+    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from types import TracebackType
 from typing import Any
@@ -20,24 +19,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vfray.errors import TaskError
+from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
 from vfray.interception.sessions import Session, SessionRegistry, StopCheck
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
-from vfray.serving import serve_in_loop
+from vfray.serving import HeadLimits, serve_in_loop
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 RETRY_HEADER = "x-stainless-retry-count"
 _MAX_SECRET_CHARS = 256
-
-
-class _RequestError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+_NOTED_REFUSALS = 5
+"""Client-input refusals noted on one trace (a client may retry a bad request for minutes)."""
 
 
 def _secret(request: Request) -> str | None:
@@ -148,10 +144,16 @@ class InterceptionApp:
 
     def _endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
+            incoming = Incoming(request.receive)
+            session: Session | None = None
             try:
-                return await self._model_call(request, dialect)
-            except _RequestError as exc:
-                return self._error(dialect, exc.status, str(exc))
+                session = self._authenticate(request)
+                return await self._model_call(request, dialect, session, incoming)
+            except RequestError as exc:
+                if exc.client_input and session is not None:
+                    _note_refusal(session, exc.status, str(exc))
+                body = dialect.error_body(exc.status, str(exc))
+                return ErrorResponse(body, exc.status, incoming)
             except ClientDisconnect:
                 return Response(status_code=400)
 
@@ -164,22 +166,21 @@ class InterceptionApp:
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "sessions": self.session_count})
 
-    def _error(self, dialect: Dialect, status: int, message: str) -> Response:
-        return JSONResponse(dialect.error_body(status, message), status_code=status)
-
     # -- one model call -----------------------------------------------------------------
 
-    async def _model_call(self, request: Request, dialect: Dialect) -> Response:
-        session = self._authenticate(request)
-        raw = await self._read_body(request)
-        body = _parse_json(raw)
+    async def _model_call(
+        self, request: Request, dialect: Dialect, session: Session, incoming: Incoming
+    ) -> Response:
+        raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
+        body = parse_json(raw)
         try:
             parsed = dialect.parse_request(body, session.parsed)
         except DialectError as exc:
-            raise _RequestError(400, f"invalid {dialect.name} request: {exc}") from None
+            message = f"invalid {dialect.name} request: {exc}"
+            raise RequestError(400, message, client_input=True) from None
         except Exception as exc:  # anything else in a client's body is still the client's
             message = f"invalid {dialect.name} request: {type(exc).__name__}: {exc}"
-            raise _RequestError(400, message) from None
+            raise RequestError(400, message, client_input=True) from None
 
         digest = hashlib.sha256(raw).digest()
         last = session.last
@@ -192,7 +193,7 @@ class InterceptionApp:
 
         refusal = await self._refusal(session)
         if refusal is not None:
-            raise _RequestError(400, f"rollout stopped: {refusal}")
+            raise RequestError(400, f"rollout stopped: {refusal}")
 
         sampling = self.upstream.sampling
         if session.sampling is not None:
@@ -224,35 +225,14 @@ class InterceptionApp:
     def _authenticate(self, request: Request) -> Session:
         secret = _secret(request)
         if secret is None:
-            raise _RequestError(401, "missing API key (Authorization: Bearer, or x-api-key)")
+            raise RequestError(401, "missing API key (Authorization: Bearer, or x-api-key)")
         if len(secret) <= _MAX_SECRET_CHARS:
             session = self.sessions.lookup(secret)
             if session is not None:
                 return session
             if self.sessions.was_concluded(secret):
-                raise _RequestError(409, "this rollout has concluded; no more calls are accepted")
-        raise _RequestError(401, "unknown API key")
-
-    async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise _RequestError(400, "invalid Content-Length header") from None
-            if size > self.max_body_bytes:
-                raise _RequestError(413, self._too_large())
-        chunks = []
-        received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > self.max_body_bytes:
-                raise _RequestError(413, self._too_large())
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self) -> str:
-        return f"request body exceeds the {self.max_body_bytes}-byte limit"
+                raise RequestError(409, "this rollout has concluded; no more calls are accepted")
+        raise RequestError(401, "unknown API key")
 
     async def _refusal(self, session: Session) -> str | None:
         """Why the next call must not be forwarded (a limit or a stop hook), or None."""
@@ -278,16 +258,17 @@ class InterceptionApp:
         return f"{StopCondition.STOP_HOOK.value} ({hook})"
 
 
-def _parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise _RequestError(400, "malformed JSON body: nested too deeply") from None
-    except ValueError as exc:
-        raise _RequestError(400, f"malformed JSON body: {exc}") from None
-    if not isinstance(body, dict):
-        raise _RequestError(400, f"the body must be a JSON object, not {type(body).__name__}")
-    return body
+def _note_refusal(session: Session, status: int, message: str) -> None:
+    """Say on the trace that the agent's request was refused as bad input (the harness's own
+    error, if it gives up, follows; the first few refusals are enough to see why)."""
+    if session.concluded:
+        return  # its trace has been handed over
+    session.refusals += 1
+    if session.refusals <= _NOTED_REFUSALS:
+        note = f"interception refused a call as bad input: HTTP {status}: {message[:500]}"
+        session.trace.notes.append(note)
+    elif session.refusals == _NOTED_REFUSALS + 1:
+        session.trace.notes.append("interception refused further calls as bad input (not noted)")
 
 
 async def _respond(exchange: Exchange) -> Response:
@@ -301,20 +282,28 @@ class Interception:
     """``async with Interception(upstream) as icpt``: the app served on 127.0.0.1.
 
     ``icpt.url`` ends in ``/v1`` (OpenAI clients); ``icpt.root_url`` is the bare origin, which
-    Anthropic clients take as their base URL.
+    Anthropic clients take as their base URL. ``head_limits`` bounds each request's head (size,
+    header count, read time); the rest of the options go to :class:`InterceptionApp`.
     """
 
     def __init__(
-        self, upstream: Upstream, *, host: str = "127.0.0.1", port: int = 0, **app_options: Any
+        self,
+        upstream: Upstream,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        head_limits: HeadLimits | None = None,
+        **app_options: Any,
     ) -> None:
         self.app = InterceptionApp(upstream, **app_options)
         self.host, self.port = host, port
+        self.head_limits = head_limits
         self.root_url = ""
         self.url = ""
         self._serving: contextlib.AbstractAsyncContextManager[str] | None = None
 
     async def __aenter__(self) -> Interception:
-        serving = _serve(self.app, self.host, self.port)
+        serving = _serve(self.app, self.host, self.port, self.head_limits)
         self.root_url = await serving.__aenter__()
         self._serving = serving
         self.url = f"{self.root_url}/v1"
@@ -335,12 +324,14 @@ class Interception:
 
 
 def _serve(
-    app: InterceptionApp, host: str, port: int
+    app: InterceptionApp, host: str, port: int, head_limits: HeadLimits | None
 ) -> contextlib.AbstractAsyncContextManager[str]:
     @contextlib.asynccontextmanager
     async def serving() -> AsyncIterator[str]:
         # uvicorn's default keep-alive (5 s) would drop idle harness connections mid-rollout.
-        async with serve_in_loop(app, host, port, timeout_keep_alive=600) as url:
+        async with serve_in_loop(
+            app, host, port, head_limits=head_limits, timeout_keep_alive=600
+        ) as url:
             yield url
 
     return serving()

@@ -41,6 +41,8 @@ class Session:
     sampling: dict[str, Any] | None = None
     concluded: bool = False
     last: Exchange | None = None
+    refusals: int = 0
+    """Calls refused as bad client input (malformed, oversized)."""
     parsed: PrefixCache = field(default_factory=PrefixCache)
     """The session's recent requests as parsed, so each call parses only its new messages."""
 

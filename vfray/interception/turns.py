@@ -2,8 +2,9 @@
 the single ``ModelCall`` recorded for it.
 
 Upstream failures map to statuses SDKs understand: 429/5xx are relayed (SDKs retry them), a
-connection failure is 503, a timeout 504, an unreadable reply 502; a context-length refusal stops
-the rollout cleanly (``StopCondition.CONTEXT_LENGTH``) and is relayed as the 400 it is.
+connection failure is 503, a timeout 504, an unreadable reply 502 (all recorded as the
+provider's: ``ProviderError``); a context-length refusal stops the rollout cleanly
+(``StopCondition.CONTEXT_LENGTH``) and is relayed as the 400 it is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ CONTEXT_LENGTH_MARKERS = (
 _RELAYED_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 JSON_HEADERS = {"content-type": "application/json"}
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+class UnreadableReply(Exception):
+    """The upstream answered 2xx with a body vfray cannot read (not JSON, wrong shape)."""
 
 
 def is_context_length_error(status: int, text: str) -> bool:
@@ -108,6 +113,9 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
                 await _relay_json(turn, response, exchange)
     except TimeoutError:
         turn.fail(exchange, 504, "upstream model endpoint timed out", "ProviderError")
+    except UnreadableReply as exc:
+        message = f"the upstream model endpoint sent an unreadable reply ({exc})"
+        turn.fail(exchange, 502, message, "ProviderError")
     except (aiohttp.ClientError, OSError) as exc:
         detail = f"{type(exc).__name__}: {exc}"
         if exchange.status == 0:
@@ -115,7 +123,7 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
         else:
             message = f"upstream stream broke ({detail})"
         turn.fail(exchange, 503, message, "ProviderError")
-    except Exception as exc:  # a reply vfray cannot read must not surface as a 500
+    except Exception as exc:  # vfray's own failure to record must not surface as a 500
         message = f"could not process the upstream reply ({type(exc).__name__}: {exc})"
         turn.fail(exchange, 502, message, "InterceptionError")
     finally:
@@ -141,10 +149,13 @@ async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: E
 
 async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
     data = await response.read()
-    body = json.loads(data)
-    if not isinstance(body, dict):
-        raise ValueError("upstream reply is not a JSON object")
-    reply = turn.dialect.parse_response(body)
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict):
+            raise ValueError(f"a JSON {type(body).__name__}, not an object")
+        reply = turn.dialect.parse_response(body)
+    except Exception as exc:
+        raise UnreadableReply(f"{type(exc).__name__}: {exc}") from exc
     turn.record(reply)
     exchange.start(response.status, dict(JSON_HEADERS))
     exchange.push(data)
@@ -159,7 +170,10 @@ async def _relay_stream(turn: Turn, response: aiohttp.ClientResponse, exchange: 
     async for chunk in response.content.iter_any():
         relay = []
         for block in splitter.feed(chunk):
-            action = accumulator.feed(parse_sse_block(block))
+            try:
+                action = accumulator.feed(parse_sse_block(block))
+            except Exception as exc:
+                raise UnreadableReply(f"stream event: {type(exc).__name__}: {exc}") from exc
             if action is Action.RELAY:
                 relay.append(block)
             elif action is Action.HOLD:

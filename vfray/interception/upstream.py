@@ -57,6 +57,9 @@ class Forwarder:
                     limit=self.connection_limit, limit_per_host=self.connection_limit
                 ),
                 timeout=aiohttp.ClientTimeout(total=self.upstream.timeout),
+                # One client serves every rollout: a cookie the upstream sets for one must not
+                # ride along on the others' calls (and a jar costs CPU on every request).
+                cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
             )

@@ -1,0 +1,268 @@
+"""The interception's HTTP edge on real sockets: bounded request heads (size, header count, read
+time), oversized bodies answered 413 rather than reset, and client input that is not valid
+Unicode answered 400 and noted on the trace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from vfray.interception import Interception, Upstream
+from vfray.serving import HeadLimits
+from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.trace import TaskRecord, Trace
+
+ROUTE = "/v1/chat/completions"
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[ScriptedModel, str]]:
+    scripted = ScriptedModel("echo")
+    with scripted_server(scripted) as url:
+        yield scripted, url
+
+
+@pytest.fixture
+async def icpt(model: tuple[ScriptedModel, str]) -> AsyncIterator[Interception]:
+    limits = HeadLimits(timeout=0.5)
+    async with Interception(
+        Upstream(model[1], model="m"), head_limits=limits, max_body_bytes=1_000_000
+    ) as i:
+        yield i
+
+
+def port(icpt: Interception) -> int:
+    return int(icpt.root_url.rsplit(":", 1)[1])
+
+
+async def raw_exchange(icpt: Interception, data: bytes, wait: float = 20.0) -> bytes:
+    """Send ``data`` on a fresh connection, then everything the server sends until it closes.
+    ``wait`` only bounds a hang: the server is expected to close on its own."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port(icpt))
+    try:
+        writer.write(data)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), wait)
+    finally:
+        writer.close()
+
+
+def status_of(response: bytes) -> int:
+    assert response.startswith(b"HTTP/1.1 "), response[:200]
+    return int(response.split(b" ", 2)[1])
+
+
+def head(secret: str = "x", extra: bytes = b"", target: bytes = ROUTE.encode()) -> bytes:
+    return (
+        b"POST " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + secret.encode() + b"\r\n" + extra
+    )
+
+
+def new_trace() -> Trace:
+    return Trace(task=TaskRecord(key="k", hash="h"))
+
+
+# -- request heads ------------------------------------------------------------------------------
+
+
+async def test_oversized_heads_are_refused_with_431(icpt: Interception) -> None:
+    huge_value = head(extra=b"X-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
+    many = head(extra=b"".join(b"X-H%d: v\r\n" % i for i in range(20_000)) + b"\r\n")
+    long_target = head(target=b"/v1/" + b"a" * 1_000_000) + b"\r\n"
+    for request in (huge_value, many, long_target):
+        response = await raw_exchange(icpt, request)
+        assert status_of(response) == 431
+        assert b"connection: close" in response.lower()
+    # The server is still serving.
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{icpt.root_url}/health")).status_code == 200
+
+
+async def test_half_sent_heads_are_dropped_after_the_head_timeout(icpt: Interception) -> None:
+    stalled = [head()[: 20 + i] for i in range(40)]  # cut anywhere in the head
+
+    async def trickle() -> bytes:
+        # Slowloris: a header line every 0.2 s never finishes the head within 0.5 s.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port(icpt))
+        try:
+            writer.write(head())
+            for i in range(100):
+                try:
+                    first = await asyncio.wait_for(reader.read(1), 0.2)
+                except TimeoutError:
+                    writer.write(b"X-Slow-%d: v\r\n" % i)
+                    continue
+                return first + await asyncio.wait_for(reader.read(), 20)
+            return b""
+        finally:
+            writer.close()
+
+    responses = await asyncio.gather(*(raw_exchange(icpt, s) for s in stalled), trickle())
+    assert [status_of(r) for r in responses] == [408] * (len(stalled) + 1)
+
+
+async def test_normal_requests_big_bodies_and_idle_keepalive_still_work(
+    icpt: Interception, model: tuple[ScriptedModel, str]
+) -> None:
+    trace = new_trace()
+    secret = icpt.app.register(trace)
+    headers = {
+        "authorization": f"Bearer {secret}",
+        **{f"x-extra-{i}": "v" * 100 for i in range(60)},
+    }
+    prompt = "word " * 190_000  # ~950 kB, just under the 1 MB body cap
+    async with httpx.AsyncClient(base_url=icpt.url, timeout=60) as http:
+        first = await http.post(
+            "/chat/completions",
+            json={"messages": [{"role": "user", "content": prompt}]},
+            headers=headers,
+        )
+        assert first.status_code == 200, first.text
+        await asyncio.sleep(1.0)  # idle past the head timeout: keep-alive rules, not the head's
+        second = await http.post(
+            "/chat/completions",
+            json={"messages": [{"role": "user", "content": "again"}]},
+            headers=headers,
+        )
+        assert second.status_code == 200, second.text
+    assert len(trace.calls) == 2 and trace.calls[0].request_ids
+    assert len(model[0].history) == 2
+
+
+# -- bodies -------------------------------------------------------------------------------------
+
+
+def _urllib_post(url: str, secret: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST the way urllib does (whole body first, ``Connection: close``): status and JSON."""
+    request = urllib.request.Request(
+        url, data=body, headers={"Authorization": f"Bearer {secret}"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_oversized_body_is_answered_413_not_reset(
+    icpt: Interception, model: tuple[ScriptedModel, str]
+) -> None:
+    trace = new_trace()
+    secret = icpt.app.register(trace)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 5_000_000}]}).encode()
+    status, body = await asyncio.to_thread(
+        _urllib_post, icpt.url + "/chat/completions", secret, big
+    )
+    assert status == 413
+    assert "exceeds the 1000000-byte limit" in body["error"]["message"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(40):  # no Content-Length: caught while streaming in
+            yield b" " * 100_000
+
+    async with httpx.AsyncClient(base_url=icpt.url, timeout=60) as http:
+        auth = {"authorization": f"Bearer {secret}"}
+        streamed = await http.post("/chat/completions", content=chunks(), headers=auth)
+        assert streamed.status_code == 413
+        # The connection was drained, not poisoned: the next call on it works.
+        ok = await http.post(
+            "/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers=auth,
+        )
+        assert ok.status_code == 200
+    # A wrong key on a big body is answered too (the body is not read before the 401).
+    status, _ = await asyncio.to_thread(_urllib_post, icpt.url + "/chat/completions", "bad", big)
+    assert status == 401
+    assert len(model[0].history) == 1 and len(trace.calls) == 1
+    refusals = [n for n in trace.notes if "refused a call as bad input: HTTP 413" in n]
+    assert len(refusals) == 2
+
+
+# -- client JSON --------------------------------------------------------------------------------
+
+
+async def test_lone_surrogate_is_client_input_400_and_noted(
+    icpt: Interception, model: tuple[ScriptedModel, str]
+) -> None:
+    trace = new_trace()
+    secret = icpt.app.register(trace)
+    auth = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=icpt.url) as http:
+        for raw in (
+            rb'{"messages": [{"role": "user", "content": "\ud800"}]}',
+            rb'{"messages": [{"role": "user", "content": "ok"}], "stop": ["\udfff x"]}',
+            rb'{"messages": [{"role": "user", "content": "a\uDBFFb"}]}',
+        ):
+            response = await http.post("/chat/completions", content=raw, headers=auth)
+            assert response.status_code == 400, response.text
+            assert "lone UTF-16 surrogate" in response.json()["error"]["message"]
+        # A proper pair (an escaped emoji) and an escaped backslash before "ud800" are fine.
+        for raw in (
+            rb'{"messages": [{"role": "user", "content": "\ud83d\ude00"}]}',
+            rb'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        ):
+            response = await http.post("/chat/completions", content=raw, headers=auth)
+            assert response.status_code == 200, response.text
+    users = [m.text for branch in trace.branches for m in branch if m.role == "user"]
+    assert users == ["\U0001f600", "\\ud800"]
+    assert len(model[0].history) == 2 and len(trace.calls) == 2
+    assert all(call.error is None for call in trace.calls)
+    assert sum("lone UTF-16 surrogate" in note for note in trace.notes) == 3
+
+
+# -- the shared upstream client -----------------------------------------------------------------
+
+
+async def test_a_cookie_set_for_one_rollout_never_reaches_another() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from vfray.serving import serve_in_loop
+
+    seen: list[str | None] = []
+
+    async def complete(request: Request) -> JSONResponse:
+        seen.append(request.headers.get("cookie"))
+        reply = {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+        response = JSONResponse(reply)
+        response.set_cookie("affinity", f"rollout-{len(seen)}")
+        return response
+
+    model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+    async with serve_in_loop(model) as url:
+        # A host name, not an IP: aiohttp's default jar keeps cookies only for names.
+        upstream = Upstream(url.replace("127.0.0.1", "localhost") + "/v1", model="m")
+        async with Interception(upstream) as icpt, httpx.AsyncClient(base_url=icpt.url) as http:
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            for _ in range(3):
+                secret = icpt.app.register(new_trace())
+                auth = {"authorization": f"Bearer {secret}"}
+                assert (await http.post("/chat/completions", json=body, headers=auth)).is_success
+    assert seen == [None, None, None]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_the_listen_queue_is_as_deep_as_the_kernel_allows(icpt: Interception) -> None:
+    # For a listening socket `ss` reports its backlog as Send-Q. uvicorn used to re-listen with
+    # its default 2048, so a burst of 5,000 harness connects overflowed into SYN retransmits.
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    listing = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port(icpt)}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(listing[2]) == min(8192, somaxconn)
