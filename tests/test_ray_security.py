@@ -10,7 +10,6 @@ The run happens in a subprocess with a clean environment (no RAY_* variables), a
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from ray_head import is_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,13 +71,6 @@ CHILD = textwrap.dedent(
     farm.close()
     """
 )
-
-
-def is_loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip.split("%")[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 def token_of(pid: int) -> str:
