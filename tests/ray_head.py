@@ -151,8 +151,9 @@ def ray_head(python: str | None = None, *, keep_pythonpath: bool = True) -> Iter
         "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()),
     ]  # fmt: skip
     try:
+        # cwd: nothing importable from where the test runs leaks into the head's processes.
         started = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=180, check=False
+            argv, env=env, cwd=temp_dir, capture_output=True, text=True, timeout=180, check=False
         )
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
         yield Head(markers, f"http://127.0.0.1:{dashboard}", token, env)
