@@ -78,9 +78,11 @@ def start(num_cpus: int | None) -> None:
     """Start a local Ray owned by this process, on loopback, with a fresh auth token.
 
     The token lives only in the environment of the Ray processes started here (inherited at
-    their start) and in this process's memory: it is not written to ``~/.ray/auth_token``, not
-    left in this process's environment, and boxes never see it (their environment is
-    scrubbed). Raises RuntimeError if Ray came up anywhere but loopback.
+    their start) and in this process's memory: it is not written to ``~/.ray/auth_token`` (no
+    file to leave world-readable, no race with other Rays of this user) and not left in this
+    process's environment. Boxes do not inherit it (their environment is scrubbed), but a box
+    that can read this user's other processes — the ``subprocess`` runtime isolates nothing —
+    can find it. Raises RuntimeError if Ray came up anywhere but loopback.
     """
     token_env: dict[str, str | None] = {
         "RAY_AUTH_MODE": "token",
