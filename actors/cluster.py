@@ -10,6 +10,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors import _local_ray
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import SandboxHost
 from actors.sink import TraceSink
@@ -22,28 +23,19 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Make sure Ray is initialised; returns True when this call started a local Ray.
 
     With no ``address`` and no ``RAY_ADDRESS`` (which ``ray job submit`` sets) a local Ray is
-    started on 127.0.0.1 — Ray otherwise listens on every interface.
+    started that listens on 127.0.0.1 only, with Ray's token auth on and a token of its own
+    (:mod:`actors._local_ray`). Joining an existing cluster changes nothing of its settings:
+    its RAY_AUTH_MODE and token (environment or ``~/.ray/auth_token``) apply as they are.
     """
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    # Ray 2.60 turns token auth on by default; a local single-user Ray does not need it, and a
-    # cluster that wants it sets RAY_AUTH_MODE itself.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if address:
+        _local_ray.restore_auth_settings()
         ray.init(address=address, log_to_driver=False)
         return False
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(
-        # "local": start our own, never join some other Ray that happens to run here.
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    log.info("started a local Ray")
+    _local_ray.start(num_cpus)
+    log.info("started a local Ray on %s", _local_ray.LOOPBACK)
     return True
 
 

@@ -1,5 +1,6 @@
 """The built-in models as Ray actors, so ``model="scripted:<policy>"`` and ``model="local:<name>"``
-work on a cluster: each actor serves an OpenAI-compatible endpoint on its node's address."""
+work on a cluster: each actor serves an OpenAI-compatible endpoint on its node's address (the
+SandboxHosts of every node call it), which for a local run is 127.0.0.1."""
 
 from __future__ import annotations
 

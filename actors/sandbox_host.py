@@ -50,7 +50,9 @@ class SandboxHost:
         )
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
-        self.bind_host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        # Loopback: boxes reach the endpoint on their own node (directly, or through the
+        # runtime's unix-socket bridge); nothing off the node has to, so nothing off it can.
+        self.bind_host = bind_host or "127.0.0.1"
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()

@@ -1,5 +1,6 @@
 """Shared pytest fixtures: one local Ray per test session (each ``ray.init`` costs seconds
-here), kept on loopback, and a helper that lists processes carrying a sandbox marker."""
+here), started the way vfray starts one (loopback only, token auth on), and a fixture for
+tests that need no Ray running."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-# Keep every Ray this suite starts on loopback, with token auth explicitly off (Ray 2.60 turns
-# it on by default, which breaks a local single-user cluster's CLI calls).
+# Ray reads this once, at import: it keeps the Rays that tests start by other means than
+# actors.cluster.connect (ray.cluster_utils.Cluster) on loopback too.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -21,17 +21,13 @@ _SHARED = {"started": False}
 def start_local_ray() -> None:
     import ray
 
+    from actors import _local_ray
+
     if ray.is_initialized():
         return
-    ray.init(
-        # "local": never join another Ray that happens to run on this machine.
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    # What actors.cluster.connect() does with no address, minus its reading of RAY_ADDRESS:
+    # the suite never joins another Ray running on this machine.
+    _local_ray.start(num_cpus=4)
     _SHARED["started"] = True
 
 
@@ -48,8 +44,12 @@ def ray_fresh() -> Iterator[None]:
     ``ray.cluster_utils.Cluster``. The shared one is restarted lazily afterwards."""
     import ray
 
+    from actors import _local_ray
+
     if ray.is_initialized():
         ray.shutdown()
+    # The shared Ray's auth settings stay cached in this process; the test's cluster has its own.
+    _local_ray.restore_auth_settings()
     yield
     if ray.is_initialized():
         ray.shutdown()

@@ -243,3 +243,51 @@ def test_runtime_env_check_has_teeth() -> None:
         check_runtime_env({"piip": ["vfray"]})
     with pytest.raises(TypeError):
         check_runtime_env({"pip": 3})
+
+
+# -- shipping vfray (not on PyPI) -----------------------------------------------------------
+
+
+def wheel_name() -> str:
+    import tomllib
+
+    version = tomllib.loads((CLUSTERS.parent / "pyproject.toml").read_text())["project"]["version"]
+    return f"vfray-{version}-py3-none-any.whl"
+
+
+def pip_requirements() -> dict[str, list[str]]:
+    """Every requirement each file hands to pip (runtime_env ``pip`` and launcher commands)."""
+    found: dict[str, list[str]] = {}
+    found["runtime_env.yaml"] = list(load("runtime_env.yaml")["pip"]["packages"])
+    rayjob = yaml.safe_load(load("kuberay-rayjob.yaml")["spec"]["runtimeEnvYAML"])
+    found["kuberay-rayjob.yaml"] = list(rayjob["pip"])
+    for name in ("aws.yaml", "gcp.yaml"):
+        config = load(name)
+        commands = [*config["setup_commands"], *config["head_setup_commands"]]
+        found[name] = [
+            word
+            for command in commands
+            if "pip install" in command
+            for word in shlex.split(command.split("pip install", 1)[1])
+            if not word.startswith("-")
+        ]
+    return found
+
+
+def test_no_file_asks_the_package_index_for_vfray() -> None:
+    """vfray is not on PyPI: every file installs the wheel built from this tree, by name."""
+    for name, requirements in pip_requirements().items():
+        vfray = [r for r in requirements if "vfray" in r]
+        assert vfray, name
+        for requirement in vfray:
+            assert requirement.endswith(wheel_name()), (name, requirement)
+
+
+def test_launcher_configs_ship_the_wheel_and_keep_ray_auth_on() -> None:
+    for name in ("aws.yaml", "gcp.yaml"):
+        config = load(name)
+        assert config["file_mounts"]["~/vfray-dist"] == "./dist", name
+        assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token", name
+        for command in [*config["head_start_ray_commands"], *config["worker_start_ray_commands"]]:
+            if "ray start" in command:
+                assert command.startswith("RAY_AUTH_MODE=token ray start"), (name, command)

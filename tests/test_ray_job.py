@@ -1,140 +1,65 @@
 """``ray job submit -- vfray eval …`` against a real Ray head started by this test (its own
-temp dir and ports, on 127.0.0.1, token auth off), stopped by the PIDs it started."""
+temp dir and ports, on 127.0.0.1, Ray's token auth on with a token file of its own), stopped by
+the PIDs it started. The job's driver joins that cluster under its settings; the head refuses
+requests without the token; nothing of it listens beyond loopback."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
+from ray_head import Head, is_loopback, ray_cli, ray_head
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    """One head for this module's tests (each start costs tens of seconds here)."""
+    with ray_head() as started:
+        yield started
 
 
-def ray_cli() -> str:
-    beside = Path(sys.executable).parent / "ray"
-    found = str(beside) if beside.exists() else shutil.which("ray")
-    if found is None:
-        pytest.skip("the ray command is not installed")
-    return found
+def test_head_refuses_requests_without_the_token(head: Head) -> None:
+    jobs = f"{head.dashboard}/api/jobs/"
+    assert httpx.get(jobs, timeout=30).status_code == 401
+    wrong = {"Authorization": f"Bearer {'0' * 64}"}
+    assert httpx.get(jobs, headers=wrong, timeout=30).status_code == 403
+    right = {"Authorization": f"Bearer {head.token}"}
+    assert httpx.get(jobs, headers=right, timeout=30).status_code == 200
 
 
-def ray_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VFRAY_"))}
-    env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    return env
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line), read from /proc."""
-    found: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name in stat may contain spaces; the parent pid follows its ")".
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        found[int(entry.name)] = (ppid, cmdline)
-    return found
-
-
-def processes_of(marker: str) -> set[int]:
-    """Processes whose command line names ``marker`` (our temp dir), and all their
-    descendants (Ray workers rename themselves ``ray::…`` and lose the marker)."""
-    table = _processes()
-    ours = {pid for pid, (_, cmd) in table.items() if marker in cmd and pid != os.getpid()}
-    grew = True
-    while grew:
-        children = {pid for pid, (ppid, _) in table.items() if ppid in ours} - ours
-        grew = bool(children)
-        ours |= children
-    return ours
-
-
-def kill_all(pids: set[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-            time.sleep(0.2)
-        pids = {p for p in pids if Path(f"/proc/{p}").exists()}
-        if not pids:
-            return
-
-
-@pytest.fixture
-def ray_head() -> Iterator[str]:
-    """A head node on loopback with a dashboard (the job API); yields the dashboard URL."""
-    temp_dir = tempfile.mkdtemp(prefix="vfrj", dir="/tmp")  # short: unix socket paths
-    dashboard = free_port()
-    ports = {
-        "--port": free_port(),
-        "--dashboard-port": dashboard,
-        "--ray-client-server-port": free_port(),
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-    }
-    argv = [
-        ray_cli(), "start", "--head", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-        "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-        *(f"{flag}={port}" for flag, port in ports.items()),
-    ]  # fmt: skip
-    try:
-        started = subprocess.run(
-            argv, env=ray_env(), capture_output=True, text=True, timeout=180, check=False
-        )
-        assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-        yield f"http://127.0.0.1:{dashboard}"
-    finally:
-        # Never `ray stop`: it would stop every Ray on the machine. Only what we started.
-        kill_all(processes_of(temp_dir))
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def test_vfray_eval_as_a_ray_job(ray_head: str, tmp_path: Path) -> None:
+def test_vfray_eval_as_a_ray_job(head: Head, tmp_path: Path) -> None:
     working_dir = tmp_path / "project"
     working_dir.mkdir()
     (working_dir / "README.txt").write_text("uploaded by ray job submit\n")
     outputs = (tmp_path / "outputs").resolve()
-    job = subprocess.run(
-        [
-            ray_cli(), "job", "submit", "--address", ray_head, "--working-dir", str(working_dir),
-            "--", "vfray", "eval", "arithmetic", "-n", "10", "-r", "2", "--harness", "null",
-            "-o", str(outputs), "--no-progress",
-        ],
-        env=ray_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )  # fmt: skip
-    logs = job.stdout + job.stderr
+    argv = [
+        ray_cli(), "job", "submit", "--address", head.dashboard,
+        "--working-dir", str(working_dir),
+        "--", "vfray", "eval", "arithmetic", "-n", "10", "-r", "2", "--harness", "null",
+        "-o", str(outputs), "--no-progress",
+    ]  # fmt: skip
+    seen: set[tuple[str, str, int]] = set()
+    with subprocess.Popen(
+        argv, env=head.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as job:
+        # While the job runs, its driver's actors (SandboxHost, the scripted model) are
+        # processes of the head's raylet: sample what listens.
+        deadline = time.monotonic() + 300
+        while job.poll() is None and time.monotonic() < deadline:
+            seen.update(head.listeners())
+            time.sleep(0.3)
+        if job.poll() is None:
+            job.kill()
+        assert job.stdout is not None
+        logs = job.stdout.read()
     assert job.returncode == 0, logs[-5000:]
     assert "succeeded" in logs, logs[-5000:]
     match = re.search(r"run folder: (\S+)", logs)
@@ -148,3 +73,9 @@ def test_vfray_eval_as_a_ray_job(ray_head: str, tmp_path: Path) -> None:
     assert (run_dir / "config.json").exists()
     # The driver joined the job's cluster (RAY_ADDRESS) instead of starting its own Ray.
     assert "started a local Ray" not in (run_dir / "eval.log").read_text()
+
+    commands = " ".join(cmd for cmd, _, _ in seen)
+    for name in ("gcs_server", "raylet", "dashboard", "ray.util.client.server", "SandboxHost"):
+        assert name in commands, (name, seen)
+    exposed = sorted(row for row in seen if not is_loopback(row[1]))
+    assert not exposed, f"listening beyond loopback: {exposed}"

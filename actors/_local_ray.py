@@ -1,0 +1,115 @@
+"""Start a private local Ray that listens on loopback only, with token auth on and a token of
+its own; and undo this process's auth settings before joining some other cluster.
+
+Everything here leans on Ray 2.60 internals (named where used), kept in one place so an upgrade
+has one file to re-check; ``tests/test_ray_security.py`` fails if a listener leaves loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+
+import ray
+
+LOOPBACK = "127.0.0.1"
+
+# Whether this process's cached Ray auth settings are a local start's (see restore_auth_settings).
+_state = {"auth_overridden": False}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, remove) environment variables for the block, then restore them. Ray
+    processes started inside the block inherit the values; this process keeps none of them."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _reload_auth_settings() -> None:
+    """Make this process re-read RAY_AUTH_MODE and the token. Ray caches both on first use (the
+    mode in its C++ RayConfig, the token in AuthenticationTokenLoader), so a changed
+    environment is not seen otherwise; this is what ``ray.init`` itself does when it turns
+    token auth on by default."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextlib.contextmanager
+def _loopback_node_address() -> Iterator[None]:
+    """Let ``ray.init(_node_ip_address="127.0.0.1")`` keep 127.0.0.1.
+
+    ``ray.init`` rewrites a loopback node address to the machine's outward address unless
+    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is false, and that constant is read from
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` only when Ray is first imported — setting the variable
+    later changes nothing. With a loopback node address every Ray server binds 127.0.0.1 (the
+    C++ gRPC servers, the dashboard agent, the runtime-env agent, metrics); with the outward
+    address GCS, raylet and workers listen on all interfaces.
+    """
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        # The variable too, so the Ray processes started now read it at their own import.
+        with _environment({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}):
+            yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def start(num_cpus: int | None) -> None:
+    """Start a local Ray owned by this process, on loopback, with a fresh auth token.
+
+    The token lives only in the environment of the Ray processes started here (inherited at
+    their start) and in this process's memory: it is not written to ``~/.ray/auth_token`` (no
+    file to leave world-readable, no race with other Rays of this user) and not left in this
+    process's environment. Boxes do not inherit it (their environment is scrubbed), but a box
+    that can read this user's other processes — the ``subprocess`` runtime isolates nothing —
+    can find it. Raises RuntimeError if Ray came up anywhere but loopback.
+    """
+    token_env: dict[str, str | None] = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_AUTH_TOKEN_PATH": None,
+    }
+    with _loopback_node_address(), _environment(token_env):
+        _reload_auth_settings()
+        _state["auth_overridden"] = True
+        ray.init(
+            # "local": start our own, never join some other Ray that happens to run here.
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if node_ip != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray came up on {node_ip}, not {LOOPBACK}; stopped it")
+
+
+def restore_auth_settings() -> None:
+    """Before joining an existing cluster: drop the auth settings a local start left cached
+    in this process, so the cluster's own (RAY_AUTH_MODE, its token) apply."""
+    if _state["auth_overridden"]:
+        _reload_auth_settings()
+        _state["auth_overridden"] = False
