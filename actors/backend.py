@@ -143,14 +143,21 @@ class RayBackend:
             self._acked(await _sink_call(self.sink.flush.remote()))
         if self._unacked:
             raise SinkError(f"{len(self._unacked)} appends were never written by the TraceSink")
-        for attempt in range(2):
+        deadline = time.monotonic() + SINK_RESTART_S
+        while True:
             try:
                 await _sink_call(self.sink.close.remote())
                 return
             except SINK_LOST as exc:
-                log.warning("the TraceSink died while closing (%s)", exc)
-                if attempt == 0:
-                    await asyncio.sleep(1.0)
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "the TraceSink died while compacting and did not come back (%s); every "
+                        "row is in the parts, and the next resume compacts them",
+                        exc,
+                    )
+                    return
+                log.warning("the TraceSink died while closing (%s); retrying", exc)
+                await asyncio.sleep(0.5)
 
     async def finish(
         self,
