@@ -283,16 +283,24 @@ def kill_sink_when(condition: Any, killed: list[int], timeout: float = 120) -> t
 
 def test_sink_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path) -> None:
     tasks = ArithmeticTaskset(num_tasks=60)
-    started = time.monotonic()
     killed: list[int] = []
+    first_seen: list[float] = []
+
+    def run_going() -> bool:
+        # ~8 s of rollouts (120 x 0.5 s, 8 at a time): kill the sink 2.5 s into them.
+        first_seen.append(time.monotonic())
+        return first_seen[-1] - first_seen[0] > 2.5
+
     with farm(
-        tmp_path, model="scripted:arithmetic?latency=0.2", max_concurrent=8, flush_seconds=60
+        tmp_path, model="scripted:arithmetic?latency=0.5", max_concurrent=8, flush_seconds=60
     ) as f:
         # Rows sit in the sink's buffer (no timed flush for a minute) when it dies.
-        watcher = kill_sink_when(lambda: time.monotonic() - started > 4, killed)
+        watcher = kill_sink_when(run_going, killed)
         result = f.run(tasks, rollouts_per_task=2)
+        ended = time.monotonic()
         watcher.join(timeout=1)
-    assert killed, "the sink was never killed: the run ended too soon"
+    assert killed, "the sink was never killed"
+    assert first_seen[-1] < ended - 1, "the sink was killed after the run"
     assert_every_rollout_once(result, 60, 2)
 
 
