@@ -136,11 +136,12 @@ class RayBackend:
         """Make every row durable, then let the sink compact. A sink that dies while
         compacting (every row is already in its parts) does not fail the run: the folder is
         readable as it is, and the next resume finishes the compaction."""
-        try:
-            self._acked(await _sink_call(self.sink.flush.remote()))
-        except SINK_LOST as exc:
-            await self._recover(exc)
-            self._acked(await _sink_call(self.sink.flush.remote()))
+        for _ in range(3):
+            try:
+                self._acked(await _sink_call(self.sink.flush.remote()))
+                break
+            except SINK_LOST as exc:
+                await self._recover(exc)  # raises SinkError when the sink stays dead
         if self._unacked:
             raise SinkError(f"{len(self._unacked)} appends were never written by the TraceSink")
         deadline = time.monotonic() + SINK_RESTART_S
