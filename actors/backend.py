@@ -3,12 +3,16 @@ each task's group is scored by an episode Ray task, and rows go to the TraceSink
 
 Only small :class:`~vfray.outcomes.RolloutOutcome` objects travel back to the driver; traces go
 from the hosts to the episode tasks to the TraceSink by ObjectRef, so the driver's memory stays
-flat however long the run.
+flat however long the run. The backend keeps each row's ObjectRef until the sink reports it
+durable, and re-sends those to the sink after Ray restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +21,7 @@ from ray import exceptions as rex
 
 from actors.episode import run_episode
 from vfray.driver import HostLost
+from vfray.errors import SinkError
 from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace
@@ -30,6 +35,14 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (
     rex.RayTaskError,
 )
 """Failures of the machinery under a rollout, not of the rollout: these are retried."""
+
+SINK_LOST: tuple[type[BaseException], ...] = (rex.RayActorError, rex.ActorUnavailableError)
+"""The TraceSink actor died or is restarting: re-send what it had not made durable."""
+
+SINK_RESTART_S = 120.0
+"""How long to wait for Ray to bring a dead TraceSink back before the run fails."""
+
+log = logging.getLogger(__name__)
 
 
 def _is_cancellation(exc: BaseException) -> bool:
@@ -56,6 +69,9 @@ class RayBackend:
         self.num_hosts = len(self.hosts)
         self.sink = sink
         self._unfit = unfit
+        # Rows sent to the sink but not yet reported on disk, by key: (method, ObjectRef).
+        self._unacked: dict[str, tuple[str, Any]] = {}
+        self._recovering = asyncio.Lock()
 
     async def rollout(
         self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
@@ -83,7 +99,66 @@ class RayBackend:
         return ray.put(trace)
 
     async def keep_attempt(self, handle: Any) -> None:
-        await self.sink.append_trace.remote(handle)
+        await self._send("append_trace", handle, uuid.uuid4().hex)
+
+    async def _send(self, method: str, ref: Any, key: str) -> None:
+        self._unacked[key] = (method, ref)
+        try:
+            self._acked(await _sink_call(getattr(self.sink, method).remote(ref, key)))
+        except SINK_LOST as exc:
+            await self._recover(exc)
+
+    def _acked(self, keys: list[str]) -> None:
+        for key in keys:
+            self._unacked.pop(key, None)
+
+    async def _recover(self, exc: BaseException) -> None:
+        """Wait for Ray to restart the sink, then re-send every row it did not report durable
+        (the restarted sink skips rows its predecessor wrote, and keys it has seen)."""
+        async with self._recovering:
+            log.warning("the TraceSink died (%s); re-sending %d appends", exc, len(self._unacked))
+            deadline = time.monotonic() + SINK_RESTART_S
+            while True:
+                try:
+                    for key, (method, ref) in list(self._unacked.items()):
+                        self._acked(await _sink_call(getattr(self.sink, method).remote(ref, key)))
+                    return
+                except SINK_LOST as again:
+                    if time.monotonic() > deadline:
+                        raise SinkError(
+                            f"the TraceSink actor died and did not come back "
+                            f"({type(again).__name__}); {len(self._unacked)} appends may be "
+                            "unwritten: run `vfray resume` on the run folder"
+                        ) from again
+                    await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        """Make every row durable, then let the sink compact. A sink that dies while
+        compacting (every row is already in its parts) does not fail the run: the folder is
+        readable as it is, and the next resume finishes the compaction."""
+        for _ in range(3):
+            try:
+                self._acked(await _sink_call(self.sink.flush.remote()))
+                break
+            except SINK_LOST as exc:
+                await self._recover(exc)  # raises SinkError when the sink stays dead
+        if self._unacked:
+            raise SinkError(f"{len(self._unacked)} appends were never written by the TraceSink")
+        deadline = time.monotonic() + SINK_RESTART_S
+        while True:
+            try:
+                await _sink_call(self.sink.close.remote())
+                return
+            except SINK_LOST as exc:
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "the TraceSink died while compacting and did not come back (%s); every "
+                        "row is in the parts, and the next resume compacts them",
+                        exc,
+                    )
+                    return
+                log.warning("the TraceSink died while closing (%s); retrying", exc)
+                await asyncio.sleep(0.5)
 
     async def finish(
         self,
@@ -95,9 +170,20 @@ class RayBackend:
     ) -> EpisodeOutcome:
         outcome_ref, rows_ref = run_episode.remote(task, episode_id, spec, previous, *handles)
         # The sink resolves the rows itself; the driver never deserializes them.
-        await self.sink.append_rows.remote(rows_ref, episode_id)
+        await self._send("append_rows", rows_ref, episode_id)
         outcome: EpisodeOutcome = await outcome_ref
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:
         return self._unfit(task) if self._unfit is not None else None
+
+
+async def _sink_call(ref: Any) -> Any:
+    """Await a sink call; a :class:`SinkError` raised in the actor comes back as itself (one
+    line for the user), not wrapped in Ray's traceback."""
+    try:
+        return await ref
+    except rex.RayTaskError as exc:
+        if isinstance(exc.cause, SinkError):
+            raise exc.cause from None
+        raise

@@ -100,11 +100,21 @@ def start_hosts(
     ]
 
 
-def start_sink(run_dir: str, header: dict[str, Any], flush_rows: int, flush_seconds: float) -> Any:
-    """The sink writes the run folder, so it lives on the driver's node."""
+def start_sink(
+    run_dir: str,
+    header: dict[str, Any],
+    flush_rows: int,
+    flush_seconds: float,
+    max_restarts: int = 5,
+) -> Any:
+    """The sink writes the run folder, so it lives on the driver's node. Ray restarts it
+    when it dies; the backend re-sends the rows it had not yet written."""
     actor_cls = ray.remote(TraceSink)
     return actor_cls.options(
-        num_cpus=0, max_concurrency=1, scheduling_strategy=local_node_strategy()
+        num_cpus=0,
+        max_concurrency=1,
+        max_restarts=max_restarts,
+        scheduling_strategy=local_node_strategy(),
     ).remote(run_dir, header, flush_rows=flush_rows, flush_seconds=flush_seconds)
 
 

@@ -101,11 +101,13 @@ class HostPool:
 @dataclass
 class ResumeState:
     """What an earlier run already holds for one task: finished traces by rollout index, the
-    episode id, and the next attempt number per rollout index."""
+    episode id, and the next attempt number per rollout index. ``rescore``: the group's
+    episode row is missing or stale, so a group with nothing to re-run is scored again."""
 
     episode_id: str
     done: dict[int, Trace] = field(default_factory=dict)
     next_attempt: dict[int, int] = field(default_factory=dict)
+    rescore: bool = False
 
 
 @dataclass
@@ -251,7 +253,7 @@ class RunDriver:
         n = self.plan.rollouts_per_task
         state = self.resume.get(task.key) or ResumeState(episode_id=new_id())
         todo = [i for i in range(n) if i not in state.done]
-        if not todo:
+        if not todo and not state.rescore:
             return
         if self._groups is not None:
             await self._groups.acquire()

@@ -7,6 +7,8 @@
     │   └── IncompatibleError  a harness/runtime/taskset pairing that cannot work
     ├── TasksetError           a taskset that cannot be loaded (duplicate keys, bad shuffle)
     ├── MissingExtraError      an optional dependency is not installed (says the pip line)
+    ├── RunFolderError         a run folder's Parquet file cannot be read (names the file)
+    │   └── SinkError          rows could not be written to the run folder; the run stops
     └── RolloutError           anything that fails one rollout; recorded on its trace as data
         ├── TaskError          the task's own code failed (setup, finalize, validate, a score hook)
         ├── HarnessError       the agent program crashed or misbehaved
@@ -49,6 +51,25 @@ class MissingExtraError(VfrayError, ImportError):
     def __reduce__(self) -> tuple[type, tuple[str, ...]]:
         # Rebuild from the constructor's arguments: raised in a Ray actor, it is pickled.
         return (type(self), (self.extra, self.module))
+
+
+class RunFolderError(VfrayError):
+    """A file of a run folder cannot be read (a truncated or corrupt Parquet part)."""
+
+
+class SinkError(RunFolderError):
+    """Rows could not be written to the run folder (disk full, a write error, a lost sink).
+
+    The run stops starting rollouts; the rows it could not write are not in the folder, so
+    ``vfray resume`` runs them again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        # Raised in the sink actor, it is pickled.
+        return (type(self), (self.message,))
 
 
 class RolloutError(VfrayError):

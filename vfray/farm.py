@@ -431,10 +431,11 @@ class Farm:
 
         self._start()
         sink = cluster.start_sink(str(run_dir), header, self.flush_rows, self.flush_seconds)
+        backend = RayBackend(self._hosts, sink, cluster.placement_check())
         try:
-            yield RayBackend(self._hosts, sink, cluster.placement_check())
+            yield backend
         finally:
-            await sink.close.remote()
+            await backend.close()
 
     @contextlib.asynccontextmanager
     async def _local_backend(

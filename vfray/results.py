@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +95,20 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
     }
 
 
-@dataclass
 class RunResult:
     """A finished (or interrupted) run's folder, with its tables read on demand."""
 
-    run_dir: Path
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(os.fspath(run_dir))
+
+    def __repr__(self) -> str:
+        return f"RunResult({str(self.run_dir)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunResult) and other.run_dir == self.run_dir
+
+    def __hash__(self) -> int:
+        return hash(self.run_dir)
 
     @property
     def traces(self) -> pa.Table:
@@ -112,13 +121,14 @@ class RunResult:
 
     @property
     def episodes(self) -> pa.Table:
-        """One row per task group (see :mod:`vfray.traces.episodes`)."""
-        from vfray.traces.episodes import EPISODE_SCHEMA
+        """One row per task group (see :mod:`vfray.traces.episodes`): the current one, when a
+        resumed group has written a newer row that compaction has not yet dropped the old for."""
+        from vfray.traces.episodes import EPISODE_SCHEMA, latest_episodes
 
         folder = self.run_dir / "episodes"
         if not folder.exists():
             return EPISODE_SCHEMA.empty_table()
-        return read_parquet(folder, EPISODE_SCHEMA)
+        return latest_episodes(read_parquet(folder, EPISODE_SCHEMA))
 
     @property
     def config(self) -> dict[str, Any]:

@@ -73,6 +73,21 @@ def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
     return sum(1 for task in tasks for index in range(n) if (task.key, index) not in done)
 
 
+def episodes_to_rebuild(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
+    """How many groups have all n rollouts done but no current episode row (a crash between
+    the trace and the episode flush). Also finishes a compaction an earlier run left undone."""
+    from actors.resume import load_resume_state
+
+    states = load_resume_state(run_dir)
+    return sum(
+        1
+        for task in tasks
+        if (state := states.get(task.key)) is not None
+        and state.rescore
+        and all(index in state.done for index in range(n))
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).absolute()
     header = load_run_header(run_dir)
@@ -86,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
     tasks, _ = build_tasks(config)
     with readable_run(run_dir):
         todo = missing_rollouts(run_dir, tasks, n)
+        rebuild = episodes_to_rebuild(run_dir, tasks, n)
     from vfray.cli.report import error_lines, first_errors, print_errors, print_results
     from vfray.results import RunResult
 
-    if todo == 0:
+    if todo == 0 and rebuild == 0:
         # Nothing to re-run: no Ray, no actors, just the table again.
         with readable_run(run_dir):
             result = RunResult(run_dir)
@@ -102,7 +118,12 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(str(run_dir))
         with capture_run_log(logging.DEBUG if args.verbose else logging.INFO) as run_log:
             run_log.open(run_dir)
-            log.info("vfray resume %s: %d rollouts to run", run_dir, todo)
+            log.info(
+                "vfray resume %s: %d rollouts to run, %d episode rows to rebuild",
+                run_dir,
+                todo,
+                rebuild,
+            )
             try:
                 with guarded_run([run_dir]), readable_run(run_dir):
                     starting = startup_message(config)

@@ -11,6 +11,9 @@ from vfray.episode import Episode
 from vfray.traces.schema import SCHEMA_VERSION_KEY, TRACE_SCHEMA_VERSION
 
 KIND = b"episodes"
+LATEST_BY = ("task_key", "created_at")
+"""A task's current episode row is its latest: a resumed group writes a new row that supersedes
+the old one (compaction drops the old; :func:`latest_episodes` skips it before that)."""
 
 EPISODE_SCHEMA = pa.schema(
     [
@@ -69,3 +72,20 @@ def episodes_to_table(episodes: Iterable[Episode], run_id: str | None = None) ->
             }
         )
     return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)
+
+
+def latest_episodes(table: pa.Table) -> pa.Table:
+    """One row per task group: the latest (by ``created_at``, then row order) of each key."""
+    if table.num_rows == 0:
+        return table
+    key, order = LATEST_BY
+    best: dict[str, tuple[float, int]] = {}
+    for index, (k, at) in enumerate(
+        zip(table.column(key).to_pylist(), table.column(order).to_pylist(), strict=True)
+    ):
+        rank = (float("-inf") if at is None else at, index)
+        if k not in best or rank >= best[k]:
+            best[k] = rank
+    if len(best) == table.num_rows:
+        return table
+    return table.take(sorted(i for _, i in best.values()))

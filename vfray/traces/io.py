@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vfray.errors import RunFolderError
 from vfray.trace import Trace
 from vfray.traces.convert import traces_to_table
-from vfray.traces.parts import COMPACTED_SUFFIX
+from vfray.traces.parts import COMPACTED_SUFFIX, unreadable_part
 from vfray.traces.parts import DEFAULT_COMPRESSION as DEFAULT_COMPRESSION
 from vfray.traces.parts import compact_parts as compact_parts
 from vfray.traces.parts import parquet_files as parquet_files
@@ -156,7 +157,12 @@ def _read_parts(files: list[Path], default: pa.Schema, columns: Sequence[str] | 
     for available, group in _same_schema_runs(fragments):
         wanted = None if columns is None else [c for c in columns if c in available.names]
         dataset = ds.FileSystemDataset(group, available, fmt, local)
-        table = dataset.to_table(columns=wanted)
+        try:
+            table = dataset.to_table(columns=wanted)
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable([Path(f.path) for f in group], exc) from exc
         tables.append(conform(table, _target_schema(available, default)))
     result = pa.concat_tables(tables, promote_options="default")
     if columns is not None:
@@ -171,7 +177,12 @@ def _same_schema_runs(
     run: list[ds.ParquetFileFragment] = []
     first: pa.Schema | None = None
     for fragment in fragments:
-        schema = fragment.physical_schema
+        try:
+            schema = fragment.physical_schema
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as exc:
+            raise unreadable_part(Path(fragment.path), exc) from exc
         if first is not None and not _same_layout(first, schema):
             yield first, run
             run = []
@@ -181,6 +192,16 @@ def _same_schema_runs(
         run.append(fragment)
     if first is not None:
         yield first, run
+
+
+def _unreadable(files: list[Path], exc: BaseException) -> RunFolderError:
+    """Name the file of ``files`` that fails to read on its own (the scan does not say)."""
+    for file in files:
+        try:
+            pq.read_table(file)
+        except (pa.ArrowException, OSError) as own:
+            return unreadable_part(file, own)
+    return unreadable_part(files[0].parent, exc)
 
 
 def _same_layout(a: pa.Schema, b: pa.Schema) -> bool:
@@ -239,13 +260,17 @@ class TraceWriter:
         return written
 
     def flush(self) -> Path | None:
-        """Write whatever is buffered as one part; None when nothing was buffered."""
+        """Write whatever is buffered as one part; None when nothing was buffered. Raises
+        ``OSError`` when the part cannot be written, with every row still buffered."""
         if not self._buffered_rows:
             return None
         combined = pa.concat_tables(self._buffer, promote_options="default")
+        # Emptied only once the part is written: a failed write (disk full) keeps the rows
+        # buffered, and the next flush tries them again.
+        path = self._write(combined)
         self._buffer = []
         self._buffered_rows = 0
-        return self._write(combined)
+        return path
 
     def _write(self, table: pa.Table) -> Path:
         path = write_part(table, self.directory, compression=self.compression)

@@ -21,6 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vfray.errors import RunFolderError
+
 _PART = re.compile(r"^part-(\d+)(-compacted)?\.parquet$")
 _COMPACT_TMP = ".compact-"
 COMPACTED_SUFFIX = "-compacted.parquet"
@@ -40,10 +42,11 @@ def write_part(
     folder.mkdir(parents=True, exist_ok=True)
     # Readers (pyarrow, datasets, Ray) skip names starting with "." so the temp file is invisible.
     tmp = folder / f".tmp-{uuid.uuid4().hex}.parquet"
-    pq.write_table(table, tmp, compression=compression)
     try:
+        pq.write_table(table, tmp, compression=compression)
         return _link_next(tmp, folder)
     finally:
+        # Also after a failed write (disk full): no half-written file is left behind.
         tmp.unlink(missing_ok=True)
 
 
@@ -103,11 +106,25 @@ def _replaced_by(file: Path) -> list[str]:
     m = _PART.match(file.name)
     if m is None or not m.group(2):
         return []
-    raw = (pq.read_schema(file).metadata or {}).get(REPLACES_KEY)
+    try:
+        raw = (pq.read_schema(file).metadata or {}).get(REPLACES_KEY)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise unreadable_part(file, exc) from exc
     names: list[str] = json.loads(raw) if raw else []
     # A compacted part only ever replaces parts numbered before it.
     index = int(m.group(1))
     return [n for n in names if (r := _PART.match(n)) is not None and int(r.group(1)) < index]
+
+
+def unreadable_part(path: Path, exc: BaseException) -> RunFolderError:
+    """The one error a corrupt or truncated Parquet file is reported as."""
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RunFolderError(
+        f"cannot read {path}: {reason} (a truncated or corrupt Parquet file; move it out of "
+        "the folder to read the rest, and `vfray resume` reruns its rollouts)"
+    )
 
 
 def compact_parts(
@@ -115,8 +132,13 @@ def compact_parts(
     *,
     compression: str = DEFAULT_COMPRESSION,
     row_group_bytes: int = ROW_GROUP_BYTES,
+    latest_by: tuple[str, str] | None = None,
 ) -> Path | None:
     """Merge a directory's parts into one ``part-NNNNN-compacted.parquet``, in row order.
+
+    ``latest_by=(key, order)`` keeps only the row with the largest ``order`` of each ``key``
+    (the later row on a tie): the episodes table, where a resumed group's new row supersedes
+    its old one, so that readers of the compacted folder see one row per group.
 
     Returns the new part, or None when there was nothing to merge (no directory, or at most
     one part). Rows are streamed row group by row group, so memory stays near
@@ -141,9 +163,10 @@ def compact_parts(
         if len(parts) < 2:
             return None
         schema = _merged_schema(parts)
+        keep = _latest_rows(parts, *latest_by) if latest_by is not None else None
         tmp = folder / f"{_COMPACT_TMP}{uuid.uuid4().hex}.parquet"
         try:
-            _write_merged(parts, schema, tmp, compression, row_group_bytes)
+            _write_merged(parts, schema, tmp, compression, row_group_bytes, keep)
             final = _link_next(tmp, folder, compacted=True)
             os.fsync(dir_fd)
             for part in parts:
@@ -196,8 +219,47 @@ def _nullable_in(schema: pa.Schema, name: str) -> bool:
     return index < 0 or bool(schema.field(index).nullable)
 
 
+def finish_compaction(directory: str | os.PathLike[str]) -> None:
+    """Clean up after a compaction that died (replaced parts, its temporary file), if any."""
+    folder = Path(directory)
+    if folder.is_dir():
+        with _locked(folder) as dir_fd:
+            _finish_earlier(folder, dir_fd)
+
+
+def _latest_rows(parts: list[Path], key: str, order: str) -> list[list[bool]]:
+    """Per part, per row: whether it is the latest row of its ``key`` (rows of parts that
+    lack the columns are all kept)."""
+    best: dict[object, tuple[float, int, int]] = {}
+    sizes: list[int] = []
+    for p_index, part in enumerate(parts):
+        names = pq.read_schema(part).names
+        if key not in names or order not in names:
+            sizes.append(-1)
+            continue
+        columns = pq.read_table(part, columns=[key, order]).to_pydict()
+        sizes.append(len(columns[key]))
+        for r_index, (k, o) in enumerate(zip(columns[key], columns[order], strict=True)):
+            rank = (float("-inf") if o is None else float(o), p_index, r_index)
+            if k not in best or rank >= best[k]:
+                best[k] = rank
+    winners = {(p, r) for _, p, r in best.values()}
+    keep: list[list[bool]] = []
+    for p_index, (part, size) in enumerate(zip(parts, sizes, strict=True)):
+        if size < 0:
+            keep.append([True] * pq.ParquetFile(part).metadata.num_rows)
+        else:
+            keep.append([(p_index, r) in winners for r in range(size)])
+    return keep
+
+
 def _write_merged(
-    parts: list[Path], schema: pa.Schema, path: Path, compression: str, row_group_bytes: int
+    parts: list[Path],
+    schema: pa.Schema,
+    path: Path,
+    compression: str,
+    row_group_bytes: int,
+    keep: list[list[bool]] | None = None,
 ) -> None:
     buffer: list[pa.Table] = []
     size = 0
@@ -209,10 +271,15 @@ def _write_merged(
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
             buffer.clear()
 
-        for part in parts:
+        for p_index, part in enumerate(parts):
+            offset = 0
             with pq.ParquetFile(part) as source:
                 for index in range(source.num_row_groups):
                     table = _widen(source.read_row_group(index), schema)
+                    if keep is not None:
+                        mask = keep[p_index][offset : offset + table.num_rows]
+                        offset += table.num_rows
+                        table = table.filter(pa.array(mask, pa.bool_()))
                     buffer.append(table)
                     size += table.nbytes
                     if size >= row_group_bytes:
