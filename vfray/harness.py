@@ -25,7 +25,7 @@ from vfray.errors import (
 )
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.task import TaskData
-from vfray.trace import Message
+from vfray.trace import AgentArtifact, Message
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
@@ -124,6 +124,11 @@ class Harness(abc.ABC):
     async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
         """The conversation the last segment left in the box, when the program writes one."""
         return None
+
+    async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:
+        """Files to keep on the trace once the program has ended (the box is still up); the
+        default keeps none. Failures here are notes, never errors of the rollout."""
+        return []
 
     def resolve_prompt(self, data: TaskData) -> list[dict[str, Any]]:
         """The task's prompt as chat messages for this harness, with the system prompt placed

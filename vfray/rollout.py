@@ -223,6 +223,10 @@ async def _agent_phase(
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
+        try:
+            trace.artifacts.extend(await harness.collect_artifacts(runtime))
+        except Exception as exc:  # the agent's own transcript is a bonus, never a failure
+            trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
         if result is None:
             trace.stop(StopCondition.TIMEOUT)
             trace.notes.append(

@@ -1,0 +1,110 @@
+"""Real coding agents run on vfray: each harness installs its real program from PyPI/npm into the
+node's tool dir (reused between runs: ``$VFRAY_TOOLS_DIR`` or ``~/.cache/vfray/tools``) and runs
+a whole rollout against the scripted ``agent`` model through the interception; the task's reward
+checks the file the agent wrote in the box. Skipped with the reason when a registry is offline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from agent_tools import need_registry
+
+import vfray as vf
+from vfray.errors import ConfigError, HarnessError
+from vfray.harnesses import make_harness
+from vfray.harnesses._agent import ProvisionedHarness
+from vfray.harnesses.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
+from vfray.provision import ensure_tool
+from vfray.runtimes.base import Runtime
+from vfray.runtimes.subprocess import SubprocessRuntime
+
+PROMPT = 'Write "hello agent" to out.txt, then check it.'
+
+
+class WriteFile(vf.Task[vf.TaskData]):
+    """Solved when the box's out.txt holds the line the prompt asked for."""
+
+    @vf.reward
+    async def wrote_it(self, runtime: Runtime) -> bool:
+        return (await runtime.read("out.txt")) == b"hello agent\n"
+
+
+def _timed_install(harness_id: str) -> float:
+    """Provision the harness's program outside any rollout; returns the seconds it took."""
+    harness = make_harness(harness_id)
+    assert isinstance(harness, ProvisionedHarness)
+    tool = ensure_tool(harness.tool_spec(), harness.tools_root)
+    print(f"{harness_id}: tool dir {tool.path} ready in {tool.seconds:.1f}s")
+    return tool.seconds
+
+
+async def _rollout(harness_id: str, runtime: str = "subprocess", **options: Any) -> vf.Trace:
+    # Not bwrap's default /work: a host venv under /work (this machine's) would be hidden.
+    data = vf.TaskData(prompt=PROMPT, workdir="/box" if runtime == "bwrap" else None)
+    return await vf.run_rollout(
+        WriteFile(data),
+        model="scripted:agent",
+        harness=harness_id,
+        runtime=runtime,
+        **options,
+    )
+
+
+def _check_solved(trace: vf.Trace, calls: int) -> None:
+    assert trace.errors == [], trace.errors
+    assert trace.stop_condition is vf.StopCondition.COMPLETED
+    assert trace.rewards["wrote_it"].value == 1.0
+    assert len(trace.calls) == calls, [c.error for c in trace.calls]
+    assert all(c.error is None for c in trace.calls)
+
+
+# -- mini-swe-agent --------------------------------------------------------------------------
+
+
+def test_mini_swe_agent_config_is_typed() -> None:
+    harness = make_harness("mini-swe-agent", {"version": "2.4.6", "extra_args": ["--foo"]})
+    assert isinstance(harness, MiniSweAgentHarness)
+    assert isinstance(harness.config, MiniSweAgentConfig)
+    assert harness.EXECUTES_CODE and not harness.NEEDS_CONTAINER
+    with pytest.raises(ConfigError, match="mini-swe-agent"):
+        make_harness("mini-swe-agent", {"max_steps": 0})
+
+
+@pytest.mark.slow
+async def test_mini_swe_agent_rollout_writes_the_file() -> None:
+    need_registry("pypi")
+    _timed_install("mini-swe-agent")
+    trace = await _rollout("mini-swe-agent")
+    # write, cat, submit: three model calls, all recorded by the interception.
+    _check_solved(trace, calls=3)
+    (artifact,) = trace.artifacts
+    assert artifact.name == "trajectory.json" and not artifact.truncated
+    trajectory = json.loads(artifact.content)
+    assert trajectory["info"]["exit_status"] == "Submitted"
+    commands = [
+        json.loads(call["function"]["arguments"])["command"]
+        for m in trajectory["messages"]
+        for call in m.get("tool_calls") or []
+    ]
+    assert commands[1:] == ["cat out.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_mini_swe_agent_rollout_in_bwrap() -> None:
+    need_registry("pypi")
+    _timed_install("mini-swe-agent")
+    trace = await _rollout("mini-swe-agent", runtime="bwrap")
+    _check_solved(trace, calls=3)
+
+
+async def test_agent_harness_refuses_a_runtime_without_the_tool_dir() -> None:
+    class DockerLike(SubprocessRuntime):
+        type = "docker"
+
+    harness = make_harness("mini-swe-agent")
+    with pytest.raises(HarnessError, match="cannot mount yet"):
+        await harness.setup(DockerLike())
