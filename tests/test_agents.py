@@ -108,3 +108,18 @@ async def test_agent_harness_refuses_a_runtime_without_the_tool_dir() -> None:
     harness = make_harness("mini-swe-agent")
     with pytest.raises(HarnessError, match="cannot mount yet"):
         await harness.setup(DockerLike())
+
+
+# -- codex -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_codex_rollout_writes_the_file() -> None:
+    need_registry("npm")
+    _timed_install("codex")
+    trace = await _rollout("codex")
+    # write, cat, final answer: three Responses calls.
+    _check_solved(trace, calls=3)
+    (artifact,) = trace.artifacts
+    events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
+    assert events[-1]["type"] == "turn.completed"

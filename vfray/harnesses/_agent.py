@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from pydantic import Field
@@ -14,7 +16,7 @@ from pydantic import Field
 from vfray.errors import HarnessError, SandboxError
 from vfray.harness import Harness, HarnessConfig
 from vfray.provision import InstalledTool, ToolSpec, ensure_tool, tools_root
-from vfray.runtimes.base import Runtime
+from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"
@@ -77,6 +79,32 @@ class ProvisionedHarness(Harness):
             # One harness object serves many rollouts: they all resolve to the same dir.
             self._tool = await asyncio.to_thread(ensure_tool, self.tool_spec(), self.tools_root)
         return self._tool
+
+    async def run_logged(
+        self,
+        runtime: Runtime,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stdout_path: str,
+        timeout: float | None,
+        box_paths: Sequence[str] = (),
+    ) -> ProgramResult:
+        """Run ``argv`` with its stdout (the agent's JSON event stream, its transcript) going to
+        ``stdout_path`` in the box rather than the capped capture; the variables named in
+        ``box_paths`` hold paths relative to the work dir and are made absolute (agents resolve
+        their config homes against changing dirs). The result's stdout is the stream's tail,
+        so a failure's message shows the agent's last events."""
+        exports = "".join(f'{v}="$PWD/${v}"; export {v}; ' for v in box_paths)
+        script = f'{exports}exec "$0" "$@" > {shlex.quote(stdout_path)}'
+        result = await runtime.run_program(["/bin/sh", "-c", script, *argv], env, timeout=timeout)
+        if result.ok:
+            return result
+        try:
+            tail = (await runtime.read(stdout_path)).decode("utf-8", errors="replace")[-4000:]
+        except (SandboxError, OSError):
+            return result
+        return result.model_copy(update={"stdout": result.stdout + tail})
 
     async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:
         kept = []

@@ -14,6 +14,8 @@ _BUILTIN: dict[str, str] = {
     "bash": "vfray.harnesses.bash:BashHarness",
     "null": "vfray.harnesses.null:NullHarness",
     "mini-swe-agent": "vfray.harnesses.mini_swe_agent:MiniSweAgentHarness",
+    "codex": "vfray.harnesses.codex:CodexHarness",
+    "claude-code": "vfray.harnesses.claude_code:ClaudeCodeHarness",
 }
 _REGISTERED: dict[str, type[Harness]] = {}
 
