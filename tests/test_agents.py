@@ -94,10 +94,16 @@ async def test_mini_swe_agent_rollout_writes_the_file() -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_mini_swe_agent_rollout_in_bwrap() -> None:
-    need_registry("pypi")
-    _timed_install("mini-swe-agent")
-    trace = await _rollout("mini-swe-agent", runtime="bwrap")
+@pytest.mark.parametrize(
+    ("harness_id", "registry"),
+    [("mini-swe-agent", "pypi"), ("codex", "npm"), ("claude-code", "npm")],
+)
+async def test_agent_rollout_in_bwrap(harness_id: str, registry: str) -> None:
+    """The tool dir is bound read-only into the box; the agent runs with no network but the
+    interception's bridge."""
+    need_registry(registry)
+    _timed_install(harness_id)
+    trace = await _rollout(harness_id, runtime="bwrap")
     _check_solved(trace, calls=3)
 
 
@@ -123,3 +129,17 @@ async def test_codex_rollout_writes_the_file() -> None:
     (artifact,) = trace.artifacts
     events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
     assert events[-1]["type"] == "turn.completed"
+
+
+# -- claude-code -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_claude_code_rollout_writes_the_file() -> None:
+    need_registry("npm")
+    _timed_install("claude-code")
+    trace = await _rollout("claude-code")
+    _check_solved(trace, calls=3)
+    (artifact,) = trace.artifacts
+    events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
+    assert events[-1]["type"] == "result" and events[-1]["subtype"] == "success"
