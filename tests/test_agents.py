@@ -6,7 +6,10 @@ checks the file the agent wrote in the box. Skipped with the reason when a regis
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +17,13 @@ from agent_tools import need_registry
 
 import vfray as vf
 from vfray.errors import ConfigError, HarnessError
+from vfray.harness import run_until_stopped
 from vfray.harnesses import make_harness
 from vfray.harnesses._agent import ProvisionedHarness
 from vfray.harnesses.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
+from vfray.interception import Limits
 from vfray.provision import ensure_tool
+from vfray.rollout import Timeouts
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.subprocess import SubprocessRuntime
 
@@ -143,3 +149,77 @@ async def test_claude_code_rollout_writes_the_file() -> None:
     (artifact,) = trace.artifacts
     events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
     assert events[-1]["type"] == "result" and events[-1]["subtype"] == "success"
+
+
+# -- stop means stop -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("harness_id", "registry", "options"),
+    [
+        # mini-swe-agent's own default: 10 attempts with backoff (284 s measured before).
+        ("mini-swe-agent", "pypi", {"model_retries": 10}),
+        ("codex", "npm", {}),
+        ("claude-code", "npm", {}),
+    ],
+)
+async def test_a_refused_call_ends_the_agent_program(
+    harness_id: str, registry: str, options: dict[str, Any]
+) -> None:
+    """After the interception refuses a call (max_turns=1) the program is ended within the stop
+    grace, not left retrying: the rollout ends by its limit, before the agent budget (which
+    would record a timeout instead)."""
+    need_registry(registry)
+    _timed_install(harness_id)
+    trace = await _rollout(
+        harness_id,
+        harness_options=options,
+        limits=Limits(max_turns=1),
+        timeouts=Timeouts(agent=90),
+    )
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == []
+    assert len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    agent = trace.timing["agent"].duration
+    print(f"{harness_id}: max_turns=1 rollout's agent phase took {agent:.1f}s")
+
+
+async def test_a_program_that_ignores_the_stop_is_killed_after_the_grace() -> None:
+    """``run_until_stopped`` with a real process group that would run for a minute: the stop
+    lets it run out the grace, then the whole group (a forked child included) is gone."""
+    flag = {"stopped": False}
+    async with SubprocessRuntime() as box:
+        program = box.run_program(
+            ["sh", "-c", "sleep 60 & echo $! > child.pid; wait"], {}, timeout=120
+        )
+
+        async def stop_soon() -> None:
+            await asyncio.sleep(0.5)
+            flag["stopped"] = True
+
+        stopper = asyncio.ensure_future(stop_soon())
+        result = await run_until_stopped(program, lambda: flag["stopped"], grace=0.5)
+        await stopper
+        assert result.exit_code == -signal.SIGKILL
+        assert result.stderr.startswith("killed ")
+        assert result.stderr.endswith("after the rollout was stopped")
+        child = int((await box.read("child.pid")).decode())
+    assert not _running(child)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for this container's init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_a_program_that_ends_within_the_grace_keeps_its_result() -> None:
+    async with SubprocessRuntime() as box:
+        program = box.run_program(["sh", "-c", "sleep 0.5; echo bye"], {}, timeout=30)
+        result = await run_until_stopped(program, lambda: True, grace=20)
+        assert result.ok and result.stdout == "bye\n"

@@ -9,8 +9,11 @@ typed rollout error or a clean end.
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +32,8 @@ from vfray.trace import AgentArtifact, Message
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
+STOP_POLL = 0.2
+"""Seconds between looks at whether the rollout was stopped while its program runs."""
 
 
 class HarnessConfig(BaseModel):
@@ -245,3 +250,38 @@ def classify_exit(
         return SandboxError(f"the box died under the harness program ({how})")
     tail = output_tail(result)
     return HarnessError(f"the harness program failed ({how})" + (f":\n{tail}" if tail else ""))
+
+
+async def run_until_stopped(
+    program: Awaitable[ProgramResult],
+    stopped: Callable[[], bool],
+    grace: float,
+) -> ProgramResult:
+    """Await the harness program; once ``stopped()`` (the interception refused a call: a limit,
+    a stop hook) it may run ``grace`` seconds more to exit on its own, then it is cancelled,
+    which kills its whole process group. Agents that retry a refusal (mini-swe-agent backed off
+    for minutes) so end within the grace. A killed program's result says so in its stderr."""
+    task = asyncio.ensure_future(program)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=STOP_POLL)
+            if done:
+                return task.result()
+            if stopped():
+                break
+        since = time.monotonic()
+        done, _ = await asyncio.wait({task}, timeout=grace)
+        if done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return ProgramResult(
+            exit_code=-signal.SIGKILL,
+            stderr=f"killed {time.monotonic() - since:.1f}s after the rollout was stopped",
+        )
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
