@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 from agent_tools import need_registry
 
 import vfray as vf
 from vfray.errors import ConfigError, HarnessError
 from vfray.harness import run_until_stopped
-from vfray.harnesses import make_harness
+from vfray.harnesses import available_harnesses, make_harness
 from vfray.harnesses._agent import ProvisionedHarness
+from vfray.harnesses.claude_code import ClaudeCodeConfig, anthropic_root
+from vfray.harnesses.codex import CodexConfig, config_toml
 from vfray.harnesses.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
 from vfray.interception import Limits
 from vfray.provision import ensure_tool
@@ -68,6 +71,38 @@ def _check_solved(trace: vf.Trace, calls: int) -> None:
 
 
 # -- mini-swe-agent --------------------------------------------------------------------------
+
+
+def test_agent_harnesses_are_registered_with_typed_configs() -> None:
+    assert {"mini-swe-agent", "codex", "claude-code"} <= set(available_harnesses())
+    codex = make_harness("codex", {"reasoning_effort": "low", "env": {"RUST_LOG": "warn"}})
+    assert isinstance(codex.config, CodexConfig) and codex.config.version == "0.171.0"
+    claude = make_harness("claude-code", {"allowed_tools": ["Bash"]})
+    assert isinstance(claude.config, ClaudeCodeConfig) and claude.config.allowed_tools == ("Bash",)
+    for harness in (codex, claude):
+        assert harness.EXECUTES_CODE and not harness.NEEDS_CONTAINER
+    with pytest.raises(ConfigError, match="codex"):
+        make_harness("codex", {"no_such_option": 1})
+
+
+def test_codex_config_points_its_provider_at_the_interception() -> None:
+    config = tomllib.loads(config_toml("scripted:agent", "http://127.0.0.1:9/v1", "low"))
+    assert config["model"] == "scripted:agent" and config["model_provider"] == "vfray"
+    assert config["check_for_update_on_startup"] is False
+    assert config["analytics"] == {"enabled": False} and config["feedback"] == {"enabled": False}
+    assert config["model_reasoning_effort"] == "low"
+    assert config["model_providers"]["vfray"] == {
+        "name": "vfray",
+        "base_url": "http://127.0.0.1:9/v1",
+        "env_key": "VFRAY_API_KEY",
+        "wire_api": "responses",
+    }
+
+
+def test_claude_code_gets_the_interception_root_without_v1() -> None:
+    assert anthropic_root("http://127.0.0.1:9/v1") == "http://127.0.0.1:9"
+    assert anthropic_root("http://127.0.0.1:9/v1/") == "http://127.0.0.1:9"
+    assert anthropic_root("http://127.0.0.1:9") == "http://127.0.0.1:9"
 
 
 def test_mini_swe_agent_config_is_typed() -> None:

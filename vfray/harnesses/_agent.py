@@ -9,7 +9,7 @@ import asyncio
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -49,7 +49,7 @@ class ProvisionedHarness(Harness):
     NEEDS_CONTAINER = False
     EXECUTES_CODE = True
 
-    def __init__(self, config: HarnessConfig | dict[str, object] | None = None) -> None:
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
         # The root exists before any box starts, so a bwrap box (which binds it at start) sees
         # the install the first rollout's setup makes.
