@@ -29,6 +29,9 @@ from vfray.provision import ensure_tool
 from vfray.rollout import Timeouts
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.subprocess import SubprocessRuntime
+from vfray.trace import AgentArtifact
+from vfray.traces.convert import table_to_traces
+from vfray.traces.io import read_traces, write_traces
 
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 
@@ -214,6 +217,7 @@ async def test_a_refused_call_ends_the_agent_program(
         timeouts=Timeouts(agent=90),
     )
     assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.stop_condition.truncated
     assert trace.errors == []
     assert len(trace.calls) == 1
     assert not [note for note in trace.notes if "agent budget" in note], trace.notes
@@ -258,3 +262,11 @@ async def test_a_program_that_ends_within_the_grace_keeps_its_result() -> None:
         program = box.run_program(["sh", "-c", "sleep 0.5; echo bye"], {}, timeout=30)
         result = await run_until_stopped(program, lambda: True, grace=20)
         assert result.ok and result.stdout == "bye\n"
+
+
+def test_agent_artifacts_survive_the_run_folders_parquet(tmp_path: Path) -> None:
+    trace = vf.Trace(task=WriteFile(vf.TaskData(prompt=PROMPT)).record())
+    trace.artifacts.append(AgentArtifact(name="trajectory.json", content='{"a": 1}'))
+    write_traces([trace], tmp_path / "traces.parquet")
+    (back,) = table_to_traces(read_traces(tmp_path / "traces.parquet"))
+    assert back.artifacts == trace.artifacts

@@ -27,7 +27,7 @@ class MiniSweAgentConfig(AgentHarnessConfig):
     """Options of the mini-swe-agent harness."""
 
     version: str = "2.4.6"
-    config: str = "mini.yaml"
+    mini_config: str = "mini.yaml"
     """mini-swe-agent's base config (``mini.yaml``: a ``bash`` tool; ``mini_textbased.yaml``:
     commands in fenced blocks)."""
     command_timeout: float = Field(120.0, gt=0)
@@ -61,7 +61,7 @@ class MiniSweAgentHarness(ProvisionedHarness):
             "--agent-class",
             "default",
             "-c",
-            c.config,
+            c.mini_config,
             "-c",
             f"agent.step_limit={c.max_steps}",
             "-c",
