@@ -118,6 +118,19 @@ def test_mini_swe_agent_config_is_typed() -> None:
 
 
 @pytest.mark.slow
+async def test_mini_swe_agent_text_protocol_rollout() -> None:
+    """mini-swe-agent's text-based config: no tool schemas, one fenced block per reply."""
+    need_registry("pypi")
+    _timed_install("mini-swe-agent")
+    trace = await _rollout(
+        "mini-swe-agent",
+        harness_options={"mini_config": "mini_textbased", "model_class": "litellm_textbased"},
+    )
+    _check_solved(trace, calls=3)
+    assert all(not call.tools for call in trace.calls)
+
+
+@pytest.mark.slow
 async def test_mini_swe_agent_rollout_writes_the_file() -> None:
     need_registry("pypi")
     _timed_install("mini-swe-agent")

@@ -29,7 +29,9 @@ class MiniSweAgentConfig(AgentHarnessConfig):
     version: str = "2.4.6"
     mini_config: str = "mini.yaml"
     """mini-swe-agent's base config (``mini.yaml``: a ``bash`` tool; ``mini_textbased.yaml``:
-    commands in fenced blocks)."""
+    commands in fenced blocks, with ``model_class="litellm_textbased"``)."""
+    model_class: str | None = None
+    """mini-swe-agent's ``--model-class`` (e.g. ``litellm_textbased``); None: its default."""
     command_timeout: float = Field(120.0, gt=0)
     """Seconds one shell command may run."""
     model_retries: int = Field(3, gt=0)
@@ -68,6 +70,7 @@ class MiniSweAgentHarness(ProvisionedHarness):
             "agent.cost_limit=0",
             "-c",
             f"environment.timeout={int(c.command_timeout)}",
+            *(["--model-class", c.model_class] if c.model_class else []),
             "-m",
             f"openai/{model}",
             "-o",
