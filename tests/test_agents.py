@@ -188,6 +188,17 @@ async def test_codex_rollout_writes_the_file() -> None:
     assert events[-1]["type"] == "turn.completed"
 
 
+@pytest.mark.slow
+async def test_an_episode_of_concurrent_rollouts_shares_one_tool_dir() -> None:
+    need_registry("npm")
+    _timed_install("codex")
+    episode = await vf.run_episode(
+        WriteFile(vf.TaskData(prompt=PROMPT)), n=3, model="scripted:agent", harness="codex"
+    )
+    assert [t.reward for t in episode.traces] == [1.0, 1.0, 1.0]
+    assert all(len(t.calls) == 3 for t in episode.traces)
+
+
 # -- claude-code -----------------------------------------------------------------------------
 
 

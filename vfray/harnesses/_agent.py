@@ -32,8 +32,6 @@ class AgentHarnessConfig(HarnessConfig):
 
     version: str
     """The agent program's version to provision (subclasses pin a tested default)."""
-    tools_dir: str | None = None
-    """Root of the node's tool dirs; None: ``$VFRAY_TOOLS_DIR`` or ``~/.cache/vfray/tools``."""
     max_steps: int = Field(100, gt=0)
     """Model calls per run before the agent gives up, where the agent has such a limit."""
 
@@ -58,7 +56,9 @@ class ProvisionedHarness(Harness):
 
     @property
     def tools_root(self) -> str:
-        return str(tools_root(self.config.tools_dir))
+        """The node's tool root: ``$VFRAY_TOOLS_DIR`` or ``~/.cache/vfray/tools``. A property of
+        the node, not of a run, so every box runtime (bwrap binds it) agrees on it."""
+        return str(tools_root())
 
     def tool_spec(self) -> ToolSpec:
         raise NotImplementedError
