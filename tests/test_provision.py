@@ -117,3 +117,13 @@ def test_a_failed_pypi_install_names_the_package(tmp_path: Path) -> None:
     assert "\n" not in message
     assert message.startswith("cannot install six==999.0.0 for six (uv exit ")
     assert find_tool(missing, tmp_path) is None
+
+
+def test_a_killed_installers_staging_dir_is_cleaned_up(tmp_path: Path) -> None:
+    need_registry("npm")
+    stale = tmp_path / f".staging-{NPM_TINY.key}-deadbeef"
+    (stale / "node_modules").mkdir(parents=True)
+    stale.chmod(0o555)  # as a finished-but-not-renamed install would be
+    tool = ensure_tool(NPM_TINY, tmp_path)
+    assert tool.installed_now
+    assert not stale.exists()

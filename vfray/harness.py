@@ -32,7 +32,7 @@ from vfray.trace import AgentArtifact, Message
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
-STOP_POLL = 0.2
+STOP_POLL = 0.5
 """Seconds between looks at whether the rollout was stopped while its program runs."""
 
 

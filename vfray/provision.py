@@ -132,6 +132,8 @@ def ensure_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> I
     with _locked(base / ".locks" / f"{spec.key}.lock"):
         if (final / MANIFEST).is_file():  # another process finished while we waited
             return _installed(spec, final, False, started)
+        for stale in base.glob(f".staging-{spec.key}-*"):  # from an installer that was killed
+            _remove(stale)
         # A sibling of the final dir: renaming a read-only dir to another parent is refused.
         staging = base / f".staging-{spec.key}-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
