@@ -9,8 +9,11 @@ typed rollout error or a clean end.
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,10 +28,12 @@ from vfray.errors import (
 )
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.task import TaskData
-from vfray.trace import Message
+from vfray.trace import AgentArtifact, Message
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
+STOP_POLL = 0.5
+"""Seconds between looks at whether the rollout was stopped while its program runs."""
 
 
 class HarnessConfig(BaseModel):
@@ -124,6 +129,11 @@ class Harness(abc.ABC):
     async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
         """The conversation the last segment left in the box, when the program writes one."""
         return None
+
+    async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:
+        """Files to keep on the trace once the program has ended (the box is still up); the
+        default keeps none. Failures here are notes, never errors of the rollout."""
+        return []
 
     def resolve_prompt(self, data: TaskData) -> list[dict[str, Any]]:
         """The task's prompt as chat messages for this harness, with the system prompt placed
@@ -240,3 +250,38 @@ def classify_exit(
         return SandboxError(f"the box died under the harness program ({how})")
     tail = output_tail(result)
     return HarnessError(f"the harness program failed ({how})" + (f":\n{tail}" if tail else ""))
+
+
+async def run_until_stopped(
+    program: Awaitable[ProgramResult],
+    stopped: Callable[[], bool],
+    grace: float,
+) -> ProgramResult:
+    """Await the harness program; once ``stopped()`` (the interception refused a call: a limit,
+    a stop hook) it may run ``grace`` seconds more to exit on its own, then it is cancelled,
+    which kills its whole process group. Agents that retry a refusal (mini-swe-agent backed off
+    for minutes) so end within the grace. A killed program's result says so in its stderr."""
+    task = asyncio.ensure_future(program)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=STOP_POLL)
+            if done:
+                return task.result()
+            if stopped():
+                break
+        since = time.monotonic()
+        done, _ = await asyncio.wait({task}, timeout=grace)
+        if done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return ProgramResult(
+            exit_code=-signal.SIGKILL,
+            stderr=f"killed {time.monotonic() - since:.1f}s after the rollout was stopped",
+        )
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -24,7 +24,7 @@ from vfray.errors import (
     SandboxError,
     TaskError,
 )
-from vfray.harness import Harness, LaunchContext, classify_exit
+from vfray.harness import Harness, LaunchContext, classify_exit, run_until_stopped
 from vfray.interception.limits import Limits
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
@@ -52,6 +52,12 @@ class Timeouts(BaseModel):
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
     teardown: float = Field(60.0, gt=0, description="seconds to stop the box")
+    stop_grace: float = Field(
+        5.0,
+        gt=0,
+        description="seconds the harness program may run on after the interception refused a "
+        "call (a limit, a stop hook) before its process group is killed",
+    )
 
     def for_task(self, data: TaskData) -> Timeouts:
         own = data.timeout.model_dump(exclude_none=True)
@@ -162,7 +168,7 @@ async def execute_rollout(
         await _run_phase(trace, "setup", timeouts.setup, setup, TaskError)
         setup_ok = True
         trace = await _agent_phase(
-            task, trace, plan, harness, runtime, broker, interception_url, timeouts.agent
+            task, trace, plan, harness, runtime, broker, interception_url, timeouts
         )
         await _run_phase(
             trace,
@@ -208,9 +214,10 @@ async def _agent_phase(
     runtime: Runtime,
     broker: SessionBroker,
     interception_url: str,
-    deadline: float,
+    timeouts: Timeouts,
 ) -> Trace:
     """Open a session, run the harness program, close the session; returns the recorded trace."""
+    deadline = timeouts.agent
     trace.start_phase("agent")
     secret: str | None = None
     try:
@@ -224,13 +231,24 @@ async def _agent_phase(
         )
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(harness.launch(ctx, runtime), timeout=deadline)
+            # In this process the session records into ``trace`` itself, so a refusal shows
+            # here at once; a remote session's copy does not, and its program ends on its own.
+            program = run_until_stopped(
+                harness.launch(ctx, runtime),
+                lambda: trace.stop_condition is not None,
+                timeouts.stop_grace,
+            )
+            result = await asyncio.wait_for(program, timeout=deadline)
         except asyncio.TimeoutError:
             result = None
             log.info("agent phase of %s hit its %gs budget", task.key[:12], deadline)
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
+        try:
+            trace.artifacts.extend(await harness.collect_artifacts(runtime))
+        except Exception as exc:  # the agent's own transcript is a bonus, never a failure
+            trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
         if result is None:
             trace.stop(StopCondition.TIMEOUT)
             trace.notes.append(

@@ -130,6 +130,19 @@ class Usage(BaseModel):
         )
 
 
+class AgentArtifact(BaseModel):
+    """A text file the harness kept from the box after its program ended, such as the agent's
+    own transcript (mini-swe-agent's trajectory, Codex's JSON events)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """The file's name, e.g. ``trajectory.json``."""
+    content: str
+    truncated: bool = False
+    """True when the file was longer than the harness keeps (its head is kept)."""
+
+
 class ErrorInfo(BaseModel):
     """A typed error recorded as data; ``type`` is the class name from :mod:`vfray.errors`."""
 
@@ -255,6 +268,8 @@ class Trace(BaseModel):
     errors: list[ErrorInfo] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     """Non-fatal observations (a skipped hook, an ignored retry) a user should be able to see."""
+    artifacts: list[AgentArtifact] = Field(default_factory=list)
+    """Files the harness kept from the box (:meth:`vfray.harness.Harness.collect_artifacts`)."""
     timing: dict[str, PhaseTiming] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
 

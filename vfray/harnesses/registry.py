@@ -13,6 +13,9 @@ from vfray.harness import Harness, HarnessConfig
 _BUILTIN: dict[str, str] = {
     "bash": "vfray.harnesses.bash:BashHarness",
     "null": "vfray.harnesses.null:NullHarness",
+    "mini-swe-agent": "vfray.harnesses.mini_swe_agent:MiniSweAgentHarness",
+    "codex": "vfray.harnesses.codex:CodexHarness",
+    "claude-code": "vfray.harnesses.claude_code:ClaudeCodeHarness",
 }
 _REGISTERED: dict[str, type[Harness]] = {}
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from vfray.errors import SandboxError
+from vfray.provision import tools_root
 from vfray.runtimes.base import ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.launches import Launch
@@ -182,6 +183,11 @@ class BwrapRuntime(SubprocessRuntime):
         args += ["--bind", str(self.base / "tmp"), "/tmp"]
         args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
         args += ["--bind", str(self.workdir), self.box_workdir, "--chdir", self.box_workdir]
+        # The node's agent tool dir (vfray.provision), when a harness made one; last, so a
+        # root under /tmp is not hidden by the box's own /tmp.
+        tools = str(tools_root())
+        if os.path.isdir(tools):
+            args += ["--ro-bind", tools, tools]
         return args
 
     def _isolated(self) -> bool:

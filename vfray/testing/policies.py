@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-POLICIES = ("echo", "arithmetic", "bash", "tokens")
+POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent")
 """Names accepted by ``ScriptedModel(policy=...)``."""
 
 VOCAB_SIZE = 1 << 17
@@ -64,6 +64,23 @@ class Conversation:
     """An integer ``seed`` field in the request body, used as the sampling nonce when present."""
     want_tokens: bool = False
     """The request asked for logprobs / token ids (the ``tokens`` policy always returns them)."""
+    user_texts: tuple[str, ...] = ()
+    """Texts of every user message, oldest first (tool results excluded)."""
+    shell: ShellTool | None = None
+    """The shell-like tool the request offers, read from its schemas (the ``agent`` policy)."""
+    actions_taken: int = 0
+    """Actions the assistant already took in this conversation: tool calls, and replies
+    carrying a fenced code block (agents that parse commands out of text)."""
+
+
+@dataclass(frozen=True)
+class ShellTool:
+    """A tool that runs a shell command: its name, argument name and whether the argument is
+    an argv list (``["bash", "-lc", cmd]``) rather than a command string."""
+
+    name: str
+    argument: str = "command"
+    argv: bool = False
 
 
 @dataclass(frozen=True)
@@ -201,7 +218,7 @@ class Sampler:
 @dataclass(frozen=True)
 class Decision:
     text: str = ""
-    tool_call: tuple[str, dict[str, str]] | None = None
+    tool_call: tuple[str, dict[str, object]] | None = None
 
 
 def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -> Decision:
@@ -225,6 +242,10 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
         if "bash" not in conv.tool_names:
             return Decision(text=command)
         return Decision(tool_call=("bash", {"command": command}))
+    if policy == "agent":
+        from vfray.testing.agent import decide_agent
+
+        return decide_agent(conv)
     raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
 
 

@@ -96,7 +96,8 @@ class ScriptedModel:
     """A deterministic model server; the instance is the ASGI app.
 
     ``policy`` is one of ``echo``, ``arithmetic``, ``bash``, ``tokens`` (see
-    :mod:`vfray.testing.policies`). ``accuracy`` is the chance an arithmetic answer is right,
+    :mod:`vfray.testing.policies`) or ``agent`` (drives real agent programs, see
+    :mod:`vfray.testing.agent`). ``accuracy`` is the chance an arithmetic answer is right,
     drawn from ``seed``, the prompt and a per-call nonce (see :class:`Sampler`). ``latency`` is
     slept before every completion. With ``context_window`` set, a request whose prompt tokens
     plus ``max_tokens`` exceed it is refused as a context-length error.

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from vfray.testing.agent import find_shell
 from vfray.testing.policies import Conversation
 
 Json = dict[str, Any]
@@ -99,8 +100,19 @@ def _tool_names(body: Json) -> frozenset[str]:
     return frozenset(names)
 
 
+def _has_fence(text: str) -> bool:
+    return "```" in text
+
+
 def _common(
-    body: Json, texts: list[str], last_user: str, tool_output: str | None, max_tokens: int | None
+    body: Json,
+    texts: list[str],
+    last_user: str,
+    tool_output: str | None,
+    max_tokens: int | None,
+    *,
+    user_texts: list[str],
+    actions: int,
 ) -> Request:
     stream = _typed(body, "stream", bool, "a boolean") or False
     model = _typed(body, "model", str, "a string")
@@ -115,6 +127,9 @@ def _common(
         want_tokens=bool(
             body.get("logprobs") or body.get("return_token_ids") or body.get("top_logprobs")
         ),
+        user_texts=tuple(user_texts),
+        shell=find_shell(_objects(body, "tools", required=False)),
+        actions_taken=actions,
     )
     return Request(conv, model, bool(stream), bool(options.get("include_usage")))
 
@@ -125,6 +140,8 @@ def parse_chat(body: Json) -> Request:
     if n not in (None, 1):
         raise BadRequest("the scripted model supports only n=1", "n")
     texts, last_user, tool_output = [], "", None
+    user_texts: list[str] = []
+    actions = 0
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool", "function"):
@@ -139,6 +156,9 @@ def parse_chat(body: Json) -> Request:
         texts.append(text)
         if role == "user":
             last_user = text
+            user_texts.append(text)
+        if role == "assistant" and (message.get("tool_calls") or _has_fence(text)):
+            actions += 1
         tool_output = text if role in ("tool", "function") else None
     return _common(
         body,
@@ -146,6 +166,8 @@ def parse_chat(body: Json) -> Request:
         last_user,
         tool_output,
         _max_tokens(body, "max_completion_tokens", "max_tokens"),
+        user_texts=user_texts,
+        actions=actions,
     )
 
 
@@ -163,6 +185,8 @@ def parse_responses(body: Json) -> Request:
     else:
         items = _objects(body, "input", required=True)
     last_user, tool_output = "", None
+    user_texts: list[str] = []
+    actions = 0
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         tool_output = None
@@ -175,14 +199,26 @@ def parse_responses(body: Json) -> Request:
             text = _text(item.get("content"), f"input[{i}].content")
             if item["role"] == "user":
                 last_user = text
+                user_texts.append(text)
+            elif item["role"] == "assistant" and _has_fence(text):
+                actions += 1
         elif kind == "function_call_output":
             text = tool_output = _text(item.get("output"), f"input[{i}].output")
         elif kind == "function_call":
             text = str(item.get("arguments", ""))
+            actions += 1
         else:
             continue  # reasoning and other items carry nothing a policy reads
         texts.append(text)
-    return _common(body, texts, last_user, tool_output, _max_tokens(body, "max_output_tokens"))
+    return _common(
+        body,
+        texts,
+        last_user,
+        tool_output,
+        _max_tokens(body, "max_output_tokens"),
+        user_texts=user_texts,
+        actions=actions,
+    )
 
 
 def parse_anthropic(body: Json) -> Request:
@@ -192,15 +228,25 @@ def parse_anthropic(body: Json) -> Request:
         raise BadRequest("max_tokens: Field required", "max_tokens")
     texts = [_text(body.get("system"), "system")]
     last_user, tool_output = "", None
+    user_texts: list[str] = []
+    actions = 0
     for i, message in enumerate(messages):
         role = message.get("role")
-        if role not in ("user", "assistant"):
+        # Claude Code puts its environment description in a role "system" entry here.
+        if role not in ("user", "assistant", "system"):
             raise BadRequest(
                 f"messages.{i}.role must be 'user' or 'assistant'", f"messages.{i}.role"
             )
         content = message.get("content")
         text = _text(content, f"messages.{i}.content")
         texts.append(text)
+        if role == "system":
+            continue
+        if role == "assistant":
+            uses = isinstance(content, list) and any(
+                isinstance(b, dict) and b.get("type") == "tool_use" for b in content
+            )
+            actions += 1 if uses or _has_fence(text) else 0
         results = (
             [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
             if isinstance(content, list)
@@ -211,4 +257,13 @@ def parse_anthropic(body: Json) -> Request:
         )
         if role == "user" and not results:
             last_user = text
-    return _common(body, texts, last_user, tool_output, max_tokens)
+            user_texts.append(text)
+    return _common(
+        body,
+        texts,
+        last_user,
+        tool_output,
+        max_tokens,
+        user_texts=user_texts,
+        actions=actions,
+    )

@@ -1,0 +1,129 @@
+"""Plumbing shared by the harnesses of real agent programs (mini-swe-agent, codex, claude-code):
+the typed config every one takes, provisioning the program into the node's tool dir during
+setup, the launch environment, and keeping the agent's own transcript files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from vfray.errors import HarnessError, SandboxError
+from vfray.harness import Harness, HarnessConfig
+from vfray.provision import InstalledTool, ToolSpec, ensure_tool, tools_root
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.trace import AgentArtifact, Message
+
+AGENT_DIR = ".vfray/agent"
+"""Folder (relative to the box's work dir) for the agent's config and transcript files."""
+ARTIFACT_LIMIT = 8 * 1024 * 1024
+"""Characters of one transcript file kept on the trace (its head)."""
+HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap")
+"""Runtimes whose boxes see the node's tool dir (bwrap binds it read-only)."""
+
+
+class AgentHarnessConfig(HarnessConfig):
+    """Options every real-agent harness takes, on top of ``env`` and ``extra_args``."""
+
+    version: str
+    """The agent program's version to provision (subclasses pin a tested default)."""
+    max_steps: int = Field(100, gt=0)
+    """Model calls per run before the agent gives up, where the agent has such a limit."""
+
+
+class ProvisionedHarness(Harness):
+    """A harness whose program is an installed agent; subclasses give :meth:`tool_spec`,
+    the launch, and ``ARTIFACTS`` (box paths of transcript files to keep)."""
+
+    config_type: ClassVar[type[HarnessConfig]] = AgentHarnessConfig
+    config: AgentHarnessConfig
+    ARTIFACTS: ClassVar[tuple[str, ...]] = ()
+
+    NEEDS_CONTAINER = False
+    EXECUTES_CODE = True
+
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        # The root exists before any box starts, so a bwrap box (which binds it at start) sees
+        # the install the first rollout's setup makes.
+        os.makedirs(self.tools_root, exist_ok=True)
+        self._tool: InstalledTool | None = None
+
+    @property
+    def tools_root(self) -> str:
+        """The node's tool root: ``$VFRAY_TOOLS_DIR`` or ``~/.cache/vfray/tools``. A property of
+        the node, not of a run, so every box runtime (bwrap binds it) agrees on it."""
+        return str(tools_root())
+
+    def tool_spec(self) -> ToolSpec:
+        raise NotImplementedError
+
+    async def setup(self, runtime: Runtime) -> None:
+        """Provision the program on this node (once; later rollouts find it installed)."""
+        if runtime.type not in HOST_FILESYSTEM_RUNTIMES:
+            raise HarnessError(
+                f"harness {self.id!r} runs its program from the node's tool dir, which runtime "
+                f"{runtime.type!r} cannot mount yet; use "
+                + " or ".join(repr(r) for r in HOST_FILESYSTEM_RUNTIMES)
+            )
+        await self.installed()
+
+    async def installed(self) -> InstalledTool:
+        """The provisioned program (installing it on first use)."""
+        if self._tool is None:
+            # One harness object serves many rollouts: they all resolve to the same dir.
+            self._tool = await asyncio.to_thread(ensure_tool, self.tool_spec(), self.tools_root)
+        return self._tool
+
+    async def run_logged(
+        self,
+        runtime: Runtime,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stdout_path: str,
+        timeout: float | None,
+        box_paths: Sequence[str] = (),
+    ) -> ProgramResult:
+        """Run ``argv`` with its stdout (the agent's JSON event stream, its transcript) going to
+        ``stdout_path`` in the box rather than the capped capture; the variables named in
+        ``box_paths`` hold paths relative to the work dir and are made absolute (agents resolve
+        their config homes against changing dirs). The result's stdout is the stream's tail,
+        so a failure's message shows the agent's last events."""
+        exports = "".join(f'{v}="$PWD/${v}"; export {v}; ' for v in box_paths)
+        script = f'{exports}exec "$0" "$@" > {shlex.quote(stdout_path)}'
+        result = await runtime.run_program(["/bin/sh", "-c", script, *argv], env, timeout=timeout)
+        if result.ok:
+            return result
+        try:
+            tail = (await runtime.read(stdout_path)).decode("utf-8", errors="replace")[-4000:]
+        except (SandboxError, OSError):
+            return result
+        return result.model_copy(update={"stdout": result.stdout + tail})
+
+    async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:
+        kept = []
+        for path in self.ARTIFACTS:
+            try:
+                raw = await runtime.read(path)
+            except (SandboxError, OSError):
+                continue  # the program died before writing it
+            text = raw.decode("utf-8", errors="replace")
+            kept.append(
+                AgentArtifact(
+                    name=os.path.basename(path),
+                    content=text[:ARTIFACT_LIMIT],
+                    truncated=len(text) > ARTIFACT_LIMIT,
+                )
+            )
+        return kept
+
+
+def prompt_text(messages: list[dict[str, object]]) -> str:
+    """A resolved prompt as one task text (these agents take the task as a single string)."""
+    return "\n\n".join(Message.model_validate(m).text for m in messages if m.get("content"))

@@ -1,0 +1,100 @@
+"""The ``claude-code`` harness: Anthropic's Claude Code (npm ``@anthropic-ai/claude-code``, with
+a Node.js 22 from npm in the same tool dir, as it needs Node >= 22) run as ``claude -p`` in the
+Anthropic dialect against the interception; its stream-json transcript is kept on the trace.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from vfray.harness import HarnessConfig, LaunchContext
+from vfray.harnesses._agent import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
+from vfray.provision import ToolSpec
+from vfray.runtimes.base import ProgramResult, Runtime
+
+CONFIG_DIR = f"{AGENT_DIR}/claude-config"
+EVENTS_PATH = f"{AGENT_DIR}/claude-events.jsonl"
+
+OPT_OUTS = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+"""With these the program connects only to the interception (observed, see agents.md)."""
+
+
+class ClaudeCodeConfig(AgentHarnessConfig):
+    """Options of the claude-code harness."""
+
+    version: str = "2.1.332"
+    node_version: str = "22"
+    """The npm ``node`` package installed beside it (Claude Code needs Node >= 22)."""
+    allowed_tools: tuple[str, ...] = ("Bash", "Read", "Edit", "Write")
+    """Tools the agent may use without asking (print mode cannot ask)."""
+
+
+def anthropic_root(endpoint: str) -> str:
+    """The interception root an Anthropic client wants: the endpoint without ``/v1``."""
+    return endpoint.rstrip("/").removesuffix("/v1")
+
+
+class ClaudeCodeHarness(ProvisionedHarness):
+    """Claude Code in print mode with stream-json output."""
+
+    id = "claude-code"
+    config_type: ClassVar[type[HarnessConfig]] = ClaudeCodeConfig
+    config: ClaudeCodeConfig
+    ARTIFACTS = (EVENTS_PATH,)
+    APPENDS_SYSTEM_PROMPT = False
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="claude-code",
+            kind="npm",
+            package="@anthropic-ai/claude-code",
+            version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
+        )
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        tool = await self.installed()
+        # Its config home must exist before the stdout redirect into the same folder.
+        await runtime.write(f"{CONFIG_DIR}/.keep", b"")
+        c = self.config
+        argv = [
+            tool.executable("claude"),
+            "-p",
+            prompt_text(self.resolve_prompt(ctx.data)),
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            ctx.model,
+            "--max-turns",
+            str(c.max_steps),
+            *(["--allowedTools", ",".join(c.allowed_tools)] if c.allowed_tools else []),
+            *c.extra_args,
+        ]
+        env = {
+            # The tool dir's bin holds its own node, which claude's #!/usr/bin/env node finds.
+            "PATH": tool.path_env(),
+            "ANTHROPIC_BASE_URL": anthropic_root(ctx.endpoint),
+            "ANTHROPIC_API_KEY": ctx.secret,
+            "CLAUDE_CONFIG_DIR": CONFIG_DIR,
+            **OPT_OUTS,
+            **c.env,
+        }
+        return await self.run_logged(
+            runtime,
+            argv,
+            env,
+            stdout_path=EVENTS_PATH,
+            timeout=ctx.timeout,
+            box_paths=("CLAUDE_CONFIG_DIR",),
+        )

@@ -1,0 +1,108 @@
+"""The ``codex`` harness: OpenAI's Codex CLI (npm ``@openai/codex``, a native binary inside the
+package) from the node's tool dir, run as ``codex exec`` in the Responses dialect against the
+interception through a provider entry in its own ``$CODEX_HOME/config.toml``; its JSON event
+stream is kept on the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from vfray.harness import HarnessConfig, LaunchContext
+from vfray.harnesses._agent import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
+from vfray.harnesses.chat import openai_base_url
+from vfray.provision import ToolSpec
+from vfray.runtimes.base import ProgramResult, Runtime
+
+CODEX_HOME = f"{AGENT_DIR}/codex-home"
+EVENTS_PATH = f"{AGENT_DIR}/codex-events.jsonl"
+KEY_VAR = "VFRAY_API_KEY"
+PROVIDER = "vfray"
+
+
+class CodexConfig(AgentHarnessConfig):
+    """Options of the codex harness."""
+
+    version: str = "0.171.0"
+    reasoning_effort: str | None = None
+    """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
+
+
+def config_toml(model: str, base_url: str, reasoning_effort: str | None = None) -> str:
+    """Codex's config: the interception as the only provider, update checks, analytics and
+    feedback off."""
+    q = json.dumps  # a JSON string is a valid TOML basic string
+    lines = [
+        f"model = {q(model)}",
+        f"model_provider = {q(PROVIDER)}",
+        "check_for_update_on_startup = false",
+    ]
+    if reasoning_effort is not None:
+        lines.append(f"model_reasoning_effort = {q(reasoning_effort)}")
+    lines += [
+        "",
+        "[analytics]",
+        "enabled = false",
+        "",
+        "[feedback]",
+        "enabled = false",
+        "",
+        f"[model_providers.{PROVIDER}]",
+        f"name = {q(PROVIDER)}",
+        f"base_url = {q(base_url)}",
+        f"env_key = {q(KEY_VAR)}",
+        'wire_api = "responses"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class CodexHarness(ProvisionedHarness):
+    """Codex CLI, non-interactive, no approvals and no sandbox of its own (the box is one)."""
+
+    id = "codex"
+    config_type: ClassVar[type[HarnessConfig]] = CodexConfig
+    config: CodexConfig
+    ARTIFACTS = (EVENTS_PATH,)
+    APPENDS_SYSTEM_PROMPT = False
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="codex", kind="npm", package="@openai/codex", version=self.config.version
+        )
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        tool = await self.installed()
+        toml = config_toml(ctx.model, openai_base_url(ctx.endpoint), self.config.reasoning_effort)
+        await runtime.write(f"{CODEX_HOME}/config.toml", toml.encode())
+        task = prompt_text(self.resolve_prompt(ctx.data))
+        argv = [
+            tool.executable("codex"),
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--ephemeral",
+            "--json",
+            *self.config.extra_args,
+            task,
+        ]
+        env = {
+            "PATH": tool.path_env(),
+            "CODEX_HOME": CODEX_HOME,
+            KEY_VAR: ctx.secret,
+            **self.config.env,
+        }
+        return await self.run_logged(
+            runtime,
+            argv,
+            env,
+            stdout_path=EVENTS_PATH,
+            timeout=ctx.timeout,
+            box_paths=("CODEX_HOME",),
+        )

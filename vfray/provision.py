@@ -1,0 +1,242 @@
+"""Agent programs installed once per node into content-addressed, read-only tool directories.
+
+A :class:`ToolSpec` (an npm package, or a PyPI package in its own uv venv) names one directory
+under the tools root, keyed by name, version, platform and a hash of the whole spec. The first
+caller installs into a staging dir under a file lock and renames it into place; every later
+caller, in any process on the node, finds it and pays nothing. npm and uv share one per-node
+download cache under the root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from vfray.errors import HarnessError
+
+TOOLS_DIR_ENV = "VFRAY_TOOLS_DIR"
+"""Overrides the tools root (default ``~/.cache/vfray/tools``)."""
+MANIFEST = ".vfray-tool.json"
+"""Written last into a finished tool dir: its presence means the install completed."""
+INSTALL_TIMEOUT = 900.0
+
+
+class ToolSpec(BaseModel):
+    """One agent program to provision: ``kind`` says which installer, ``packages`` what else
+    goes into the same dir (e.g. a Node.js runtime for an npm agent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: Literal["npm", "pypi"]
+    package: str
+    version: str
+    packages: tuple[str, ...] = ()
+    """Further requirements installed alongside (npm specs, or PEP 508 requirements)."""
+    python: str | None = None
+    """For ``pypi``: the venv's interpreter (a path or version); None: this interpreter."""
+
+    @property
+    def requirement(self) -> str:
+        return (
+            f"{self.package}@{self.version}"
+            if self.kind == "npm"
+            else (f"{self.package}=={self.version}")
+        )
+
+    @property
+    def platform(self) -> str:
+        tag = f"{sys.platform}-{platform.machine()}"
+        if self.kind == "pypi":
+            python = self.python or f"py{sys.version_info.major}.{sys.version_info.minor}"
+            tag += f"-{python}"
+        return tag
+
+    @property
+    def key(self) -> str:
+        """The dir name: readable name and version, then a hash of everything that matters."""
+        payload = json.dumps([self.model_dump(mode="json"), self.platform], sort_keys=True)
+        digest = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return f"{_safe(self.name)}-{_safe(self.version)}-{digest}"
+
+
+class InstalledTool(BaseModel):
+    """A finished tool dir: where it is, where its executables are, and what it cost now."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: ToolSpec
+    path: Path
+    bin_dir: Path
+    installed_now: bool
+    """True for the call that ran the install; False when it was already there."""
+    seconds: float
+    """Time this call spent (install, or waiting for another process's install, or lookup)."""
+
+    def executable(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def path_env(self, base: str = "/usr/local/bin:/usr/bin:/bin") -> str:
+        """A ``PATH`` with this tool's executables first."""
+        return f"{self.bin_dir}:{base}"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+
+
+def tools_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The tools root: ``root``, else ``$VFRAY_TOOLS_DIR``, else ``~/.cache/vfray/tools``."""
+    chosen = root or os.environ.get(TOOLS_DIR_ENV) or Path.home() / ".cache" / "vfray" / "tools"
+    return Path(chosen).expanduser().resolve()
+
+
+def _bin_dir(spec: ToolSpec, path: Path) -> Path:
+    return path / ("node_modules/.bin" if spec.kind == "npm" else "venv/bin")
+
+
+def find_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> Path | None:
+    """The finished tool dir for ``spec``, or None when it is not installed."""
+    path = tools_root(root) / spec.key
+    return path if (path / MANIFEST).is_file() else None
+
+
+def ensure_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> InstalledTool:
+    """Install ``spec`` unless it already is, and return its dir. Safe to call from many
+    processes and threads at once: one installs, the others wait on its lock and reuse it.
+
+    Raises :class:`HarnessError` with one line naming the package and the installer's last
+    error line when the install fails (nothing half-installed is left in place).
+    """
+    started = time.monotonic()
+    base = tools_root(root)
+    final = base / spec.key
+    if (final / MANIFEST).is_file():
+        return _installed(spec, final, False, started)
+    with _locked(base / ".locks" / f"{spec.key}.lock"):
+        if (final / MANIFEST).is_file():  # another process finished while we waited
+            return _installed(spec, final, False, started)
+        for stale in base.glob(f".staging-{spec.key}-*"):  # from an installer that was killed
+            _remove(stale)
+        # A sibling of the final dir: renaming a read-only dir to another parent is refused.
+        staging = base / f".staging-{spec.key}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        try:
+            _install(spec, staging, base / ".cache")
+            (staging / MANIFEST).write_text(
+                json.dumps({**spec.model_dump(mode="json"), "platform": spec.platform})
+            )
+            _make_read_only(staging)
+            if final.exists():  # a dir without a manifest: an install that died mid-rename
+                _remove(final)
+            os.rename(staging, final)
+        except BaseException:
+            _remove(staging)
+            raise
+    return _installed(spec, final, True, started)
+
+
+def _installed(spec: ToolSpec, path: Path, now: bool, started: float) -> InstalledTool:
+    return InstalledTool(
+        spec=spec,
+        path=path,
+        bin_dir=_bin_dir(spec, path),
+        installed_now=now,
+        seconds=time.monotonic() - started,
+    )
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _install(spec: ToolSpec, dest: Path, cache: Path) -> None:
+    if spec.kind == "npm":
+        npm = _which("npm", spec)
+        argv = [npm, "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--no-save"]
+        argv += ["--loglevel=error", spec.requirement, *spec.packages]
+        _run(spec, argv, {"npm_config_cache": str(cache / "npm"), "NO_UPDATE_NOTIFIER": "1"})
+        return
+    uv = _which("uv", spec)
+    env = {"UV_CACHE_DIR": str(cache / "uv"), "UV_NO_PROGRESS": "1"}
+    venv = dest / "venv"
+    python = spec.python or sys.executable
+    # Relocatable: the venv is built in staging and renamed into place. Copies, not hard links
+    # into the cache: the finished dir is made read-only, which would reach the cache's files.
+    _run(spec, [uv, "venv", "--relocatable", "--python", python, str(venv)], env)
+    argv = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
+    _run(spec, [*argv, "--link-mode", "copy", spec.requirement, *spec.packages], env)
+
+
+def _which(program: str, spec: ToolSpec) -> str:
+    # uv lives next to this interpreter in a venv that is not activated.
+    found = shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
+    if found is None:
+        raise HarnessError(
+            f"cannot install {spec.requirement} for {spec.name}: {program} is not installed"
+        )
+    return found
+
+
+def _run(spec: ToolSpec, argv: list[str], extra: Mapping[str, str]) -> None:
+    env = {**os.environ, **extra}
+    try:
+        done = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise HarnessError(
+            f"cannot install {spec.requirement} for {spec.name}: "
+            f"{Path(argv[0]).name} ran past {INSTALL_TIMEOUT:g}s"
+        ) from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines()]
+        # npm ends with a log-file hint; the cause is the first error line.
+        useful = [ln for ln in lines if ln and "complete log of this run" not in ln]
+        why = next((ln for ln in useful if "error" in ln.lower()), useful[-1] if useful else "")
+        raise HarnessError(
+            f"cannot install {spec.requirement} for {spec.name} "
+            f"({Path(argv[0]).name} exit {done.returncode}): {why[:300]}"
+        )
+
+
+def _make_read_only(path: Path) -> None:
+    write = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for entry in [*path.rglob("*"), path]:
+        if entry.is_symlink():
+            continue
+        mode = entry.stat().st_mode
+        entry.chmod((mode & ~write) | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+def _remove(path: Path) -> None:
+    """Remove a (possibly read-only) tree."""
+    if not path.exists():
+        return
+    for entry in [path, *path.rglob("*")]:
+        if entry.is_dir() and not entry.is_symlink():
+            entry.chmod(entry.stat().st_mode | stat.S_IWUSR | stat.S_IXUSR)
+    shutil.rmtree(path, ignore_errors=True)
