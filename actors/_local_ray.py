@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import ray
 
+from vfray.runtimes.lifeline import OWNER_ENV, owner_id
+
 LOOPBACK = "127.0.0.1"
 
 # Whether this process's cached Ray auth settings are a local start's (see restore_auth_settings).
@@ -85,6 +87,10 @@ def start(num_cpus: int | None) -> None:
     can find it. Raises RuntimeError if Ray came up anywhere but loopback.
     """
     token_env: dict[str, str | None] = {
+        # The owner's lifeline (vfray.runtimes.lifeline) kills every process carrying this
+        # process's token once it dies, SIGKILL included: Ray's own agents otherwise linger a
+        # minute or more after their driver was killed, retrying a GCS that died with it.
+        OWNER_ENV: owner_id(),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "RAY_AUTH_TOKEN_PATH": None,
