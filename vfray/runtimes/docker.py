@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import SandboxError, optional_import
+from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
@@ -107,8 +108,8 @@ class DockerRuntime(Runtime):
         (self.base / "bridge").mkdir(mode=0o777)
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         try:
-            self.client = await asyncio.to_thread(self._make_client)
-            self.container = await asyncio.to_thread(
+            self.client = await blocking(self._make_client)
+            self.container = await blocking(
                 self.client.containers.run, self.image, **self.container_options()
             )
         except Exception as exc:
@@ -144,7 +145,7 @@ class DockerRuntime(Runtime):
         api = self.client.api
         started = time.monotonic()
         exec_id = (
-            await asyncio.to_thread(
+            await blocking(
                 api.exec_create,
                 container.id,
                 command,
@@ -152,7 +153,7 @@ class DockerRuntime(Runtime):
                 workdir=self.box_workdir,
             )
         )["Id"]
-        job = asyncio.ensure_future(asyncio.to_thread(api.exec_start, exec_id, demux=True))
+        job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
@@ -160,7 +161,7 @@ class DockerRuntime(Runtime):
             timed_out = True
             await self._kill_exec(exec_id)
             out, err = await job
-        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        info = await blocking(api.exec_inspect, exec_id)
         stdout, cut_out = _tail(out, self.output_cap)
         stderr, cut_err = _tail(err, self.output_cap)
         code = info.get("ExitCode")
@@ -174,7 +175,7 @@ class DockerRuntime(Runtime):
         )
 
     async def _kill_exec(self, exec_id: str) -> None:
-        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        info = await blocking(self.client.api.exec_inspect, exec_id)
         pid = info.get("Pid") or 0
         if pid > 0:
             kill_pids(descendants(pid))
@@ -189,7 +190,7 @@ class DockerRuntime(Runtime):
         made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
         if not made.ok:
             raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
-        ok = await asyncio.to_thread(container.put_archive, str(path.parent), buffer.getvalue())
+        ok = await blocking(container.put_archive, str(path.parent), buffer.getvalue())
         if not ok:
             raise SandboxError(f"cannot write {path}")
 
@@ -210,7 +211,7 @@ class DockerRuntime(Runtime):
                 return handle.read()
 
         try:
-            return await asyncio.to_thread(_read)
+            return await blocking(_read)
         except SandboxError:
             raise
         except Exception as exc:
@@ -227,7 +228,7 @@ class DockerRuntime(Runtime):
     async def _start_forwarder(self, port: int) -> None:
         container = self._require()
         spec = f"{port}={BRIDGE_DIR}/{port}.sock"
-        await asyncio.to_thread(
+        await blocking(
             container.exec_run,
             [self.python, "-c", BOX_FORWARDER, spec, "--"],
             detach=True,
@@ -249,7 +250,7 @@ class DockerRuntime(Runtime):
         if self.container is None or self._stopped:
             return False
         try:
-            await asyncio.to_thread(self.container.reload)
+            await blocking(self.container.reload)
         except Exception:
             return False
         return bool(self.container.status == "running")
@@ -260,13 +261,13 @@ class DockerRuntime(Runtime):
         self._stopped = True
         if self.container is not None:
             try:
-                await asyncio.to_thread(self.container.remove, force=True)
+                await blocking(self.container.remove, force=True)
             except Exception as exc:
                 if "No such container" not in str(exc):
                     raise SandboxError(f"cannot remove container: {exc}") from exc
         if self.bridges is not None:
             await self.bridges.close()
         if self.client is not None:
-            await asyncio.to_thread(self.client.close)
+            await blocking(self.client.close)
         if self.base is not None:
-            await asyncio.to_thread(shutil.rmtree, self.base, True)
+            await blocking(shutil.rmtree, self.base, True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from vfray.errors import SandboxError
+from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
 from vfray.runtimes.lifeline import owner_id
@@ -140,7 +141,7 @@ class SubprocessRuntime(Runtime):
 
     async def read(self, path: str) -> bytes:
         try:
-            return await asyncio.to_thread(self.resolve(path).read_bytes)
+            return await blocking(self.resolve(path).read_bytes)
         except OSError as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
@@ -153,7 +154,7 @@ class SubprocessRuntime(Runtime):
             target.chmod(mode)
 
         try:
-            await asyncio.to_thread(_write)
+            await blocking(_write)
         except OSError as exc:
             raise SandboxError(f"cannot write {path!r}: {exc}") from exc
 
@@ -174,4 +175,4 @@ class SubprocessRuntime(Runtime):
         await stray_sweeper().sweep(self.box_id)
         self._pgids.clear()
         if self.workdir is not None:
-            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+            await blocking(shutil.rmtree, self.workdir, True)
