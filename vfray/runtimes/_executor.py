@@ -9,6 +9,7 @@ every box's start/stop in the process waited behind them until their phase deadl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import threading
@@ -65,15 +66,13 @@ async def waiting(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     def work() -> None:
         try:
             result = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        except BaseException as exc:  # handed to the awaiting task
             error: BaseException | None = exc
             result = None
         else:
             error = None
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits this any more
             loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is closed: nobody awaits this any more
-            pass
 
     threading.Thread(target=work, name="vfray-runtime-wait", daemon=True).start()
     return await future

@@ -9,7 +9,6 @@ a harness that executes code can read and write anything the farm process can. U
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
