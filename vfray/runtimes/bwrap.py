@@ -194,7 +194,8 @@ class BwrapRuntime(SubprocessRuntime):
         (self.base / "etc" / "group").write_text(f"root:x:0:\nnogroup:x:{BOX_UID}:\n")
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         if self.use_cgroups and os.geteuid() == 0:
-            self.cgroup = CgroupV1(f"vfray-{self.box_id}", self.spec)
+            # The owner token in the name: the lifeline's reaper finds it after an owner crash.
+            self.cgroup = CgroupV1(f"vfray-{self.owner or 'x'}-{self.box_id}", self.spec)
             if not self.cgroup.dirs:
                 self.cgroup = None
         if shares_network(self.spec, self.share_network) and self.share_network is None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
@@ -25,9 +27,19 @@ from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.lifeline import (
+    HOST_LABEL,
+    OWNER_LABEL,
+    owner_id,
+    reap_dead_owners,
+    watch_docker,
+    watch_root,
+    work_dir_prefix,
+)
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
 
 DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 
 
 def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
@@ -69,6 +81,7 @@ class DockerRuntime(Runtime):
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
         self._forwarded: set[int] = set()
+        self.owner: str | None = None
         self._stopped = False
 
     def _make_client(self) -> Any:
@@ -76,6 +89,13 @@ class DockerRuntime(Runtime):
         if self.base_url is not None:
             return docker.DockerClient(base_url=self.base_url)
         return docker.from_env()
+
+    def labels(self) -> dict[str, str]:
+        """The box id, and the owner token and host the lifeline's reaper finds it by."""
+        labels = {"vfray.box": self.box_id}
+        if self.owner is not None:
+            labels.update({OWNER_LABEL: self.owner, HOST_LABEL: socket.gethostname()})
+        return labels
 
     def container_options(self) -> dict[str, Any]:
         """Keyword arguments for ``client.containers.run`` (public so the mapping is testable)."""
@@ -90,7 +110,7 @@ class DockerRuntime(Runtime):
             "command": ["infinity"],
             "detach": True,
             "working_dir": self.box_workdir,
-            "labels": {"vfray.box": self.box_id},
+            "labels": self.labels(),
             "environment": {MARKER_ENV: self.box_id, "HOME": self.box_workdir},
             "volumes": volumes,
             "nano_cpus": int(self.spec.cpu * 1e9) if self.spec.cpu > 0 else None,
@@ -103,8 +123,21 @@ class DockerRuntime(Runtime):
             options["network_mode"] = "none"
         return {k: v for k, v in options.items() if v is not None}
 
+    def engine_url(self) -> str:
+        """The engine's address: ``base_url``, else ``$DOCKER_HOST``, else the default socket."""
+        return self.base_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
+
     async def start(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="vfray-docker-"))
+        try:
+            self.owner = owner_id()
+            root = watch_root(None)
+            if self.owner is not None:
+                watch_docker(self.engine_url())
+        except OSError as exc:
+            raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
+        await reap_dead_owners(root, self.engine_url())
+        prefix = work_dir_prefix(self.type, self.owner)
+        self.base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
         (self.base / "bridge").mkdir(mode=0o777)
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         try:

@@ -23,7 +23,7 @@ from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
-from vfray.runtimes.lifeline import owner_id
+from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -78,10 +78,13 @@ class SubprocessRuntime(Runtime):
             )
         try:
             self.owner = owner_id()
+            root = watch_root(self.root)
         except OSError as exc:
             raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
+        await reap_dead_owners(root)
         try:
-            base = Path(tempfile.mkdtemp(prefix=f"vfray-{self.type}-", dir=self.root))
+            prefix = work_dir_prefix(self.type, self.owner)
+            base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
         except OSError as exc:
             raise SandboxError(f"cannot create work dir: {exc}") from exc
         self.workdir = base
