@@ -3,6 +3,7 @@ watchdog died too) by the next owner's first box start. Live owners are never to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -149,10 +150,8 @@ def wait_until_clean(held: dict[str, object], docker_url: str | None = None) -> 
 
 
 def kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture
