@@ -157,11 +157,12 @@ class Farm:
         from actors import cluster
         from vfray.harness import check_compatibility
         from vfray.harnesses.registry import make_harness
-        from vfray.runtimes.registry import runtime_class
+        from vfray.runtimes.registry import preflight_runtime, runtime_class
 
         # Refuse a broken pairing here, before any actor exists.
         harness = make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
         check_compatibility(harness, runtime_class(self.config.env.runtime.type))
+        preflight_runtime(harness, self.config.env.runtime.type, self.config.env.runtime.options)
         self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
         scripted = parse_scripted_model(self.config.model.name)
         if scripted is not None:

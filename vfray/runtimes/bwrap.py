@@ -20,11 +20,13 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from vfray.errors import SandboxError
+from vfray.errors import ConfigError, SandboxError
 from vfray.runtimes.base import ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.launches import Launch
@@ -56,6 +58,21 @@ ETC_ENTRIES = (
 Debian alternatives (``python3``, ``node``, ``editor``…), time zone and shell defaults. Never
 shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold credentials);
 ``passwd``/``group`` are the box's own (root and the box user)."""
+
+
+def _namespaces() -> list[str]:
+    """Namespaces, user and the read-only system dirs of every box."""
+    # An unprivileged user with no capabilities: as uid 0 with the namespace's full
+    # capability set, a box could read every root-only file bound into it.
+    args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
+    args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for d in _ROOT_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return args
 
 
 def box_etc() -> list[str]:
@@ -207,18 +224,30 @@ class BwrapRuntime(SubprocessRuntime):
             )
         self._prefix = self._mounts()
 
+    @classmethod
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """Run ``bwrap … true`` once with the boxes' namespaces and mounts of the host."""
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise ConfigError(
+                "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
+            )
+        argv = [bwrap, *_namespaces(), "--proc", "/proc", "--dev", "/dev", "--", "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"bwrap runtime: cannot run {bwrap}: {exc}") from exc
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            raise ConfigError(
+                f"bwrap runtime: a test box failed ({why}); bubblewrap needs user namespaces "
+                "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 when "
+                "not root; in a container: --security-opt seccomp=unconfined or --privileged)"
+            )
+
     def _mounts(self) -> list[str]:
         assert self.base is not None and self.workdir is not None
-        # An unprivileged user with no capabilities: as uid 0 with the namespace's full
-        # capability set, a box could read every root-only file bound into it.
-        args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
-        args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
-        args += ["--ro-bind", "/usr", "/usr"]
-        for d in _ROOT_DIRS:
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
+        args = _namespaces()
         args += ["--tmpfs", "/etc"]
         for name in box_etc():
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vfray.errors import SandboxError, optional_import
+from vfray.errors import ConfigError, SandboxError, optional_import
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
@@ -122,6 +122,29 @@ class DockerRuntime(Runtime):
         if not shares_network(self.spec, self.share_network):
             options["network_mode"] = "none"
         return {k: v for k, v in options.items() if v is not None}
+
+    @classmethod
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """Ping the engine these ``options`` name (the SDK's own client: TLS settings apply)."""
+        try:
+            runtime = cls(None, **options)
+        except TypeError as exc:
+            raise ConfigError(f"bad options for runtime 'docker': {exc}") from exc
+        url = runtime.engine_url()
+        try:
+            client = runtime._make_client()
+            try:
+                client.ping()
+            finally:
+                client.close()
+        except ImportError:
+            raise
+        except Exception as exc:
+            why = " ".join(str(exc).split())[:200]
+            raise ConfigError(
+                f"docker runtime: no Docker daemon at {url} ({why}); start dockerd, or set "
+                "--env.runtime.options.base_url (or DOCKER_HOST)"
+            ) from exc
 
     def engine_url(self) -> str:
         """The engine's address: ``base_url``, else ``$DOCKER_HOST``, else the default socket."""

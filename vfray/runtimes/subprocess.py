@@ -1,15 +1,16 @@
 """The ``subprocess`` runtime: each command runs as a local process group in a fresh work dir.
 
 It scrubs the host's secrets from the environment and applies rlimits, but it gives NO isolation:
-a harness that executes code can read and write anything the farm process can. Use ``bwrap`` or
-``docker`` for untrusted code. Harness programs start through the launch throttle
-(:mod:`vfray.runtimes.launches`), and the box's processes die with their owner process
+a harness that executes code can read and write anything the farm process can, and a program that
+detaches itself (``setsid env -i …``) escapes the box's cleanup. Use ``bwrap`` or ``docker`` for
+untrusted code; a run that pairs a code-executing harness with this runtime is warned about
+(:func:`vfray.runtimes.registry.runtime_warnings`). Harness programs start through the launch
+throttle (:mod:`vfray.runtimes.launches`), and the box's processes die with their owner process
 (:mod:`vfray.runtimes.lifeline`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -32,10 +33,6 @@ from vfray.runtimes.processes import (
     run_process_group,
 )
 from vfray.runtimes.strays import stray_sweeper
-
-logger = logging.getLogger(__name__)
-
-_warned = False
 
 
 class SubprocessRuntime(Runtime):
@@ -68,14 +65,6 @@ class SubprocessRuntime(Runtime):
         self._stopped = False
 
     async def start(self) -> None:
-        global _warned
-        if self.warn_no_isolation and not _warned:
-            # Once per process: a farm host starts thousands of these.
-            _warned = True
-            logger.warning(
-                "subprocess runtime gives no isolation: programs run as this user on this host"
-                " (use runtime 'bwrap' or 'docker' for harnesses that execute code)"
-            )
         try:
             self.owner = owner_id()
             root = watch_root(self.root)
