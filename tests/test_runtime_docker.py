@@ -142,7 +142,7 @@ async def test_docker_network_none_with_bridge(docker_url: str) -> None:
 
 
 def test_a_sigkilled_owners_containers_are_removed(docker_url: str) -> None:
-    from tests.test_runtime_reaping import leftovers, run_next_owner, start_owner, wait_until_clean
+    from test_runtime_reaping import leftovers, run_next_owner, start_owner, wait_until_clean
 
     docker = {
         "url": docker_url,

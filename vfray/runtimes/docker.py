@@ -286,7 +286,7 @@ class DockerRuntime(Runtime):
         spec = f"{port}={BRIDGE_DIR}/{port}.sock"
         await blocking(
             container.exec_run,
-            [self.python, "-c", BOX_FORWARDER, spec, "--"],
+            [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
             detach=True,
             environment={MARKER_ENV: self.box_id},
         )
