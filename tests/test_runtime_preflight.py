@@ -21,7 +21,7 @@ from vfray.harnesses.registry import make_harness
 from vfray.runtimes.bwrap import BwrapRuntime
 from vfray.runtimes.docker import DockerRuntime
 from vfray.runtimes.modal import ModalRuntime
-from vfray.runtimes.registry import runtime_warnings
+from vfray.runtimes.registry import preflight_runtime, runtime_warnings
 from vfray.runtimes.subprocess import SubprocessRuntime
 from vfray.tasksets.arithmetic import ArithmeticTaskset
 
@@ -121,3 +121,10 @@ def test_cli_prints_the_one_line_error(tmp_path: Path) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no Docker daemon at" in lines[0], proc.stderr
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_driver_whose_boxes_run_elsewhere_does_not_check_its_own_engine() -> None:
+    null = type(make_harness("null", {}))
+    with pytest.raises(ConfigError, match="no Docker daemon"):
+        preflight_runtime(null, "docker", {"base_url": NO_DAEMON})
+    preflight_runtime(null, "docker", {"base_url": NO_DAEMON}, boxes_here=False)

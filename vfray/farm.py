@@ -15,6 +15,7 @@ import contextlib
 import datetime as dt
 import importlib.metadata
 import logging
+import os
 import platform
 import re
 import uuid
@@ -162,7 +163,9 @@ class Farm:
         # Refuse a broken pairing here, before any actor exists.
         harness = make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
         check_compatibility(harness, runtime_class(self.config.env.runtime.type))
-        preflight_runtime(harness, self.config.env.runtime.type, self.config.env.runtime.options)
+        runtime = self.config.env.runtime
+        local_ray = not (self.config.address or os.environ.get("RAY_ADDRESS"))
+        preflight_runtime(harness, runtime.type, runtime.options, boxes_here=local_ray)
         self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
         scripted = parse_scripted_model(self.config.model.name)
         if scripted is not None:

@@ -29,7 +29,7 @@ OWNER_LABEL = "vfray.owner"
 HOST_LABEL = "vfray.host"
 CGROUP_ROOT = "/sys/fs/cgroup"
 _TOKEN = "[0-9a-f]{32}"
-DIR_NAME = re.compile(rf"^vfray-[a-z0-9_]+-({_TOKEN})-")
+DIR_NAME = re.compile(rf"^vfray-.+?-({_TOKEN})-")
 """Work dirs: ``vfray-<runtime>-<token>-<random>``."""
 CGROUP_NAME = re.compile(rf"^vfray-({_TOKEN})-")
 """bwrap cgroups: ``vfray-<token>-<box id>`` in each v1 controller."""

@@ -63,7 +63,7 @@ def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> 
 def runtime_warnings(harness: type[Harness] | Harness, runtime_type: str) -> list[str]:
     """What a user should know about running ``harness`` in runtime ``runtime_type`` (empty
     when nothing): a harness that executes model-written code in a box with no isolation."""
-    h = harness if isinstance(harness, builtins.type) else type(harness)
+    h = harness if isinstance(harness, builtins.type) else builtins.type(harness)
     runtime = runtime_class(runtime_type)
     notes = []
     if h.EXECUTES_CODE and runtime.warn_no_isolation:
@@ -76,10 +76,16 @@ def runtime_warnings(harness: type[Harness] | Harness, runtime_type: str) -> lis
 
 
 def preflight_runtime(
-    harness: type[Harness] | Harness, runtime_type: str, options: dict[str, Any]
+    harness: type[Harness] | Harness,
+    runtime_type: str,
+    options: dict[str, Any],
+    *,
+    boxes_here: bool = True,
 ) -> None:
     """At run start: refuse a runtime that cannot start boxes here (``ConfigError``, one line),
-    and log :func:`runtime_warnings`."""
-    runtime_class(runtime_type).preflight(dict(options))
+    and log :func:`runtime_warnings`. ``boxes_here=False`` (a driver whose boxes run on other
+    nodes) only warns: this machine's engine says nothing about theirs."""
+    if boxes_here:
+        runtime_class(runtime_type).preflight(dict(options))
     for note in runtime_warnings(harness, runtime_type):
         logger.warning(note)
