@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
@@ -27,6 +28,7 @@ import asyncio, json, sys
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime
 from vfray.serving import serve_in_loop
 
@@ -141,3 +143,24 @@ async def test_bwrap_box_still_runs_everyday_programs() -> None:
     assert tools.stdout.split("\n")[:3] == ["py ok", "bash ok", "nobody"], tools
     assert git is None or (git.ok and git.stdout.strip() == "one"), git
     assert node is None or (node.ok and node.stdout.strip() == "42"), node
+
+
+HOG = "b = bytearray(400 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('kept')"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/sys/fs/cgroup/memory", os.W_OK),
+    reason="needs a writable cgroup v1 memory controller",
+)
+async def test_bwrap_cgroup_limits_still_apply_to_the_unprivileged_box() -> None:
+    async with BwrapRuntime(RuntimeSpec(memory_gb=0.25, pids=64)) as rt:
+        assert rt.cgroup is not None and rt.cgroup.dirs
+        small = await rt.run(["python3", "-c", "print('ok')"], timeout=60)
+        hog = await rt.run(["python3", "-c", HOG], timeout=120)
+        forks = await rt.run(
+            ["sh", "-c", "for i in $(seq 100); do sleep 5 & done; echo spawned"],
+            timeout=60,
+        )
+    assert small.ok, small
+    assert hog.exit_code == 128 + 9 and "kept" not in hog.stdout, hog  # the cgroup's OOM kill
+    assert forks.exit_code != 0 and "fork" in forks.stderr.lower(), forks  # pids.max
