@@ -4,7 +4,8 @@ Containers get the task's CPU, memory and pids limits and, by default, network `
 endpoints from :meth:`DockerRuntime.host_url` are reached through the unix-socket bridge
 (:mod:`vfray.runtimes.bridge`), so the image needs a ``python3`` for the in-box forwarder. The
 network rule is the bwrap one (:func:`vfray.runtimes.bwrap.shares_network`). Timeouts kill the
-exec'd process tree from the host, so the engine must be local.
+exec'd process tree from the host, so the engine must be local. Containers carry their owner's
+token as a label, so the owner's lifeline removes them if it dies (:mod:`vfray.runtimes.lifeline`).
 """
 
 from __future__ import annotations
