@@ -194,16 +194,19 @@ async def test_box_starts_and_stops_while_the_default_executor_is_full(kind: str
     release = threading.Event()
     loop = asyncio.get_running_loop()
     blockers = [loop.run_in_executor(None, release.wait) for _ in range(40)]
+
+    async def lifecycle() -> bytes:
+        async with make_runtime(kind) as rt:
+            await rt.write("f.txt", b"data")
+            ran = await rt.run(["cat", "f.txt"], timeout=30)
+            assert ran.stdout == "data", ran
+            return await rt.read("f.txt")
+
+    job = asyncio.ensure_future(lifecycle())
     try:
-
-        async def lifecycle() -> bytes:
-            async with make_runtime(kind) as rt:
-                await rt.write("f.txt", b"data")
-                ran = await rt.run(["cat", "f.txt"], timeout=30)
-                assert ran.stdout == "data", ran
-                return await rt.read("f.txt")
-
-        assert await asyncio.wait_for(lifecycle(), 60) == b"data"
+        done, _ = await asyncio.wait({job}, timeout=60)
     finally:
-        release.set()
+        release.set()  # lets a starved box finish, so the test fails instead of hanging
         await asyncio.gather(*blockers)
+    assert job in done, "the box waited for asyncio's default executor"
+    assert job.result() == b"data"
