@@ -139,3 +139,32 @@ async def test_docker_network_none_with_bridge(docker_url: str) -> None:
     assert reached.stdout.strip() == "hello from host", reached
     assert refused.exit_code == 3, refused
     assert flood.truncated and flood.ok
+
+
+def test_a_sigkilled_owners_containers_are_removed(docker_url: str) -> None:
+    from test_runtime_reaping import leftovers, run_next_owner, start_owner, wait_until_clean
+
+    docker = {
+        "url": docker_url,
+        "image": IMAGE,
+        "volumes": {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT},
+    }
+    root = tempfile.mkdtemp(prefix="vfray-test-reap-")
+    try:
+        # By the watchdog.
+        owner, held = start_owner(root, ["docker"], docker)
+        assert leftovers(held, docker_url), "the owner holds no container"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        assert wait_until_clean(held, docker_url) == []
+        # By the next owner's first docker box, when the watchdog died with the owner.
+        owner, held = start_owner(root, ["docker"], docker)
+        os.kill(int(held["watchdog"]), signal.SIGKILL)  # type: ignore[call-overload]
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        time.sleep(0.5)
+        assert leftovers(held, docker_url), "nothing leaked: the test shows nothing"
+        run_next_owner(root, ["docker"], docker)
+        assert leftovers(held, docker_url) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -184,3 +185,28 @@ async def test_modal_argument_mapping() -> None:
     assert await rt.host_url("http://127.0.0.1:8000/v1?a=1") == "https://x.example/p/v1?a=1"
     with pytest.raises(ConfigError, match="public_base_url"):
         await make_runtime("modal").host_url("http://127.0.0.1:1/v1")
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_box_starts_and_stops_while_the_default_executor_is_full(kind: str) -> None:
+    # Blocking sync hooks fill asyncio's default executor (at most 32 workers); the box's own
+    # blocking work (file I/O, the stray sweep, removing its dir) must not queue behind them.
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    blockers = [loop.run_in_executor(None, release.wait) for _ in range(40)]
+
+    async def lifecycle() -> bytes:
+        async with make_runtime(kind) as rt:
+            await rt.write("f.txt", b"data")
+            ran = await rt.run(["cat", "f.txt"], timeout=30)
+            assert ran.stdout == "data", ran
+            return await rt.read("f.txt")
+
+    job = asyncio.ensure_future(lifecycle())
+    try:
+        done, _ = await asyncio.wait({job}, timeout=60)
+    finally:
+        release.set()  # lets a starved box finish, so the test fails instead of hanging
+        await asyncio.gather(*blockers)
+    assert job in done, "the box waited for asyncio's default executor"
+    assert job.result() == b"data"

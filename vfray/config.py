@@ -58,7 +58,9 @@ class HarnessSettings(BaseModel):
 class RuntimeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: str = Field("subprocess", description="runtime: subprocess, bwrap, docker, modal")
+    type: str = Field(
+        "subprocess", description="runtime: subprocess (no isolation), bwrap, docker, modal"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="runtime options")
 
 

@@ -23,7 +23,7 @@ from vfray.harnesses.registry import make_harness
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
 from vfray.models.local import LocalModelServer, check_installed, parse_local_model
 from vfray.rollout import RolloutPlan, Timeouts, run_planned_rollout
-from vfray.runtimes.registry import runtime_class
+from vfray.runtimes.registry import preflight_runtime, runtime_class
 from vfray.scoring import validate_group_config
 from vfray.task import Task
 from vfray.trace import Trace
@@ -109,6 +109,7 @@ class LocalEnvironment:
         # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not
         # as one failed rollout after another.
         check_compatibility(self.harness, runtime_class(runtime))
+        preflight_runtime(self.harness, runtime, dict(runtime_options or {}))
         self.runtime_type = runtime
         self.runtime_options = dict(runtime_options or {})
         self.plan = RolloutPlan(

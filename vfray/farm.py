@@ -16,6 +16,7 @@ import datetime as dt
 import functools
 import importlib.metadata
 import logging
+import os
 import platform
 import re
 import uuid
@@ -160,11 +161,14 @@ class Farm:
         from actors import cluster
         from vfray.harness import check_compatibility
         from vfray.harnesses.registry import make_harness
-        from vfray.runtimes.registry import runtime_class
+        from vfray.runtimes.registry import preflight_runtime, runtime_class
 
         # Refuse a broken pairing here, before any actor exists.
         harness = make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
         check_compatibility(harness, runtime_class(self.config.env.runtime.type))
+        runtime = self.config.env.runtime
+        local_ray = not (self.config.address or os.environ.get("RAY_ADDRESS"))
+        preflight_runtime(harness, runtime.type, runtime.options, boxes_here=local_ray)
         self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
         scripted = parse_scripted_model(self.config.model.name)
         if scripted is not None:

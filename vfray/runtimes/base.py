@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -66,12 +66,22 @@ class Runtime(abc.ABC):
     type: ClassVar[str]
     is_container: ClassVar[bool] = False
     isolates_network: ClassVar[bool] = False
+    warn_no_isolation: ClassVar[bool] = False
+    """Programs in this box can reach everything the farm process can (warned about when a
+    harness that executes code runs there)."""
     python: str = "python3"
     """How a harness starts Python in this box. Boxes over the host's filesystem use the
     host's real interpreter: a version-manager shim (pyenv) costs ~0.5 s per launch."""
 
     def __init__(self, spec: RuntimeSpec | None = None) -> None:
         self.spec = spec or RuntimeSpec()
+
+    @classmethod  # noqa: B027 - an optional hook
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """Check once, before any rollout, that boxes can start here with these constructor
+        ``options`` (an engine reachable, a binary that works, an SDK installed). Raises
+        :class:`vfray.errors.ConfigError` with one line saying what is wrong and how to fix
+        it."""
 
     @abc.abstractmethod
     async def start(self) -> None:

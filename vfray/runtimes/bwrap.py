@@ -7,7 +7,10 @@ own loopback (default-deny) unless ``share_network=True`` is configured, or the 
 ``network_allow`` names specific hosts (anything but ``"*"``): bubblewrap cannot filter per host,
 so such a task falls back to the shared host network, with a logged warning. In a denied box,
 :meth:`host_url` endpoints are reached through :mod:`vfray.runtimes.bridge` at the same URL.
-Limits use cgroup v1 (memory, cpu, pids) when writable, else rlimits.
+Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capability dropped,
+and see only the parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at
+its own path wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
+rlimits.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from vfray.errors import SandboxError
+from vfray.errors import ConfigError, SandboxError
 from vfray.provision import tools_root
 from vfray.runtimes.base import ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
@@ -41,6 +46,54 @@ logger = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BRIDGE_DIR = "/run/vfray-bridge"
 _ROOT_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+BOX_UID = 65534
+"""The uid and gid programs run as inside the box (``nobody``); the box's dirs are its own."""
+ETC_ENTRIES = (
+    "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "networks", "protocols",
+    "services", "ssl", "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone",
+    "os-release", "debian_version", "mime.types", "magic", "inputrc", "bash.bashrc", "profile",
+    "locale.alias", "terminfo", "python3", "python3.11", "python3.12", "python3.13",
+)  # fmt: skip
+"""What a box sees of the host's ``/etc``: name resolution, TLS roots, the dynamic loader,
+Debian alternatives (``python3``, ``node``, ``editor``…), time zone and shell defaults. Never
+shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold credentials);
+``passwd``/``group`` are the box's own (root and the box user)."""
+
+
+def _namespaces() -> list[str]:
+    """Namespaces, user and the read-only system dirs of every box."""
+    # An unprivileged user with no capabilities: as uid 0 with the namespace's full
+    # capability set, a box could read every root-only file bound into it.
+    args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
+    args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for d in _ROOT_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return args
+
+
+def box_etc() -> list[str]:
+    """The entries of :data:`ETC_ENTRIES` this host has."""
+    return [name for name in ETC_ENTRIES if os.path.lexists(f"/etc/{name}")]
+
+
+def host_paths(extra: Sequence[str] = ()) -> list[str]:
+    """Host paths a box mounts read-only besides ``/usr``: this process's interpreter (its
+    venv, its base installation, the real executable's dir) and ``extra``. Outer paths first,
+    so a nested one is mounted on top and stays visible."""
+    pythons = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    return sorted(
+        (
+            p
+            for p in pythons | set(extra)
+            if p != "/usr" and not p.startswith(("/usr/", "/etc/")) and os.path.exists(p)
+        ),
+        key=lambda p: (p.count("/"), p),
+    )
 
 
 def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
@@ -150,11 +203,17 @@ class BwrapRuntime(SubprocessRuntime):
         assert self.workdir is not None
         self.base = self.workdir
         self.workdir = self.base / "work"
-        for sub in ("work", "tmp", "bridge"):
+        for sub in ("work", "tmp", "bridge", "etc"):
             (self.base / sub).mkdir(mode=0o777)
+        home = self.box_workdir
+        (self.base / "etc" / "passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/sh\nnobody:x:{BOX_UID}:{BOX_UID}:nobody:{home}:/bin/sh\n"
+        )
+        (self.base / "etc" / "group").write_text(f"root:x:0:\nnogroup:x:{BOX_UID}:\n")
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         if self.use_cgroups and os.geteuid() == 0:
-            self.cgroup = CgroupV1(f"vfray-{self.box_id}", self.spec)
+            # The owner token in the name: the lifeline's reaper finds it after an owner crash.
+            self.cgroup = CgroupV1(f"vfray-{self.owner or 'x'}-{self.box_id}", self.spec)
             if not self.cgroup.dirs:
                 self.cgroup = None
         if shares_network(self.spec, self.share_network) and self.share_network is None:
@@ -166,25 +225,46 @@ class BwrapRuntime(SubprocessRuntime):
             )
         self._prefix = self._mounts()
 
+    @classmethod
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """Run ``bwrap … true`` once with the boxes' namespaces and mounts of the host."""
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise ConfigError(
+                "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
+            )
+        argv = [bwrap, *_namespaces(), "--proc", "/proc", "--dev", "/dev", "--", "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"bwrap runtime: cannot run {bwrap}: {exc}") from exc
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            raise ConfigError(
+                f"bwrap runtime: a test box failed ({why}); bubblewrap needs user namespaces "
+                "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 when "
+                "not root; in a container: --security-opt seccomp=unconfined or --privileged)"
+            )
+
     def _mounts(self) -> list[str]:
         assert self.base is not None and self.workdir is not None
-        args = ["--die-with-parent", "--new-session", "--unshare-all"]
-        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-        for d in _ROOT_DIRS:
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        pythons = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-        for path in sorted(pythons | set(self.ro_binds)):
-            if not path.startswith(("/usr/", "/etc/")) and os.path.exists(path):
-                args += ["--ro-bind", path, path]
+        args = _namespaces()
+        args += ["--tmpfs", "/etc"]
+        for name in box_etc():
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group"):
+            args += ["--ro-bind", str(self.base / "etc" / name), f"/etc/{name}"]
+        args += ["--symlink", "../proc/self/mounts", "/etc/mtab", "--remount-ro", "/etc"]
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(self.base / "tmp"), "/tmp"]
         args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
         args += ["--bind", str(self.workdir), self.box_workdir, "--chdir", self.box_workdir]
-        # The node's agent tool dir (vfray.provision), when a harness made one; last, so a
-        # root under /tmp is not hidden by the box's own /tmp.
+        # The host's interpreter (and configured tools) last, so they show through the box's
+        # own dirs when they live there: a venv under /tmp, or under the work dir's path.
+        for path in host_paths(self.ro_binds):
+            args += ["--ro-bind", path, path]
+        # The node's agent tool dir (vfray.provision), when a harness made one; after the box's
+        # own /tmp too, so a root under /tmp is not hidden.
         tools = str(tools_root())
         if os.path.isdir(tools):
             args += ["--ro-bind", tools, tools]
@@ -245,7 +325,7 @@ class BwrapRuntime(SubprocessRuntime):
         if self._isolated() and self.bridges.bridges:
             command = [
                 sys.executable,
-                "-c",
+                *("-I", "-S", "-c"),
                 BOX_FORWARDER,
                 *self.bridges.forwarder_args(),
                 "--",

@@ -4,14 +4,17 @@ Containers get the task's CPU, memory and pids limits and, by default, network `
 endpoints from :meth:`DockerRuntime.host_url` are reached through the unix-socket bridge
 (:mod:`vfray.runtimes.bridge`), so the image needs a ``python3`` for the in-box forwarder. The
 network rule is the bwrap one (:func:`vfray.runtimes.bwrap.shares_network`). Timeouts kill the
-exec'd process tree from the host, so the engine must be local.
+exec'd process tree from the host, so the engine must be local. Containers carry their owner's
+token as a label, so the owner's lifeline removes them if it dies (:mod:`vfray.runtimes.lifeline`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
@@ -20,13 +23,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vfray.errors import SandboxError, optional_import
+from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.lifeline import (
+    HOST_LABEL,
+    OWNER_LABEL,
+    owner_id,
+    reap_dead_owners,
+    watch_docker,
+    watch_root,
+    work_dir_prefix,
+)
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
 
 DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 
 
 def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
@@ -68,6 +82,7 @@ class DockerRuntime(Runtime):
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
         self._forwarded: set[int] = set()
+        self.owner: str | None = None
         self._stopped = False
 
     def _make_client(self) -> Any:
@@ -75,6 +90,13 @@ class DockerRuntime(Runtime):
         if self.base_url is not None:
             return docker.DockerClient(base_url=self.base_url)
         return docker.from_env()
+
+    def labels(self) -> dict[str, str]:
+        """The box id, and the owner token and host the lifeline's reaper finds it by."""
+        labels = {"vfray.box": self.box_id}
+        if self.owner is not None:
+            labels.update({OWNER_LABEL: self.owner, HOST_LABEL: socket.gethostname()})
+        return labels
 
     def container_options(self) -> dict[str, Any]:
         """Keyword arguments for ``client.containers.run`` (public so the mapping is testable)."""
@@ -89,7 +111,7 @@ class DockerRuntime(Runtime):
             "command": ["infinity"],
             "detach": True,
             "working_dir": self.box_workdir,
-            "labels": {"vfray.box": self.box_id},
+            "labels": self.labels(),
             "environment": {MARKER_ENV: self.box_id, "HOME": self.box_workdir},
             "volumes": volumes,
             "nano_cpus": int(self.spec.cpu * 1e9) if self.spec.cpu > 0 else None,
@@ -102,13 +124,49 @@ class DockerRuntime(Runtime):
             options["network_mode"] = "none"
         return {k: v for k, v in options.items() if v is not None}
 
+    @classmethod
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """Ping the engine these ``options`` name (the SDK's own client: TLS settings apply)."""
+        try:
+            runtime = cls(None, **options)
+        except TypeError as exc:
+            raise ConfigError(f"bad options for runtime 'docker': {exc}") from exc
+        url = runtime.engine_url()
+        try:
+            client = runtime._make_client()
+            try:
+                client.ping()
+            finally:
+                client.close()
+        except ImportError:
+            raise
+        except Exception as exc:
+            why = " ".join(str(exc).split())[:200]
+            raise ConfigError(
+                f"docker runtime: no Docker daemon at {url} ({why}); start dockerd, or set "
+                "--env.runtime.options.base_url (or DOCKER_HOST)"
+            ) from exc
+
+    def engine_url(self) -> str:
+        """The engine's address: ``base_url``, else ``$DOCKER_HOST``, else the default socket."""
+        return self.base_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
+
     async def start(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="vfray-docker-"))
+        try:
+            self.owner = owner_id()
+            root = watch_root(None)
+            if self.owner is not None:
+                watch_docker(self.engine_url())
+        except OSError as exc:
+            raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
+        await reap_dead_owners(root, self.engine_url())
+        prefix = work_dir_prefix(self.type, self.owner)
+        self.base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
         (self.base / "bridge").mkdir(mode=0o777)
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         try:
-            self.client = await asyncio.to_thread(self._make_client)
-            self.container = await asyncio.to_thread(
+            self.client = await blocking(self._make_client)
+            self.container = await blocking(
                 self.client.containers.run, self.image, **self.container_options()
             )
         except Exception as exc:
@@ -144,7 +202,7 @@ class DockerRuntime(Runtime):
         api = self.client.api
         started = time.monotonic()
         exec_id = (
-            await asyncio.to_thread(
+            await blocking(
                 api.exec_create,
                 container.id,
                 command,
@@ -152,7 +210,7 @@ class DockerRuntime(Runtime):
                 workdir=self.box_workdir,
             )
         )["Id"]
-        job = asyncio.ensure_future(asyncio.to_thread(api.exec_start, exec_id, demux=True))
+        job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
@@ -160,7 +218,7 @@ class DockerRuntime(Runtime):
             timed_out = True
             await self._kill_exec(exec_id)
             out, err = await job
-        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        info = await blocking(api.exec_inspect, exec_id)
         stdout, cut_out = _tail(out, self.output_cap)
         stderr, cut_err = _tail(err, self.output_cap)
         code = info.get("ExitCode")
@@ -174,7 +232,7 @@ class DockerRuntime(Runtime):
         )
 
     async def _kill_exec(self, exec_id: str) -> None:
-        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        info = await blocking(self.client.api.exec_inspect, exec_id)
         pid = info.get("Pid") or 0
         if pid > 0:
             kill_pids(descendants(pid))
@@ -189,7 +247,7 @@ class DockerRuntime(Runtime):
         made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
         if not made.ok:
             raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
-        ok = await asyncio.to_thread(container.put_archive, str(path.parent), buffer.getvalue())
+        ok = await blocking(container.put_archive, str(path.parent), buffer.getvalue())
         if not ok:
             raise SandboxError(f"cannot write {path}")
 
@@ -210,7 +268,7 @@ class DockerRuntime(Runtime):
                 return handle.read()
 
         try:
-            return await asyncio.to_thread(_read)
+            return await blocking(_read)
         except SandboxError:
             raise
         except Exception as exc:
@@ -227,9 +285,9 @@ class DockerRuntime(Runtime):
     async def _start_forwarder(self, port: int) -> None:
         container = self._require()
         spec = f"{port}={BRIDGE_DIR}/{port}.sock"
-        await asyncio.to_thread(
+        await blocking(
             container.exec_run,
-            [self.python, "-c", BOX_FORWARDER, spec, "--"],
+            [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
             detach=True,
             environment={MARKER_ENV: self.box_id},
         )
@@ -249,7 +307,7 @@ class DockerRuntime(Runtime):
         if self.container is None or self._stopped:
             return False
         try:
-            await asyncio.to_thread(self.container.reload)
+            await blocking(self.container.reload)
         except Exception:
             return False
         return bool(self.container.status == "running")
@@ -260,13 +318,13 @@ class DockerRuntime(Runtime):
         self._stopped = True
         if self.container is not None:
             try:
-                await asyncio.to_thread(self.container.remove, force=True)
+                await blocking(self.container.remove, force=True)
             except Exception as exc:
                 if "No such container" not in str(exc):
                     raise SandboxError(f"cannot remove container: {exc}") from exc
         if self.bridges is not None:
             await self.bridges.close()
         if self.client is not None:
-            await asyncio.to_thread(self.client.close)
+            await blocking(self.client.close)
         if self.base is not None:
-            await asyncio.to_thread(shutil.rmtree, self.base, True)
+            await blocking(shutil.rmtree, self.base, True)

@@ -1,5 +1,7 @@
 """The owner's lifeline: one watchdog process per owner process that, once the owner is gone (even
-by SIGKILL, when no ``stop`` runs), kills every process the local runtimes started for it.
+by SIGKILL, when no ``stop`` runs), kills every process the runtimes started for it and removes
+their cgroups, work dirs and docker containers (:mod:`vfray.runtimes._reap`); and, at the first
+box start in a process, a sweep that reaps what owners whose watchdog died too left behind.
 
 Every boxed process carries ``VFRAY_OWNER_ID=<token>`` in its environment (inherited by its own
 children, also those that left the process group), as it carries the box marker that ``stop``
@@ -13,49 +15,39 @@ sweep is dead with it), and the signal fires when the *thread* that forked the c
 the process. The watchdog costs nothing per spawn, covers grandchildren and strays by marker, and
 watches the owner *process*: it waits for EOF on a pipe whose write end only the owner holds, and
 also checks its parent pid (a fork of the owner that inherited the write end delays the EOF).
+The owner tells it, on the same pipe, where its work dirs live and which docker engines it uses.
+Work dirs and cgroups carry the token in their names, containers in a label; an owner holds a
+``flock`` on ``<tmp>/vfray-owners/<token>`` for its whole life, so a sweep tells dead owners
+from live ones (and never touches an owner it cannot tell: no lock file).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 
-OWNER_ENV = "VFRAY_OWNER_ID"
+from vfray.runtimes import _reap
+from vfray.runtimes._executor import runtime_executor
 
-WATCHDOG = r"""
-import os, select, signal, sys, time
-needle = sys.argv[1].encode()
-fd, owner = int(sys.argv[2]), int(sys.argv[3])
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-while os.getppid() == owner:
-    if select.select([fd], [], [], 1.0)[0] and not os.read(fd, 64):
-        break
-me, quiet, deadline = os.getpid(), 0, time.monotonic() + 60
-while quiet < 3 and time.monotonic() < deadline:
-    found = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open("/proc/" + name + "/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        if needle in environ and needle in environ.split(b"\0"):
-            try:
-                os.kill(int(name), signal.SIGKILL)
-                found += 1
-            except OSError:
-                pass
-    quiet = 0 if found else quiet + 1
-    time.sleep(0.02)
-"""
-"""Run as ``python -I -S -c WATCHDOG VFRAY_OWNER_ID=TOKEN FD OWNER_PID``. After the owner goes
-it sweeps until three walks of /proc in a row find nothing (a process may be mid-fork), for at
-most a minute."""
+OWNER_ENV = _reap.OWNER_ENV
+OWNER_LABEL = _reap.OWNER_LABEL
+HOST_LABEL = _reap.HOST_LABEL
+
+logger = logging.getLogger(__name__)
+
+
+def owners_dir() -> str:
+    """Where owners keep their lock files."""
+    return os.path.join(tempfile.gettempdir(), "vfray-owners")
 
 
 class _Lifeline:
@@ -64,10 +56,29 @@ class _Lifeline:
         self.pid = -1
         self.token = ""
         self.write_fd = -1
+        self.lock_fd = -1
         self.watchdog: subprocess.Popen[bytes] | None = None
+        self.watched: list[str] = []
+        """The ``root PATH`` / ``docker URL`` lines told to the watchdog (again after a restart)."""
+        self.sweeps: dict[tuple[str, ...], concurrent.futures.Future[None]] = {}
 
 
 _lifeline = _Lifeline()
+
+
+def _take_lock(token: str) -> int:
+    """Create and lock ``owners_dir()/token``; the lock lives as long as this process."""
+    directory = owners_dir()
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        with contextlib.suppress(OSError):  # shared by every user, like /tmp
+            os.chmod(directory, 0o1777)
+    staging = os.path.join(directory, f".{token}.tmp")
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    # Locked before it has its name: a sweep never sees an unlocked file of a live owner.
+    os.rename(staging, os.path.join(directory, token))
+    return fd
 
 
 def owner_id() -> str | None:
@@ -80,8 +91,12 @@ def owner_id() -> str | None:
         pid = os.getpid()
         if life.pid != pid:
             # A fork of an owner is an owner of its own; its copy of the parent's write end is
-            # left open (closing it changes nothing: the parent still holds one).
+            # left open (closing it changes nothing: the parent still holds one). Its copy of
+            # the parent's lock is closed, so the parent's death is seen while the child lives.
+            if life.lock_fd >= 0:
+                os.close(life.lock_fd)
             life.pid, life.token, life.write_fd, life.watchdog = pid, uuid.uuid4().hex, -1, None
+            life.lock_fd, life.watched, life.sweeps = _take_lock(life.token), [], {}
         if life.watchdog is not None and life.watchdog.poll() is None:
             return life.token
         if life.write_fd >= 0:
@@ -93,8 +108,8 @@ def owner_id() -> str | None:
             life.watchdog = subprocess.Popen(
                 [
                     sys.executable,
-                    *("-I", "-S", "-c", WATCHDOG),
-                    *(f"{OWNER_ENV}={life.token}", str(read_fd), str(pid)),
+                    *("-I", "-S", _reap.__file__),
+                    *(life.token, str(read_fd), str(pid), owners_dir()),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -106,4 +121,59 @@ def owner_id() -> str | None:
             )
         finally:
             os.close(read_fd)
+        for line in life.watched:
+            os.write(life.write_fd, line.encode())
         return life.token
+
+
+def _tell(line: str) -> None:
+    life = _lifeline
+    if owner_id() is None:
+        return
+    with life.lock:
+        if line in life.watched:
+            return
+        life.watched.append(line)
+        with contextlib.suppress(OSError):  # a dead watchdog: owner_id() restarts it
+            os.write(life.write_fd, line.encode())
+
+
+def watch_root(path: str | None) -> str:
+    """Tell the watchdog that work dirs are made in ``path`` (default: the temp dir);
+    returns the directory."""
+    root = os.path.abspath(path or tempfile.gettempdir())
+    _tell(f"root {root}\n")
+    return root
+
+
+def watch_docker(url: str) -> None:
+    """Tell the watchdog that containers are started on the engine at ``url``."""
+    _tell(f"docker {url}\n")
+
+
+def work_dir_prefix(kind: str, owner: str | None) -> str:
+    """The name prefix of a box's work dir, which the reaper reads the owner from."""
+    return f"vfray-{kind}-{owner}-" if owner else f"vfray-{kind}-"
+
+
+async def reap_dead_owners(root: str, docker_url: str | None = None) -> None:
+    """Once per process, root and engine: reap what dead owners left there (and their
+    processes and cgroups). Runs in the runtimes' pool; a failure is logged, never raised."""
+    key = (root, docker_url or "")
+    life = _lifeline
+    with life.lock:
+        future = life.sweeps.get(key)
+        if future is None:
+            urls = [docker_url] if docker_url else []
+            future = life.sweeps[key] = runtime_executor().submit(_sweep, root, urls)
+    await asyncio.wrap_future(future)
+
+
+def _sweep(root: str, urls: list[str]) -> None:
+    try:
+        reaped = _reap.sweep_dead(owners_dir(), [root], urls)
+    except Exception as exc:  # a sweep is housekeeping: never fail a box for it
+        logger.warning("could not sweep what dead vfray processes left in %s: %s", root, exc)
+        return
+    if reaped:
+        logger.info("reaped what %d dead vfray owner(s) left in %s", len(reaped), root)

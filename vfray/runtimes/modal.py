@@ -52,6 +52,11 @@ class ModalRuntime(Runtime):
         self.sandbox: Any = None
         self._stopped = False
 
+    @classmethod
+    def preflight(cls, options: dict[str, Any]) -> None:
+        """The Modal SDK must be importable (its credentials are checked by its first call)."""
+        optional_import("modal", "modal")
+
     def create_options(self) -> dict[str, Any]:
         """Keyword arguments for ``modal.Sandbox.create`` other than ``app`` and ``image``."""
         blocked = all(host == "*" for host in self.spec.network_allow)

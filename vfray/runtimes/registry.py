@@ -9,10 +9,16 @@ from __future__ import annotations
 import builtins
 import difflib
 import importlib
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from vfray.errors import ConfigError
 from vfray.runtimes.base import Runtime, RuntimeSpec
+
+if TYPE_CHECKING:
+    from vfray.harness import Harness
+
+logger = logging.getLogger(__name__)
 
 RUNTIMES: dict[str, str] = {
     "subprocess": "vfray.runtimes.subprocess:SubprocessRuntime",
@@ -52,3 +58,34 @@ def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> 
         return cls(spec, **options)
     except TypeError as exc:
         raise ConfigError(f"bad options for runtime {type!r}: {exc}") from exc
+
+
+def runtime_warnings(harness: type[Harness] | Harness, runtime_type: str) -> list[str]:
+    """What a user should know about running ``harness`` in runtime ``runtime_type`` (empty
+    when nothing): a harness that executes model-written code in a box with no isolation."""
+    h = harness if isinstance(harness, builtins.type) else builtins.type(harness)
+    runtime = runtime_class(runtime_type)
+    notes = []
+    if h.EXECUTES_CODE and runtime.warn_no_isolation:
+        notes.append(
+            f"harness {getattr(h, 'id', h.__name__)!r} executes model-written code, and runtime "
+            f"{runtime.type!r} gives no isolation (the code runs as this user on this host and "
+            "can escape the box's cleanup); use runtime 'bwrap' or 'docker' for untrusted code"
+        )
+    return notes
+
+
+def preflight_runtime(
+    harness: type[Harness] | Harness,
+    runtime_type: str,
+    options: dict[str, Any],
+    *,
+    boxes_here: bool = True,
+) -> None:
+    """At run start: refuse a runtime that cannot start boxes here (``ConfigError``, one line),
+    and log :func:`runtime_warnings`. ``boxes_here=False`` (a driver whose boxes run on other
+    nodes) only warns: this machine's engine says nothing about theirs."""
+    if boxes_here:
+        runtime_class(runtime_type).preflight(dict(options))
+    for note in runtime_warnings(harness, runtime_type):
+        logger.warning(note)

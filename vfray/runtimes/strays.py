@@ -9,6 +9,7 @@ import time
 import weakref
 from pathlib import Path
 
+from vfray.runtimes._executor import blocking
 from vfray.runtimes.processes import MARKER_ENV, kill_pids
 
 
@@ -67,7 +68,7 @@ class _StraySweeper:
         while self._pending:
             batch, self._pending = self._pending, {}
             try:
-                await asyncio.to_thread(_sweep_boxes, set(batch))
+                await blocking(_sweep_boxes, set(batch))
             finally:
                 for futures in batch.values():
                     for future in futures:

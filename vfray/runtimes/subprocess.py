@@ -1,16 +1,16 @@
 """The ``subprocess`` runtime: each command runs as a local process group in a fresh work dir.
 
 It scrubs the host's secrets from the environment and applies rlimits, but it gives NO isolation:
-a harness that executes code can read and write anything the farm process can. Use ``bwrap`` or
-``docker`` for untrusted code. Harness programs start through the launch throttle
-(:mod:`vfray.runtimes.launches`), and the box's processes die with their owner process
+a harness that executes code can read and write anything the farm process can, and a program that
+detaches itself (``setsid env -i …``) escapes the box's cleanup. Use ``bwrap`` or ``docker`` for
+untrusted code; a run that pairs a code-executing harness with this runtime is warned about
+(:func:`vfray.runtimes.registry.runtime_warnings`). Harness programs start through the launch
+throttle (:mod:`vfray.runtimes.launches`), and the box's processes die with their owner process
 (:mod:`vfray.runtimes.lifeline`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import shutil
 import sys
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from vfray.errors import SandboxError
+from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
-from vfray.runtimes.lifeline import owner_id
+from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -32,10 +33,6 @@ from vfray.runtimes.processes import (
     run_process_group,
 )
 from vfray.runtimes.strays import stray_sweeper
-
-logger = logging.getLogger(__name__)
-
-_warned = False
 
 
 class SubprocessRuntime(Runtime):
@@ -68,20 +65,15 @@ class SubprocessRuntime(Runtime):
         self._stopped = False
 
     async def start(self) -> None:
-        global _warned
-        if self.warn_no_isolation and not _warned:
-            # Once per process: a farm host starts thousands of these.
-            _warned = True
-            logger.warning(
-                "subprocess runtime gives no isolation: programs run as this user on this host"
-                " (use runtime 'bwrap' or 'docker' for harnesses that execute code)"
-            )
         try:
             self.owner = owner_id()
+            root = watch_root(self.root)
         except OSError as exc:
             raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
+        await reap_dead_owners(root)
         try:
-            base = Path(tempfile.mkdtemp(prefix=f"vfray-{self.type}-", dir=self.root))
+            prefix = work_dir_prefix(self.type, self.owner)
+            base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
         except OSError as exc:
             raise SandboxError(f"cannot create work dir: {exc}") from exc
         self.workdir = base
@@ -140,7 +132,7 @@ class SubprocessRuntime(Runtime):
 
     async def read(self, path: str) -> bytes:
         try:
-            return await asyncio.to_thread(self.resolve(path).read_bytes)
+            return await blocking(self.resolve(path).read_bytes)
         except OSError as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
@@ -153,7 +145,7 @@ class SubprocessRuntime(Runtime):
             target.chmod(mode)
 
         try:
-            await asyncio.to_thread(_write)
+            await blocking(_write)
         except OSError as exc:
             raise SandboxError(f"cannot write {path!r}: {exc}") from exc
 
@@ -174,4 +166,4 @@ class SubprocessRuntime(Runtime):
         await stray_sweeper().sweep(self.box_id)
         self._pgids.clear()
         if self.workdir is not None:
-            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+            await blocking(shutil.rmtree, self.workdir, True)

@@ -1,0 +1,215 @@
+"""What a SIGKILLed owner leaves, reaped on real boxes: by its lifeline watchdog, or (when the
+watchdog died too) by the next owner's first box start. Live owners are never touched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vfray.runtimes import _reap
+from vfray.runtimes.strays import marked_pids
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_BWRAP = shutil.which("bwrap") is not None
+
+# The owner: starts one box per kind (bwrap with limits, so with cgroups where they work), each
+# running a program that leaves a background process, prints what it holds, then waits to die.
+OWNER = """
+import asyncio, json, os, sys
+from vfray.runtimes import lifeline
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.docker import DockerRuntime
+from vfray.runtimes.registry import make_runtime
+
+async def main():
+    root, kinds, docker = sys.argv[1], sys.argv[2].split(","), json.loads(sys.argv[3])
+    spec = RuntimeSpec(memory_gb=0.5, cpu=1.0, pids=256)
+    held = {"watchdog": None, "boxes": {}}
+    for kind in kinds:
+        if kind == "docker":
+            rt = DockerRuntime(spec.model_copy(update={"image": docker["image"]}),
+                               base_url=docker["url"], volumes=docker["volumes"])
+        else:
+            rt = make_runtime(kind, spec, root=root)
+        await rt.start()
+        ran = await rt.run(["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"],
+                           timeout=60)
+        assert ran.ok, ran
+        base = getattr(rt, "base", None) or rt.workdir
+        cgroup = getattr(rt, "cgroup", None)
+        held["boxes"][kind] = {
+            "box_id": rt.box_id, "dir": str(base),
+            "cgroups": [str(d) for d in cgroup.dirs] if cgroup else [],
+            "container": rt.container.id if kind == "docker" else None,
+        }
+    held["watchdog"] = lifeline._lifeline.watchdog.pid
+    held["token"] = lifeline._lifeline.token
+    print(json.dumps(held), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+# The next owner: starts one box of each kind (which sweeps first), stops it, says it is done.
+NEXT = """
+import asyncio, json, sys
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.docker import DockerRuntime
+from vfray.runtimes.registry import make_runtime
+
+async def main():
+    root, kinds, docker = sys.argv[1], sys.argv[2].split(","), json.loads(sys.argv[3])
+    for kind in kinds:
+        if kind == "docker":
+            rt = DockerRuntime(RuntimeSpec(image=docker["image"]), base_url=docker["url"],
+                               volumes=docker["volumes"])
+        else:
+            rt = make_runtime(kind, root=root)
+        async with rt:
+            pass
+    print("swept")
+
+asyncio.run(main())
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def start_owner(
+    root: str, kinds: list[str], docker: dict[str, object] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, root, ",".join(kinds), json.dumps(docker or {})],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert owner.stdout is not None and owner.stderr is not None
+    line = owner.stdout.readline()
+    if not line:
+        owner.kill()
+        raise AssertionError(f"the owner did not start its boxes: {owner.stderr.read()[-3000:]}")
+    held: dict[str, object] = json.loads(line)
+    return owner, held
+
+
+def run_next_owner(root: str, kinds: list[str], docker: dict[str, object] | None = None) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NEXT, root, ",".join(kinds), json.dumps(docker or {})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    assert done.returncode == 0 and "swept" in done.stdout, done.stderr[-3000:]
+
+
+def leftovers(held: dict[str, object], docker_url: str | None = None) -> list[str]:
+    """Everything of the owner's boxes still there."""
+    left: list[str] = []
+    boxes = held["boxes"]
+    assert isinstance(boxes, dict)
+    for kind, box in boxes.items():
+        live = [p for p in marked_pids(box["box_id"]) if not _zombie(p)]
+        left += [f"{kind} process {p}" for p in live]
+        left += [f"{kind} dir {box['dir']}"] if os.path.exists(box["dir"]) else []
+        left += [f"{kind} cgroup {c}" for c in box["cgroups"] if os.path.exists(c)]
+        if box["container"] and docker_url:
+            label = f"{_reap.OWNER_LABEL}={held['token']}"
+            left += [f"container {c['Id'][:12]}" for c in _reap._containers(docker_url, label)]
+    return left
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def wait_until_clean(held: dict[str, object], docker_url: str | None = None) -> list[str]:
+    deadline = time.monotonic() + 60
+    while (left := leftovers(held, docker_url)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def root() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="vfray-test-reap-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+LOCAL = ["subprocess", *(["bwrap"] if HAS_BWRAP else [])]
+
+
+def test_the_watchdog_reaps_a_sigkilled_owners_boxes(root: str) -> None:
+    owner, held = start_owner(root, LOCAL)
+    assert leftovers(held), "the owner holds nothing to reap"
+    if HAS_BWRAP and os.geteuid() == 0 and Path("/sys/fs/cgroup/memory").is_dir():
+        assert held["boxes"]["bwrap"]["cgroups"], "the bwrap box has no cgroup to leak"  # type: ignore[index]
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert wait_until_clean(held) == []
+    lock = Path(_reap_lock(held))
+    deadline = time.monotonic() + 30
+    while lock.exists() and time.monotonic() < deadline:  # removed last, once all is reaped
+        time.sleep(0.05)
+    assert not lock.exists()
+
+
+def _reap_lock(held: dict[str, object]) -> str:
+    from vfray.runtimes.lifeline import owners_dir
+
+    return os.path.join(owners_dir(), str(held["token"]))
+
+
+def test_the_next_owner_reaps_what_a_dead_owner_and_its_watchdog_left(root: str) -> None:
+    owner, held = start_owner(root, LOCAL)
+    kill(int(held["watchdog"]))  # type: ignore[call-overload]
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    time.sleep(0.5)
+    assert leftovers(held), "nothing leaked: the test shows nothing"
+    run_next_owner(root, LOCAL)
+    assert leftovers(held) == []
+    assert not Path(_reap_lock(held)).exists()
+
+
+def test_a_sweep_leaves_a_live_owner_alone(root: str) -> None:
+    owner, held = start_owner(root, LOCAL)
+    try:
+        run_next_owner(root, LOCAL)
+        still = leftovers(held)
+        boxes = held["boxes"]
+        assert isinstance(boxes, dict)
+        for kind, box in boxes.items():
+            assert f"{kind} dir {box['dir']}" in still
+            assert {f"{kind} cgroup {c}" for c in box["cgroups"]} <= set(still)
+        # A bwrap box's background process ends with its run (the namespace's init exits).
+        assert any(s.startswith("subprocess process") for s in still), still
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert wait_until_clean(held) == []

@@ -1,0 +1,261 @@
+"""Reaping what a dead owner left: its processes, bwrap cgroups, work dirs and docker containers,
+found by the owner token in their environment, name or label. Stdlib only: the lifeline watchdog
+runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR``.
+
+An owner is dead when its lock file ``OWNERS_DIR/TOKEN`` exists and nobody holds its ``flock``
+(the kernel drops the lock with the owner's last fd, even on SIGKILL). No lock file: unknown
+(e.g. an owner from an older vfray), never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterable
+
+OWNER_ENV = "VFRAY_OWNER_ID"
+OWNER_LABEL = "vfray.owner"
+HOST_LABEL = "vfray.host"
+CGROUP_ROOT = "/sys/fs/cgroup"
+_TOKEN = "[0-9a-f]{32}"
+DIR_NAME = re.compile(rf"^vfray-.+?-({_TOKEN})-")
+"""Work dirs: ``vfray-<runtime>-<token>-<random>``."""
+CGROUP_NAME = re.compile(rf"^vfray-({_TOKEN})-")
+"""bwrap cgroups: ``vfray-<token>-<box id>`` in each v1 controller."""
+
+
+def lock_dead(owners_dir: str, token: str) -> int | None:
+    """An fd holding the dead owner's lock, or None when it is alive or unknown."""
+    try:
+        fd = os.open(os.path.join(owners_dir, token), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _environ_tokens() -> dict[str, list[int]]:
+    """Owner token -> PIDs of the processes carrying it."""
+    needle = f"{OWNER_ENV}=".encode()
+    found: dict[str, list[int]] = {}
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if needle not in environ:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(needle):
+                found.setdefault(item[len(needle) :].decode(errors="replace"), []).append(int(name))
+    return found
+
+
+def kill_processes(token: str) -> None:
+    """SIGKILL every process carrying the token until three walks in a row find none (one may
+    be mid-fork), for at most a minute."""
+    quiet, deadline = 0, time.monotonic() + 60
+    while quiet < 3 and time.monotonic() < deadline:
+        pids = _environ_tokens().get(token, [])
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        quiet = 0 if pids else quiet + 1
+        time.sleep(0.02)
+
+
+def _cgroups() -> list[tuple[str, str]]:
+    """(token, path) of every vfray cgroup on this host."""
+    found = []
+    with contextlib.suppress(OSError):
+        for controller in os.listdir(CGROUP_ROOT):
+            top = os.path.join(CGROUP_ROOT, controller)
+            with contextlib.suppress(OSError):
+                for name in os.listdir(top):
+                    match = CGROUP_NAME.match(name)
+                    if match:
+                        found.append((match.group(1), os.path.join(top, name)))
+    return found
+
+
+def remove_cgroups(token: str) -> None:
+    for owner, path in _cgroups():
+        if owner != token:
+            continue
+        for _ in range(200):
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    members = [int(p) for p in fh.read().split()]
+            except OSError:
+                break
+            for pid in members:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.01)  # a killed member leaves once the kernel has torn it down
+
+
+def _dirs(roots: Iterable[str]) -> list[tuple[str, str]]:
+    found = []
+    for root in roots:
+        with contextlib.suppress(OSError), os.scandir(root) as entries:
+            for entry in entries:
+                match = DIR_NAME.match(entry.name)
+                if match and entry.is_dir(follow_symlinks=False):
+                    found.append((match.group(1), entry.path))
+    return found
+
+
+def remove_dirs(token: str, roots: Iterable[str]) -> None:
+    for owner, path in _dirs(roots):
+        if owner == token:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def docker_request(url: str, method: str, path: str, timeout: float = 10.0) -> object:
+    """One Docker Engine API call on ``unix://`` or ``tcp://`` (no TLS); the decoded JSON body,
+    or None for an empty one. Raises OSError when the engine is unreachable or answers >= 400."""
+    parts = urllib.parse.urlsplit(url)
+    conn: http.client.HTTPConnection
+    if parts.scheme in ("unix", "http+unix"):
+        conn = _UnixConnection(parts.path, timeout)
+    elif parts.scheme in ("tcp", "http"):
+        conn = http.client.HTTPConnection(parts.hostname or "localhost", parts.port, timeout)
+    else:
+        raise OSError(f"unsupported docker host {url!r} (unix:// or tcp:// without TLS)")
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        body = response.read()
+    except (http.client.HTTPException, ValueError) as exc:
+        raise OSError(f"docker at {url}: {exc}") from exc
+    finally:
+        conn.close()
+    if response.status >= 400:
+        raise OSError(f"docker at {url}: HTTP {response.status} {body[:200]!r}")
+    return json.loads(body) if body.strip() else None
+
+
+def _containers(url: str, label: str) -> list[dict[str, object]]:
+    filters = urllib.parse.quote(json.dumps({"label": [label]}))
+    listed = docker_request(url, "GET", f"/containers/json?all=1&filters={filters}")
+    return [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
+
+
+def remove_containers(token: str, urls: Iterable[str]) -> None:
+    for url in urls:
+        with contextlib.suppress(OSError):
+            for container in _containers(url, f"{OWNER_LABEL}={token}"):
+                with contextlib.suppress(OSError):
+                    docker_request(url, "DELETE", f"/containers/{container['Id']}?force=1&v=1")
+
+
+def reap(
+    token: str, owners_dir: str, roots: Iterable[str], urls: Iterable[str], *, unlock: bool
+) -> None:
+    """Remove everything the (dead) owner ``token`` left, then (``unlock``) its lock file.
+    Processes first: a cgroup can be removed only once empty, a dir is refilled while a writer
+    lives."""
+    kill_processes(token)
+    remove_cgroups(token)
+    remove_containers(token, urls)
+    remove_dirs(token, roots)
+    if unlock:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(owners_dir, token))
+
+
+def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) -> list[str]:
+    """Reap every dead owner that left something in ``roots``, the cgroups, the engines at
+    ``urls`` (containers labelled with this host's name) or the process table; returns their
+    tokens. Owners that are alive or unknown are left alone."""
+    roots, urls = list(roots), list(urls)
+    tokens = {token for token, _ in _dirs(roots)} | {token for token, _ in _cgroups()}
+    tokens |= set(_environ_tokens())
+    with contextlib.suppress(OSError):
+        tokens |= {name for name in os.listdir(owners_dir) if re.fullmatch(_TOKEN, name)}
+    host = socket.gethostname()
+    for url in urls:
+        with contextlib.suppress(OSError):
+            for container in _containers(url, f"{HOST_LABEL}={host}"):
+                labels = container.get("Labels")
+                if isinstance(labels, dict) and isinstance(labels.get(OWNER_LABEL), str):
+                    tokens.add(labels[OWNER_LABEL])
+    reaped = []
+    for token in sorted(tokens):
+        fd = lock_dead(owners_dir, token)
+        if fd is None:
+            continue
+        try:
+            reap(token, owners_dir, roots, urls, unlock=True)
+        finally:
+            os.close(fd)
+        reaped.append(token)
+    return reaped
+
+
+def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
+    """The watchdog: read ``root PATH`` / ``docker URL`` lines from the owner's pipe until EOF
+    (or until it is no longer our parent), then reap what the owner left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    roots: set[str] = set()
+    urls: set[str] = set()
+    pending = b""
+    while True:
+        # The owner's death shows as EOF, or as a new parent when a fork of it holds the
+        # pipe; the lines it wrote before dying are read either way.
+        readable = select.select([fd], [], [], 0.0 if os.getppid() != owner else 1.0)[0]
+        if not readable:
+            if os.getppid() != owner:
+                break
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            kind, _, value = line.decode(errors="replace").partition(" ")
+            (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
+    held = lock_dead(owners_dir, token)  # None: a fork of the owner still holds it
+    try:
+        reap(token, owners_dir, roots, urls, unlock=held is not None)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+if __name__ == "__main__":
+    watch(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
