@@ -107,6 +107,12 @@ class RayBackend:
             self._acked(await _sink_call(getattr(self.sink, method).remote(ref, key)))
         except SINK_LOST as exc:
             await self._recover(exc)
+        except asyncio.CancelledError:
+            # The run is being cancelled (Farm.close, Ctrl-C): the sink writes what it was
+            # sent; rows it never gets (an episode cancelled with the run) are re-run by
+            # `vfray resume`, so they are not a write failure to report at close.
+            self._unacked.pop(key, None)
+            raise
 
     def _acked(self, keys: list[str]) -> None:
         for key in keys:

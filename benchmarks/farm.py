@@ -32,7 +32,6 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def raise_fd_limit() -> int:

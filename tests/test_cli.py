@@ -50,7 +50,7 @@ class Broken(vf.Taskset[BrokenTask]):
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VFRAY_", "RAY_ADDRESS"))}
-    env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", COLUMNS="120")
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", COLUMNS="120")
     env.update(extra)
     return env
 

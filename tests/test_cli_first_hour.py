@@ -87,7 +87,11 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     out = tmp_path_factory.mktemp("failed")
     proc = vfray(
         "eval", "arithmetic", "-n", "3", "-r", "2", *LOCAL, "-o", str(out), "--no-preflight",
-        "-m", "some-model", "--base-url", "http://127.0.0.1:9/v1", cwd=out,
+        "-m", "some-model", "--base-url", "http://127.0.0.1:9/v1",
+        # Two quick retries and no circuit: the endpoint never comes back, and this module is
+        # about how the failures are shown, not about riding out an outage.
+        "--retry.provider-retries", "2", "--retry.backoff", "0.01", "--retry.circuit-failures", "0",
+        cwd=out,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
     yield run_folder(proc.stdout), proc.stdout, proc.stderr

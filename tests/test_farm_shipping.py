@@ -138,7 +138,7 @@ def test_taskset_defined_in_main_runs_on_workers(tmp_path: Path) -> None:
     """A real subprocess plays the notebook: its taskset lives in a file-less ``__main__`` and
     its Farm starts its own local Ray (kept on loopback), from inside a running event loop."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     done = subprocess.run(
         [sys.executable, "-", str(tmp_path)],
         input=(FIXTURES / "notebook_cell.py").read_text(),

@@ -29,6 +29,9 @@ from vfray.serving import serve_in_loop
 from vfray.testing.scripted import scripted_server
 from vfray.trace import TaskRecord, Trace
 
+# Retried by the farm: at once (RETRYABLE), or after a backoff (a ProviderError).
+RETRIED = RETRYABLE | {"ProviderError"}
+
 
 @pytest.fixture(scope="module")
 def echo_url() -> Iterator[str]:
@@ -120,7 +123,7 @@ async def test_unreadable_upstream_reply_is_a_retryable_provider_error() -> None
     first = trace.error()
     assert first is not None and first.type == "ProviderError", trace.errors
     assert "unreadable reply" in first.message
-    assert first.type in RETRYABLE
+    assert first.type in RETRIED
     # Both attempts reached the model and were recorded as the provider's failures.
     assert len(trace.calls) == 2
     assert all(c.error is not None and c.error.type == "ProviderError" for c in trace.calls)
@@ -132,7 +135,7 @@ async def test_prompt_over_the_body_cap_is_a_413_on_the_trace_not_a_reset() -> N
         trace = await env.rollout(vf.Task(vf.TaskData(prompt=prompt)))
     first = trace.error()
     assert first is not None and first.type == "HarnessError", trace.errors
-    assert first.type not in RETRYABLE
+    assert first.type not in RETRIED
     assert "HTTP 413" in first.message and "exceeds the 8388608-byte limit" in first.message
     assert "retrying" not in first.message and "reset" not in first.message
     assert any("refused a call as bad input: HTTP 413" in note for note in trace.notes)
@@ -177,7 +180,7 @@ async def test_lone_surrogate_in_the_agents_json_is_a_400_on_the_trace() -> None
         trace = await env.rollout(vf.Task(vf.TaskData(prompt=raw)))
     first = trace.error()
     assert first is not None and first.type == "HarnessError", trace.errors
-    assert first.type not in RETRYABLE
+    assert first.type not in RETRIED
     assert "HTTP 400" in first.message and "lone UTF-16 surrogate" in first.message
     assert any("lone UTF-16 surrogate" in note for note in trace.notes)
     assert trace.calls == []

@@ -19,12 +19,12 @@ KERNEL = "vfray-notebooks"
 @pytest.fixture(scope="module")
 def kernel_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kernelspec for this interpreter in a temp prefix, so the test never depends on one
-    installed by hand; its env keeps the kernel's Ray on loopback without token auth."""
+    installed by hand; its env keeps the kernel's Ray on loopback."""
     prefix = tmp_path_factory.mktemp("jupyter")
     install_kernelspec(
         kernel_name=KERNEL,
         prefix=str(prefix),
-        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"},
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
     )
     return prefix / "share" / "jupyter"
 

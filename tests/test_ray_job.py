@@ -79,3 +79,38 @@ def test_vfray_eval_as_a_ray_job(head: Head, tmp_path: Path) -> None:
         assert name in commands, (name, seen)
     exposed = sorted(row for row in seen if not is_loopback(row[1]))
     assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_a_ray_job_without_o_writes_to_a_durable_folder(head: Head, tmp_path: Path) -> None:
+    """Without ``-o`` the job's working dir is Ray's temporary copy, so run folders go to
+    ``~/vfray-outputs`` (a durable place) and the printed path is absolute and still there
+    after the job ended."""
+    import json
+
+    working_dir = tmp_path / "project"
+    working_dir.mkdir()
+    (working_dir / "README.txt").write_text("uploaded by ray job submit\n")
+    home = tmp_path / "home"
+    runtime_env = json.dumps({"env_vars": {"HOME": str(home)}})
+    job = subprocess.run(
+        [
+            ray_cli(), "job", "submit", "--address", head.dashboard,
+            "--working-dir", str(working_dir), "--runtime-env-json", runtime_env,
+            "--", "vfray", "eval", "arithmetic", "-n", "3", "-r", "2", "--harness", "null",
+            "--no-progress",
+        ],
+        env=head.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    logs = job.stdout + job.stderr
+    assert job.returncode == 0, logs[-5000:]
+    assert "temporary working-dir copy" in logs, logs[-5000:]
+    match = re.search(r"run folder: (\S+)", logs)
+    assert match, logs[-5000:]
+    run_dir = Path(match.group(1))
+    assert run_dir.is_absolute()
+    assert run_dir.is_relative_to(home / "vfray-outputs")
+    assert (run_dir / "config.json").exists() and (run_dir / "eval.log").exists()

@@ -325,7 +325,7 @@ def test_hf_datasets_reads_files(
 
 @pytest.mark.usefixtures("ray_local")
 def test_ray_data_reads_files(tmp_path: Path, traces: list[Trace]) -> None:
-    # The suite's shared local Ray (tests/conftest.py: loopback, RAY_AUTH_MODE=disabled).
+    # The suite's shared local Ray (tests/conftest.py: loopback, token auth on).
     import ray
 
     folder = _write_dir(tmp_path, traces)

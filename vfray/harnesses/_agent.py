@@ -5,6 +5,7 @@ setup, the launch environment, and keeping the agent's own transcript files.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 import shlex
@@ -60,8 +61,9 @@ class ProvisionedHarness(Harness):
         the node, not of a run, so every box runtime (bwrap binds it) agrees on it."""
         return str(tools_root())
 
+    @abc.abstractmethod
     def tool_spec(self) -> ToolSpec:
-        raise NotImplementedError
+        """The agent program to provision (name, version, npm or PyPI)."""
 
     async def setup(self, runtime: Runtime) -> None:
         """Provision the program on this node (once; later rollouts find it installed)."""
