@@ -45,7 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vfray.cli.runlog import CONSOLE_REPEATS
 
     for handler in logging.getLogger().handlers:
-        if not args.verbose and CONSOLE_REPEATS not in handler.filters:
+        # The console handler basicConfig made, not a host's own (pytest's capture handler
+        # lives on: a filter left there would hide later repeats from every other caller).
+        console = type(handler) is logging.StreamHandler and handler.stream is sys.stderr
+        if console and not args.verbose and CONSOLE_REPEATS not in handler.filters:
             handler.addFilter(CONSOLE_REPEATS)
     if args.command is None:
         parser.print_help()

@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         config.address = args.address
     n = int(header.get("rollouts_per_task", config.rollouts_per_task))
+    # The group size the run was made with (the Python API passes it to Farm.run, not the
+    # config): the tasks are built for it, group rewards included.
+    config.rollouts_per_task = n
     tasks, _ = build_tasks(config)
     with readable_run(run_dir):
         todo = missing_rollouts(run_dir, tasks, n)
