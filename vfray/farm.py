@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
-import importlib.metadata
 import logging
 import os
-import platform
-import re
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from vfray._run_folders import run_folder, run_header
 from vfray.config import EvalConfig, ModelConfig, format_validation_error
 from vfray.driver import RunBackend, RunDriver, RunPlan
 from vfray.environment import parse_scripted_model
@@ -49,10 +45,6 @@ if TYPE_CHECKING:
 # run's first rollout does not need it, and it is a third of the CLI's import time.
 
 log = logging.getLogger(__name__)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
 
 
 class Farm:
@@ -287,39 +279,10 @@ class Farm:
     # -- runs -----------------------------------------------------------------------------
 
     def _run_dir(self, name: str, resume: str | Path | None) -> tuple[Path, str]:
-        if resume is not None:
-            run_dir = Path(resume)
-            if not (run_dir / "config.json").exists():
-                raise ConfigError(f"cannot resume {run_dir}: it has no config.json")
-            from vfray.results import RunResult
-
-            result = RunResult(run_dir)
-            return run_dir, str(result.config.get("run_id") or run_dir.name)
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_id = f"{stamp}-{uuid.uuid4().hex[:6]}"
-        model = self.config.model.name
-        folder = f"{_slug(name)}--{_slug(model)}--{_slug(self.config.env.harness.id)}"
-        run_dir = Path(self.config.output_dir) / folder / run_id
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ConfigError(f"run folder {run_dir} is not empty; resume it instead")
-        return run_dir, run_id
+        return run_folder(self.config, name, resume)
 
     def _header(self, run_id: str, name: str, n: int) -> dict[str, Any]:
-        import vfray
-
-        return {
-            "run_id": run_id,
-            "taskset": name,
-            "rollouts_per_task": n,
-            "config": self.config.model_dump(mode="json"),
-            "versions": {
-                "vfray": vfray.__version__,
-                # From the package metadata: importing ray costs ~0.5 s a local run never needs.
-                "ray": importlib.metadata.version("ray"),
-                "python": platform.python_version(),
-            },
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-        }
+        return run_header(self.config, run_id, name, n)
 
     def run(
         self,
