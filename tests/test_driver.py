@@ -20,7 +20,7 @@ import pytest
 
 import vfray as vf
 from vfray.driver import HostLost, ResumeState, RunDriver, RunPlan
-from vfray.errors import ROLLOUT_ERROR_TYPES
+from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
 from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.retry import EndpointCircuit, RetryPolicy
 from vfray.trace import RewardRecord, StopCondition, Trace
@@ -397,6 +397,27 @@ async def test_a_vfray_error_from_the_source_is_raised_as_it_is() -> None:
     with pytest.raises(vf.ConfigError, match="group rewards"):
         await driver_run(backend, source())
     assert len(backend.finished) == 1
+
+
+async def test_every_episode_failing_to_write_raises_one_error_and_leaves_none_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full disk fails every episode's write: the run raises the first failure, and the later
+    episodes' failures are retrieved (asyncio does not log them as "never retrieved")."""
+
+    class FullDisk(FakeBackend):
+        async def finish(self, *args: Any, **kwargs: Any) -> EpisodeOutcome:
+            await asyncio.sleep(0)
+            raise SinkError("no space left on device")
+
+    backend = FullDisk()
+    with pytest.raises(SinkError, match="no space"):
+        await driver_run(backend, tasks(6), max_concurrent=8)
+    import gc
+
+    gc.collect()  # asyncio reports unretrieved task exceptions when the task is collected
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text
 
 
 # -- streaming -----------------------------------------------------------------------------------

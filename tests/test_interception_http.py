@@ -266,3 +266,28 @@ async def test_the_listen_queue_is_as_deep_as_the_kernel_allows(icpt: Intercepti
         ["ss", "-ltnH", f"sport = :{port(icpt)}"], capture_output=True, text=True, check=True
     ).stdout.split()
     assert int(listing[2]) == min(8192, somaxconn)
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+
+
+async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn cancels the handlers still waiting when its graceful shutdown ends: the agent
+    gets a 503 and the log holds no "Exception in ASGI application" traceback."""
+    slow = ScriptedModel("echo", latency=30)
+    with scripted_server(slow) as url:
+        async with Interception(Upstream(url, model="m")) as icpt:
+            secret = icpt.app.register(new_trace())
+            headers = {"authorization": f"Bearer {secret}"}
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            http = httpx.AsyncClient(base_url=icpt.url, timeout=60)
+            call = http.post("/chat/completions", json=body, headers=headers)
+            waiting = asyncio.create_task(call)
+            await asyncio.sleep(1.0)  # the call is upstream, which takes 30 s
+        answer = await waiting
+        await http.aclose()
+    assert answer.status_code == 503
+    assert "shutting down" in answer.text
+    assert "Exception in ASGI application" not in caplog.text

@@ -213,3 +213,30 @@ def test_a_sweep_leaves_a_live_owner_alone(root: str) -> None:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     assert wait_until_clean(held) == []
+
+
+def test_the_reaper_kills_a_marked_process_and_children_whose_environment_was_replaced() -> None:
+    """Ray's agents rewrite their process title (and a program may exec with a clean
+    environment): a process below a marked one goes with it even without the token."""
+    token = os.urandom(16).hex()
+    env = {**os.environ, _reap.OWNER_ENV: token}
+    parent = subprocess.Popen(
+        ["bash", "-c", "env -i sleep 600 & echo $!; wait"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"):
+        time.sleep(0.01)  # until the fork has exec'd with its empty environment
+    assert _reap.OWNER_ENV.encode() not in Path(f"/proc/{child}/environ").read_bytes()
+    _reap.kill_processes(token)
+    assert parent.wait(timeout=10) == -signal.SIGKILL
+    for _ in range(200):  # the orphan is reaped by init once killed
+        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text():
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the unmarked child outlived the reaper")

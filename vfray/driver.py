@@ -276,13 +276,14 @@ class RunDriver:
         self._episodes.discard(job)
         if self._groups is not None:
             self._groups.release()
-        if self._failure is not None:
-            return
-        if job.cancelled():
+        # Retrieve the outcome even when the run already failed, so a second episode's failure
+        # (the same full disk, say) is not reported again by asyncio as "never retrieved".
+        failure = (
+            asyncio.CancelledError("the run was cancelled") if job.cancelled() else job.exception()
+        )
+        if self._failure is None and failure is not None:
             # A host cancelled its rollouts (Farm.close, the job stopped): the run is over.
-            self._failure = asyncio.CancelledError("the run was cancelled")
-        elif job.exception() is not None:
-            self._failure = job.exception()
+            self._failure = failure
 
     async def _rollout(self, task: Task[Any], index: int, attempt: int, episode_id: str) -> Any:
         """Run one rollout, retrying it when the machinery under it failed (at once, on another

@@ -86,6 +86,8 @@ class InterceptionApp:
         self.sessions = SessionRegistry()
         self.forwarder = Forwarder(upstream, connection_limit=connection_limit)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.closing = False
+        """Set when the server is shutting down: cancelled requests are answered 503, quietly."""
         # A plain path → (method, handler) table instead of a Starlette router: routing and
         # Starlette's default middlewares were ~10% of the proxy's CPU per turn.
         self._routes: dict[str, tuple[str, Callable[[Request], Awaitable[Response]]]] = {
@@ -106,7 +108,14 @@ class InterceptionApp:
         elif scope["method"] != route[0] and not (route[0] == "GET" and scope["method"] == "HEAD"):
             response = _plain_error(405, f"{scope['path']} accepts {route[0]} only")
         else:
-            response = await route[1](Request(scope, receive))
+            try:
+                response = await route[1](Request(scope, receive))
+            except asyncio.CancelledError:
+                if not self.closing:
+                    raise
+                # uvicorn cancels the handlers still waiting when its graceful shutdown ends; the
+                # agent gets a plain 503 instead of a traceback in the run's log.
+                response = _plain_error(503, "the interception is shutting down")
         await response(scope, receive, send)
 
     # -- sessions -----------------------------------------------------------------------
@@ -315,6 +324,7 @@ class Interception:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.app.closing = True
         try:
             if self._serving is not None:
                 await self._serving.__aexit__(exc_type, exc, tb)

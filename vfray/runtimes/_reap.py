@@ -70,12 +70,40 @@ def _environ_tokens() -> dict[str, list[int]]:
     return found
 
 
+def _with_descendants(pids: Iterable[int]) -> list[int]:
+    """``pids`` and every process below them, read from /proc before any is killed (a killed
+    parent's children are reparented, and a child whose environment was rewritten, e.g. by
+    ``setproctitle`` in Ray's agents, is still found through its parent)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the ppid follows its last ")".
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo, me = set(), list(pids), os.getpid()
+    while todo:
+        pid = todo.pop()
+        if pid in found or pid == me:
+            continue
+        found.add(pid)
+        todo.extend(children.get(pid, ()))
+    return sorted(found)
+
+
 def kill_processes(token: str) -> None:
-    """SIGKILL every process carrying the token until three walks in a row find none (one may
-    be mid-fork), for at most a minute."""
+    """SIGKILL every process carrying the token, and everything below them, until three walks
+    in a row find none (one may be mid-fork), for at most a minute."""
     quiet, deadline = 0, time.monotonic() + 60
     while quiet < 3 and time.monotonic() < deadline:
-        pids = _environ_tokens().get(token, [])
+        marked = _environ_tokens().get(token, [])
+        pids = _with_descendants(marked) if marked else []
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
