@@ -5,6 +5,7 @@ requests without the token; nothing of it listens beyond loopback."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -35,31 +36,52 @@ def test_head_refuses_requests_without_the_token(head: Head) -> None:
     assert httpx.get(jobs, headers=right, timeout=30).status_code == 200
 
 
-def test_vfray_eval_as_a_ray_job(head: Head, tmp_path: Path) -> None:
-    working_dir = tmp_path / "project"
+def submit(head: Head, working_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """``ray job submit`` of ``vfray eval arithmetic … args`` from a fresh working dir."""
     working_dir.mkdir()
     (working_dir / "README.txt").write_text("uploaded by ray job submit\n")
-    outputs = (tmp_path / "outputs").resolve()
     argv = [
-        ray_cli(), "job", "submit", "--address", head.dashboard,
-        "--working-dir", str(working_dir),
-        "--", "vfray", "eval", "arithmetic", "-n", "10", "-r", "2", "--harness", "null",
-        "-o", str(outputs), "--no-progress",
+        ray_cli(), "job", "submit", "--address", head.dashboard, "--working-dir", str(working_dir),
+        *args[: args.index("--")], "--", "vfray", "eval", "arithmetic", "--harness", "null",
+        "--no-progress", *args[args.index("--") + 1 :],
     ]  # fmt: skip
-    seen: set[tuple[str, str, int]] = set()
-    with subprocess.Popen(
+    return subprocess.Popen(
         argv, env=head.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as job:
+    )
+
+
+def test_vfray_eval_as_ray_jobs_with_and_without_o(head: Head, tmp_path: Path) -> None:
+    """Two jobs at once on one head (each job's start-up costs tens of seconds here):
+
+    - with ``-o``: the run folder is there, complete, written by a driver that joined the job's
+      cluster; what listens while it runs (the head's and the job's processes) is on loopback;
+    - without ``-o``: the job's working dir is Ray's temporary copy, so run folders go to
+      ``~/vfray-outputs`` (a durable place) and the printed path is absolute and still there
+      after the job ended."""
+    outputs = (tmp_path / "outputs").resolve()
+    home = tmp_path / "home"
+    runtime_env = json.dumps({"env_vars": {"HOME": str(home)}})
+    seen: set[tuple[str, str, int]] = set()
+    with (
+        submit(head, tmp_path / "a", "--", "-n", "10", "-r", "2", "-o", str(outputs)) as job,
+        submit(
+            head, tmp_path / "b", "--runtime-env-json", runtime_env, "--", "-n", "3", "-r", "2"
+        ) as durable,
+    ):
         # While the job runs, its driver's actors (SandboxHost, the scripted model) are
         # processes of the head's raylet: sample what listens.
         deadline = time.monotonic() + 300
         while job.poll() is None and time.monotonic() < deadline:
             seen.update(head.listeners())
             time.sleep(0.3)
-        if job.poll() is None:
-            job.kill()
-        assert job.stdout is not None
-        logs = job.stdout.read()
+        for proc in (job, durable):
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        assert job.stdout is not None and durable.stdout is not None
+        logs, durable_logs = job.stdout.read(), durable.stdout.read()
+
     assert job.returncode == 0, logs[-5000:]
     assert "succeeded" in logs, logs[-5000:]
     match = re.search(r"run folder: (\S+)", logs)
@@ -80,37 +102,11 @@ def test_vfray_eval_as_a_ray_job(head: Head, tmp_path: Path) -> None:
     exposed = sorted(row for row in seen if not is_loopback(row[1]))
     assert not exposed, f"listening beyond loopback: {exposed}"
 
-
-def test_a_ray_job_without_o_writes_to_a_durable_folder(head: Head, tmp_path: Path) -> None:
-    """Without ``-o`` the job's working dir is Ray's temporary copy, so run folders go to
-    ``~/vfray-outputs`` (a durable place) and the printed path is absolute and still there
-    after the job ended."""
-    import json
-
-    working_dir = tmp_path / "project"
-    working_dir.mkdir()
-    (working_dir / "README.txt").write_text("uploaded by ray job submit\n")
-    home = tmp_path / "home"
-    runtime_env = json.dumps({"env_vars": {"HOME": str(home)}})
-    job = subprocess.run(
-        [
-            ray_cli(), "job", "submit", "--address", head.dashboard,
-            "--working-dir", str(working_dir), "--runtime-env-json", runtime_env,
-            "--", "vfray", "eval", "arithmetic", "-n", "3", "-r", "2", "--harness", "null",
-            "--no-progress",
-        ],
-        env=head.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )  # fmt: skip
-    logs = job.stdout + job.stderr
-    assert job.returncode == 0, logs[-5000:]
-    assert "temporary working-dir copy" in logs, logs[-5000:]
-    match = re.search(r"run folder: (\S+)", logs)
-    assert match, logs[-5000:]
-    run_dir = Path(match.group(1))
-    assert run_dir.is_absolute()
-    assert run_dir.is_relative_to(home / "vfray-outputs")
-    assert (run_dir / "config.json").exists() and (run_dir / "eval.log").exists()
+    assert durable.returncode == 0, durable_logs[-5000:]
+    assert "temporary working-dir copy" in durable_logs, durable_logs[-5000:]
+    match = re.search(r"run folder: (\S+)", durable_logs)
+    assert match, durable_logs[-5000:]
+    durable_dir = Path(match.group(1))
+    assert durable_dir.is_absolute()
+    assert durable_dir.is_relative_to(home / "vfray-outputs")
+    assert (durable_dir / "config.json").exists() and (durable_dir / "eval.log").exists()
