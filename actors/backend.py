@@ -1,7 +1,7 @@
-"""The Ray backend of the run driver (:mod:`vfray.driver`): rollouts run in SandboxHost actors,
+"""The Ray backend of the run driver (:mod:`vfray.run.driver`): rollouts run in SandboxHost actors,
 each task's group is scored by an episode Ray task, and rows go to the TraceSink actor.
 
-Only small :class:`~vfray.outcomes.RolloutOutcome` objects travel back to the driver; traces go
+Only small :class:`~vfray.run.outcomes.RolloutOutcome` objects travel back to the driver; traces go
 from the hosts to the episode tasks to the TraceSink by ObjectRef, so the driver's memory stays
 flat however long the run. The backend keeps each row's ObjectRef until the sink reports it
 durable, and re-sends those to the sink after Ray restarts it.
@@ -20,9 +20,9 @@ import ray
 from ray import exceptions as rex
 
 from actors.episode import run_episode
-from vfray.driver import HostLost
 from vfray.errors import SinkError
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
+from vfray.run.driver import HostLost
+from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace
 

@@ -1,7 +1,7 @@
 """Episodes as Ray tasks: ``run_episode`` receives the n finished rollouts of one task as
 ObjectRef arguments (so it holds no worker while they run), runs the group rewards, and returns
 the rows for the TraceSink; the driver gets back a small
-:class:`~vfray.outcomes.EpisodeOutcome`."""
+:class:`~vfray.run.outcomes.EpisodeOutcome`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from vfray.outcomes import EpisodeOutcome, EpisodeRows, EpisodeSpec, finish_episode
+from vfray.run.outcomes import EpisodeOutcome, EpisodeRows, EpisodeSpec, finish_episode
 from vfray.task import Task
 from vfray.trace import Trace
 

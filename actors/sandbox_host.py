@@ -19,11 +19,11 @@ from typing import Any
 
 import ray
 
-from vfray.environment import InProcessBroker
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
-from vfray.outcomes import RolloutOutcome
 from vfray.rollout import RolloutPlan, run_planned_rollout
+from vfray.run.environment import InProcessBroker
+from vfray.run.outcomes import RolloutOutcome
 from vfray.serving import serve_in_loop
 from vfray.task import Task
 from vfray.trace import Trace

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 import vfray as vf
-from vfray.driver import HostLost, ResumeState, RunDriver, RunPlan
 from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.retry import EndpointCircuit, RetryPolicy
+from vfray.run.driver import HostLost, ResumeState, RunDriver, RunPlan
+from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.trace import RewardRecord, StopCondition, Trace
 
 

@@ -1,11 +1,11 @@
 """``Farm``: the public Python API — run a taskset to a run folder, or stream scored episode
 groups into a training loop.
 
-The driver (:mod:`vfray.driver`) iterates tasks lazily with at most ``max_concurrent`` rollouts
+The driver (:mod:`vfray.run.driver`) iterates tasks lazily with at most ``max_concurrent`` rollouts
 in flight over a backend. ``backend="ray"`` (the default): rollouts run in SandboxHost actors
 spread over the nodes, episodes are Ray tasks, and rows stream into Parquet parts through a
 TraceSink actor. ``backend="local"``: the same driver and run folder from one process with no
-Ray (:mod:`vfray.local_backend`), for quick runs on one machine.
+Ray (:mod:`vfray.run.local`), for quick runs on one machine.
 """
 
 from __future__ import annotations
@@ -21,27 +21,27 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from vfray._run_folders import run_folder, run_header
 from vfray.config import EvalConfig, ModelConfig, format_validation_error
-from vfray.driver import RunBackend, RunDriver, RunPlan
-from vfray.environment import parse_scripted_model
 from vfray.errors import ConfigError
 from vfray.models.local import parse_local_model
-from vfray.outcomes import EpisodeGroup
-from vfray.progress import Baseline, live_progress
 from vfray.rollout import RolloutPlan
+from vfray.run.driver import RunBackend, RunDriver, RunPlan
+from vfray.run.environment import parse_scripted_model
+from vfray.run.folders import run_folder, run_header
+from vfray.run.outcomes import EpisodeGroup
+from vfray.run.progress import Baseline, live_progress
+from vfray.run.streams import GroupStream
 from vfray.scoring import validate_group_config
-from vfray.streams import GroupStream
 from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo
 
 if TYPE_CHECKING:
-    from actors.sink import TraceSink
-    from vfray.local_backend import LocalRun
-    from vfray.results import RunResult
+    from vfray.run.local import LocalRun
+    from vfray.run.results import RunResult
+    from vfray.run.sink import TraceSink
 
-# pyarrow (via vfray.results and vfray.traces) is imported where it is used, not here: a local
+# pyarrow (via vfray.run.results and vfray.traces) is imported where it is used, not here: a local
 # run's first rollout does not need it, and it is a third of the CLI's import time.
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ class Farm:
         if resume is not None:
             # Imported only here: it reads Parquet (pyarrow), which a fresh run's start-up
             # does not need.
-            from actors.resume import load_resume_state
+            from vfray.run.resume import load_resume_state
 
             resume_state = load_resume_state(run_dir)
         plan = self._run_plan(run_id, rollouts_per_task, streaming=False)
@@ -334,7 +334,7 @@ class Farm:
                 driver.progress, total, enabled=self.progress, baseline=Baseline.of(resume_state)
             ):
                 await driver.run(self._checked(tasks, rollouts_per_task))
-        from vfray.results import RunResult
+        from vfray.run.results import RunResult
 
         return RunResult(run_dir)
 
@@ -408,13 +408,13 @@ class Farm:
     async def _local_backend(
         self, run_dir: Path, header: dict[str, Any]
     ) -> AsyncIterator[RunBackend]:
-        from vfray.local_backend import open_local_run
+        from vfray.run.local import open_local_run
 
         if self._closed:
             raise RuntimeError("this Farm is closed")
 
         def make_sink() -> TraceSink:
-            from actors.sink import TraceSink  # a plain class: used here without Ray
+            from vfray.run.sink import TraceSink  # a plain class: used here without Ray
 
             return TraceSink(
                 str(run_dir), header, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds

@@ -6,7 +6,7 @@ finished rollouts to the backend to be scored and written.
 The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
 one (``actors.backend``) over SandboxHost actors, episode tasks and a TraceSink actor, passing
 traces by reference so the driver's memory stays flat; the local one
-(:mod:`vfray.local_backend`) in this process.
+(:mod:`vfray.run.local`) in this process.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.retry import EndpointCircuit, RetryPolicy
+from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import AgentInfo, StopCondition, Trace, new_id
 

@@ -1,5 +1,5 @@
-"""The in-process backend of the run driver (:mod:`vfray.driver`): no Ray at all. Rollouts run
-through a :class:`~vfray.environment.LocalEnvironment` (one interception server in this event
+"""The in-process backend of the run driver (:mod:`vfray.run.driver`): no Ray at all. Rollouts run
+through a :class:`~vfray.run.environment.LocalEnvironment` (one interception server in this event
 loop, harness programs as child processes), groups are scored in this loop, and rows go to a
 sink object in this process.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vfray.config import EvalConfig
-from vfray.environment import LocalEnvironment
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
+from vfray.run.environment import LocalEnvironment
+from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class RowSink(Protocol):
-    """What the backend writes to (``actors.sink.TraceSink`` used in-process)."""
+    """What the backend writes to (``vfray.run.sink.TraceSink`` used in-process)."""
 
     async def append(
         self, traces: pa.Table | None, episodes: pa.Table | None = None, key: str | None = None
