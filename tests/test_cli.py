@@ -190,7 +190,7 @@ def test_module_class_taskset(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["eval", "arithmetc", "--dry-run"], "Did you mean: arithmetic"),
+        (["eval", "arithmetc", "--dry-run"], "did you mean 'arithmetic'"),
         (["eval", "arithmetic", "--env.max_turn", "3"], "Did you mean: --env.max_turns"),
         (["eval", "arithmetic", "--env.max-turns", "lots"], "env.max_turns"),
         (["eval", "arithmetic", "config.toml"], "write @config.toml"),
