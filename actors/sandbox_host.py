@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
@@ -45,9 +46,13 @@ class SandboxHost:
         self.plan = plan
         # The key is read here, on the host's node, so it never travels through the driver.
         api_key = os.environ.get(api_key_var) if api_key_var else None
-        self.app = InterceptionApp(
-            Upstream(base_url=base_url, api_key=api_key, model=plan.model, sampling=plan.sampling)
-        )
+        if api_key_var and api_key is None:
+            raise ConfigError(
+                f"environment variable {api_key_var} (the API key) is not set on the node of "
+                "a SandboxHost"
+            )
+        # No sampling here: each rollout's session imposes the plan's sampling (once).
+        self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=plan.model))
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
         # Loopback: boxes reach the endpoint on their own node (directly, or through the

@@ -94,14 +94,10 @@ def build_tasks(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
 def check(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
     """Everything that can be refused without Ray and without the network: the taskset, the
     model name, the harness and the runtime names."""
-    from vfray.farm import Farm
-    from vfray.harnesses.registry import make_harness
-    from vfray.runtimes.registry import runtime_class
+    from vfray.run.spec import resolve_run
 
     tasks, note = build_tasks(config)
-    Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
-    make_harness(config.env.harness.id, dict(config.env.harness.options))
-    runtime_class(config.env.runtime.type)
+    resolve_run(config)  # the endpoint and its key, harness, runtime, their pairing
     return tasks, note
 
 

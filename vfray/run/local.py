@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vfray.config import EvalConfig
 from vfray.run.environment import LocalEnvironment
 from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
+from vfray.run.spec import RunSpec
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -129,25 +129,6 @@ class LocalBackend:
         }
 
 
-def environment_from_config(config: EvalConfig) -> LocalEnvironment:
-    """The :class:`LocalEnvironment` a run with ``config`` needs (harness and runtime refused
-    here when unknown or incompatible)."""
-    env = config.env
-    return LocalEnvironment(
-        config.model.name,
-        base_url=config.model.base_url,
-        api_key_var=config.model.api_key_var,
-        harness=env.harness.id,
-        harness_options=env.harness.options,
-        runtime=env.runtime.type,
-        runtime_options=env.runtime.options,
-        sampling=config.sampling.as_params(),
-        limits=env.limits(),
-        timeouts=env.timeouts,
-        scoring_overrides=env.scoring,
-    )
-
-
 class LocalRun:
     """A local run in progress: its backend, and a way to cancel it from any thread."""
 
@@ -173,27 +154,69 @@ class LocalRun:
         self.finished.wait(timeout=120)
 
 
-@contextlib.asynccontextmanager
-async def open_local_run(
-    config: EvalConfig,
-    run_dir: Path,
-    header: dict[str, Any],
-    make_sink: Callable[[], RowSink],
-    policy_version: int | None = None,
-) -> AsyncIterator[LocalRun]:
-    """Start the model endpoint and interception, write the run header, and yield the run;
-    on the way out every buffered row is written, also when the run fails or is cancelled."""
-    env = environment_from_config(config)
-    write_run_header(run_dir, header)
-    run: LocalRun | None = None
-    try:
-        async with env:
-            env.interception.app.policy_version = policy_version
-            run = LocalRun(LocalBackend(env, make_sink))
-            try:
-                yield run
-            finally:
-                await run.backend.close()
-    finally:
-        if run is not None:
-            run.finished.set()
+class LocalFarm:
+    """The farm-lifetime backend (:class:`~vfray.run.backends.FarmBackend`) in this process:
+    each run gets its own model endpoint and interception, and a sink object writes its rows."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.policy_version: int | None = None
+        self.run: LocalRun | None = None  # the run in progress
+        self._checked = False
+
+    def start(self) -> None:
+        if not self._checked:
+            self.spec.preflight()
+            self._checked = True
+
+    @contextlib.asynccontextmanager
+    async def open_run(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[LocalBackend]:
+        """Start the model endpoint and interception, write the run header, and yield the run's
+        backend; on the way out every buffered row is written, also when the run fails or is
+        cancelled."""
+        self.start()
+        concurrency = self.spec.concurrency
+
+        def make_sink() -> RowSink:
+            from vfray.run.sink import TraceSink
+
+            return TraceSink(
+                str(run_dir),
+                header,
+                flush_rows=concurrency.flush_rows,
+                flush_seconds=concurrency.flush_seconds,
+            )
+
+        env = LocalEnvironment(spec=self.spec)
+        write_run_header(run_dir, header)
+        run: LocalRun | None = None
+        try:
+            async with env:
+                env.interception.app.policy_version = self.policy_version
+                run = self.run = LocalRun(LocalBackend(env, make_sink))
+                try:
+                    yield run.backend
+                finally:
+                    await run.backend.close()
+        finally:
+            self.run = None
+            if run is not None:
+                run.finished.set()
+
+    def prepare(self, task: Task[Any]) -> None:
+        pass  # the classes are right here
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [self.run.backend.stats()] if self.run is not None else []
+
+    def set_policy_version(self, version: int | None) -> None:
+        self.policy_version = version
+        if self.run is not None:
+            self.run.backend.env.interception.app.policy_version = version
+
+    def interrupt(self) -> None:
+        if self.run is not None:
+            self.run.cancel()
+
+    def close(self) -> None:
+        pass  # a run releases its own endpoint and interception
