@@ -18,6 +18,7 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
+from vfray.harness import Harness, HarnessConfig
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
@@ -40,6 +41,8 @@ __all__ = [
     "Episode",
     "EvalConfig",
     "Farm",
+    "Harness",
+    "HarnessConfig",
     "HarnessError",
     "InterceptionError",
     "LocalEnvironment",

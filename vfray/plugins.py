@@ -180,8 +180,8 @@ class Registry:
                 near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
                 hint = f"did you mean {' or '.join(repr(c) for c in near)}? " if near else ""
                 raise ConfigError(
-                    f"unknown {self.kind} {name!r}; {hint}known {self.kind}s: "
-                    f"{', '.join(known)} (or give an import path such as {self.example!r})"
+                    f"unknown {self.kind} {name!r}; {hint}known: {', '.join(known)} "
+                    f"(or give an import path such as {self.example!r})"
                 )
             target = name
         obj = load_object(target)
