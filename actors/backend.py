@@ -22,7 +22,7 @@ from ray import exceptions as rex
 from actors.episode import run_episode
 from vfray.errors import SinkError
 from vfray.run.driver import HostLost
-from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
+from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, RolloutJob, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -73,14 +73,8 @@ class RayBackend:
         self._unacked: dict[str, tuple[str, Any]] = {}
         self._recovering = asyncio.Lock()
 
-    async def rollout(
-        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
-        outcome_ref, trace_ref = (
-            self.hosts[host]
-            .run_rollout.options(num_returns=2)
-            .remote(task, index, attempt, run_id, episode_id)
-        )
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
+        outcome_ref, trace_ref = self.hosts[host].run_rollout.options(num_returns=2).remote(job)
         try:
             outcome: RolloutOutcome = await outcome_ref
         except asyncio.CancelledError:
@@ -166,17 +160,10 @@ class RayBackend:
                 log.warning("the TraceSink died while closing (%s); retrying", exc)
                 await asyncio.sleep(0.5)
 
-    async def finish(
-        self,
-        task: Task[Any],
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
-        outcome_ref, rows_ref = run_episode.remote(task, episode_id, spec, previous, *handles)
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
+        outcome_ref, rows_ref = run_episode.remote(job, *handles)
         # The sink resolves the rows itself; the driver never deserializes them.
-        await self._send("append_rows", rows_ref, episode_id)
+        await self._send("append_rows", rows_ref, job.episode_id)
         outcome: EpisodeOutcome = await outcome_ref
         return outcome
 

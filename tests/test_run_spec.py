@@ -20,6 +20,7 @@ import vfray as vf
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
 from vfray.harnesses.chat import ChatLoopConfig
+from vfray.run.outcomes import RolloutJob
 from vfray.run.spec import resolve_run
 from vfray.testing.scripted import scripted_server
 
@@ -116,7 +117,8 @@ async def test_a_sandbox_host_imposes_the_sampling_once_per_session() -> None:
     with scripted_server("echo") as url:
         host = SandboxHost(spec.plan, base_url=url)
         try:
-            outcome, trace = await host.run_rollout(Watched(vf.TaskData(prompt="hi")))
+            job = RolloutJob(task=Watched(vf.TaskData(prompt="hi")))
+            outcome, trace = await host.run_rollout(job)
         finally:
             await host.shutdown()
     assert outcome.ok, trace.errors

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vfray.run.environment import LocalEnvironment
-from vfray.run.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
+from vfray.run.outcomes import (
+    EpisodeJob,
+    EpisodeOutcome,
+    RolloutJob,
+    RolloutOutcome,
+    finish_episode,
+)
 from vfray.run.spec import RunSpec
 from vfray.task import Task
 from vfray.trace import Trace
@@ -68,15 +74,17 @@ class LocalBackend:
             self.sink = self._make_sink()
         return self.sink
 
-    async def rollout(
-        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         # run_planned_rollout records every failure on the trace; only cancellation raises,
         # and there is no host under it that could be lost.
         self.in_flight += 1
         try:
             trace = await self.env.rollout(
-                task, rollout_index=index, attempt=attempt, run_id=run_id, episode_id=episode_id
+                job.task,
+                rollout_index=job.index,
+                attempt=job.attempt,
+                run_id=job.run_id,
+                episode_id=job.episode_id,
             )
         finally:
             self.in_flight -= 1
@@ -91,18 +99,9 @@ class LocalBackend:
 
         await self._sink().append(traces_to_table([handle]))
 
-    async def finish(
-        self,
-        task: Task[Any],
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
-        outcome, (trace_rows, episode_rows) = await finish_episode(
-            task, episode_id, spec, previous, list(handles)
-        )
-        await self._sink().append(trace_rows, episode_rows, episode_id)
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
+        outcome, (trace_rows, episode_rows) = await finish_episode(job, list(handles))
+        await self._sink().append(trace_rows, episode_rows, job.episode_id)
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:
