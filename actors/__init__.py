@@ -1,3 +1,4 @@
-"""The Ray layer of vfray: SandboxHost actors, the Interception Serve deployment, episode tasks
-and the TraceSink actor. It imports the Ray-free core in ``vfray``; the core never imports it
-(only ``vfray.farm`` and ``vfray.cli`` sit on top)."""
+"""The Ray layer of vfray, and only that: the farm backend on Ray (``ray_farm``), SandboxHost
+actors, the run backend over them (``backend``), episode tasks, the built-in models' actors and
+the Ray placement of the TraceSink. It imports the Ray-free core in ``vfray`` (the run layer in
+``vfray.run``); the core never imports it (``vfray.farm`` names its backend by import path)."""

@@ -1,7 +1,7 @@
-"""The Ray backend of the run driver (:mod:`vfray.driver`): rollouts run in SandboxHost actors,
+"""The Ray backend of the run driver (:mod:`vfray.run.driver`): rollouts run in SandboxHost actors,
 each task's group is scored by an episode Ray task, and rows go to the TraceSink actor.
 
-Only small :class:`~vfray.outcomes.RolloutOutcome` objects travel back to the driver; traces go
+Only small :class:`~vfray.run.outcomes.RolloutOutcome` objects travel back to the driver; traces go
 from the hosts to the episode tasks to the TraceSink by ObjectRef, so the driver's memory stays
 flat however long the run. The backend keeps each row's ObjectRef until the sink reports it
 durable, and re-sends those to the sink after Ray restarts it.
@@ -20,9 +20,9 @@ import ray
 from ray import exceptions as rex
 
 from actors.episode import run_episode
-from vfray.driver import HostLost
 from vfray.errors import SinkError
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
+from vfray.run.driver import HostLost
+from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, RolloutJob, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -73,14 +73,8 @@ class RayBackend:
         self._unacked: dict[str, tuple[str, Any]] = {}
         self._recovering = asyncio.Lock()
 
-    async def rollout(
-        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
-        outcome_ref, trace_ref = (
-            self.hosts[host]
-            .run_rollout.options(num_returns=2)
-            .remote(task, index, attempt, run_id, episode_id)
-        )
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
+        outcome_ref, trace_ref = self.hosts[host].run_rollout.options(num_returns=2).remote(job)
         try:
             outcome: RolloutOutcome = await outcome_ref
         except asyncio.CancelledError:
@@ -166,17 +160,10 @@ class RayBackend:
                 log.warning("the TraceSink died while closing (%s); retrying", exc)
                 await asyncio.sleep(0.5)
 
-    async def finish(
-        self,
-        task: Task[Any],
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
-        outcome_ref, rows_ref = run_episode.remote(task, episode_id, spec, previous, *handles)
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
+        outcome_ref, rows_ref = run_episode.remote(job, *handles)
         # The sink resolves the rows itself; the driver never deserializes them.
-        await self._send("append_rows", rows_ref, episode_id)
+        await self._send("append_rows", rows_ref, job.episode_id)
         outcome: EpisodeOutcome = await outcome_ref
         return outcome
 

@@ -13,8 +13,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors import _local_ray
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import SandboxHost
-from actors.sink import TraceSink
 from vfray.rollout import RolloutPlan
+from vfray.run.sink import TraceSink
 
 log = logging.getLogger(__name__)
 

@@ -1,34 +1,29 @@
 """Episodes as Ray tasks: ``run_episode`` receives the n finished rollouts of one task as
 ObjectRef arguments (so it holds no worker while they run), runs the group rewards, and returns
 the rows for the TraceSink; the driver gets back a small
-:class:`~vfray.outcomes.EpisodeOutcome`."""
+:class:`~vfray.run.outcomes.EpisodeOutcome`."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import ray
 
-from vfray.outcomes import EpisodeOutcome, EpisodeRows, EpisodeSpec, finish_episode
-from vfray.task import Task
+from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, EpisodeRows, finish_episode
 from vfray.trace import Trace
 
 
-def finish_episode_sync(
-    task: Task[Any], episode_id: str, spec: EpisodeSpec, previous: list[Trace], *traces: Trace
-) -> tuple[EpisodeOutcome, EpisodeRows]:
+def finish_episode_sync(job: EpisodeJob, *traces: Trace) -> tuple[EpisodeOutcome, EpisodeRows]:
     """Body of the ``run_episode`` Ray task (Ray resolves the rollout refs into ``traces``).
 
     The rows are returned, not sent: the driver hands their ObjectRef to the sink. A blocking
     ``ray.get`` on the sink inside this task would make Ray lend its CPU to another worker,
     which on a busy node means starting new worker processes over and over."""
-    return asyncio.run(finish_episode(task, episode_id, spec, previous, list(traces)))
+    return asyncio.run(finish_episode(job, list(traces)))
 
 
 run_episode = ray.remote(num_cpus=0.5, max_retries=3, num_returns=2)(finish_episode_sync)
-"""The Ray task: ``outcome_ref, rows_ref = run_episode.remote(task, episode_id, spec,
-previous, *rollout_refs)``. Half a CPU, not zero: zero-CPU tasks have no
-concurrency cap, so Ray would start a worker process (~60 MB, ~0.5 s) per concurrently
-finishing episode; with a cap, a few warm workers take them all. SandboxHosts reserve no
-CPUs, so this never waits behind sandboxes."""
+"""The Ray task: ``outcome_ref, rows_ref = run_episode.remote(job, *rollout_refs)``. Half a
+CPU, not zero: zero-CPU tasks have no concurrency cap, so Ray would start a worker process
+(~60 MB, ~0.5 s) per concurrently finishing episode; with a cap, a few warm workers take them
+all. SandboxHosts reserve no CPUs, so this never waits behind sandboxes."""

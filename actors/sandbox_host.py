@@ -19,13 +19,13 @@ from typing import Any
 
 import ray
 
-from vfray.environment import InProcessBroker
+from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
-from vfray.outcomes import RolloutOutcome
 from vfray.rollout import RolloutPlan, run_planned_rollout
+from vfray.run.environment import InProcessBroker
+from vfray.run.outcomes import RolloutJob, RolloutOutcome
 from vfray.serving import serve_in_loop
-from vfray.task import Task
 from vfray.trace import Trace
 
 
@@ -45,9 +45,13 @@ class SandboxHost:
         self.plan = plan
         # The key is read here, on the host's node, so it never travels through the driver.
         api_key = os.environ.get(api_key_var) if api_key_var else None
-        self.app = InterceptionApp(
-            Upstream(base_url=base_url, api_key=api_key, model=plan.model, sampling=plan.sampling)
-        )
+        if api_key_var and api_key is None:
+            raise ConfigError(
+                f"environment variable {api_key_var} (the API key) is not set on the node of "
+                "a SandboxHost"
+            )
+        # No sampling here: each rollout's session imposes the plan's sampling (once).
+        self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=plan.model))
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
@@ -69,32 +73,25 @@ class SandboxHost:
                 self._url = base + "/v1"
             return self._url
 
-    async def run_rollout(
-        self,
-        task: Task[Any],
-        rollout_index: int = 0,
-        attempt: int = 0,
-        run_id: str | None = None,
-        episode_id: str | None = None,
-    ) -> tuple[RolloutOutcome, Trace]:
+    async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace]:
         """Run one rollout; returns a small outcome (for the driver) and the trace (for the
         episode task) as two Ray objects when called with ``num_returns=2``."""
         url = await self.url()
         job = asyncio.ensure_future(
             run_planned_rollout(
-                task,
+                rollout.task,
                 plan=self.plan,
                 harness=self.harness,
                 runtime_options=self.runtime_options,
                 broker=InProcessBroker(self.app),
                 interception_url=url,
-                rollout_index=rollout_index,
-                attempt=attempt,
-                run_id=run_id,
-                episode_id=episode_id,
+                rollout_index=rollout.index,
+                attempt=rollout.attempt,
+                run_id=rollout.run_id,
+                episode_id=rollout.episode_id,
             )
         )
-        key = f"{task.key}/{rollout_index}/{attempt}/{time.monotonic_ns()}"
+        key = f"{rollout.task.key}/{rollout.index}/{rollout.attempt}/{time.monotonic_ns()}"
         self._in_flight[key] = job
         try:
             trace = await job

@@ -166,7 +166,7 @@ def test_dry_run_applies_precedence(tmp_path: Path) -> None:
     proc = vfray(
         "eval", "arithmetic", f"@{toml}", "--dry-run", "--env.harness.id", "bash",
         "--sampling.temperature", "0.7", "--env.max-turns", "8",
-        "--env.runtime.options.share_network", "false", env=env,
+        "--env.runtime.type", "bwrap", "--env.runtime.options.share_network", "false", env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     config = json.loads(proc.stdout)
@@ -176,6 +176,15 @@ def test_dry_run_applies_precedence(tmp_path: Path) -> None:
     assert config["num_tasks"] == 5  # TOML > default
     assert config["max_concurrent"] == 7  # env > default
     assert config["env"]["runtime"]["options"] == {"share_network": False}
+
+
+def test_dry_run_refuses_an_option_the_runtime_does_not_take() -> None:
+    proc = vfray(
+        "eval", "arithmetic", "--dry-run", "--env.runtime.type", "subprocess",
+        "--env.runtime.options.share_network", "false",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "bad options for runtime 'subprocess': share_network" in proc.stderr
 
 
 def test_module_class_taskset(
@@ -190,7 +199,7 @@ def test_module_class_taskset(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["eval", "arithmetc", "--dry-run"], "Did you mean: arithmetic"),
+        (["eval", "arithmetc", "--dry-run"], "did you mean 'arithmetic'"),
         (["eval", "arithmetic", "--env.max_turn", "3"], "Did you mean: --env.max_turns"),
         (["eval", "arithmetic", "--env.max-turns", "lots"], "env.max_turns"),
         (["eval", "arithmetic", "config.toml"], "write @config.toml"),

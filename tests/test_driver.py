@@ -19,10 +19,16 @@ from typing import Any
 import pytest
 
 import vfray as vf
-from vfray.driver import HostLost, ResumeState, RunDriver, RunPlan
 from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
 from vfray.retry import EndpointCircuit, RetryPolicy
+from vfray.run.driver import HostLost, ResumeState, RunDriver, RunPlan
+from vfray.run.outcomes import (
+    EpisodeJob,
+    EpisodeOutcome,
+    RolloutJob,
+    RolloutOutcome,
+    finish_episode,
+)
 from vfray.trace import RewardRecord, StopCondition, Trace
 
 
@@ -65,9 +71,9 @@ class FakeBackend:
     in_flight: int = 0
     peak: int = 0
 
-    async def rollout(
-        self, host: int, task: Any, index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
+        task, index, attempt, episode_id = job.task, job.index, job.attempt, job.episode_id
+        assert episode_id is not None
         self.calls.append(Call(task.key, index, attempt, host, episode_id, time.monotonic()))
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -80,7 +86,7 @@ class FakeBackend:
                 task=task.record(),
                 rollout_index=index,
                 attempt=attempt,
-                run_id=run_id,
+                run_id=job.run_id,
                 episode_id=episode_id,
             )
             if step is None:
@@ -99,17 +105,10 @@ class FakeBackend:
     async def keep_attempt(self, handle: Any) -> None:
         self.kept.append(handle)
 
-    async def finish(
-        self,
-        task: Any,
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
-        outcome, _rows = await finish_episode(task, episode_id, spec, previous, handles)
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
+        outcome, _rows = await finish_episode(job, handles)
         self.finished.append(
-            (task.key, [t.rollout_index for t in previous], [t.attempt for t in handles])
+            (job.task.key, [t.rollout_index for t in job.previous], [t.attempt for t in handles])
         )
         return outcome
 

@@ -18,11 +18,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import vfray as vf
-from vfray.driver import RETRYABLE
 from vfray.harness import Harness, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Interception, Upstream
+from vfray.run.driver import RETRYABLE
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.scoring import check_stop
 from vfray.serving import serve_in_loop

@@ -12,6 +12,53 @@ import vfray
 REPO = Path(__file__).resolve().parents[1]
 
 
+INTENDED = [
+    "Branch",
+    "ConfigError",
+    "Episode",
+    "EvalConfig",
+    "Farm",
+    "Harness",
+    "HarnessConfig",
+    "HarnessError",
+    "InterceptionError",
+    "LocalEnvironment",
+    "Message",
+    "ModelCall",
+    "ProviderError",
+    "RunResult",
+    "Runtime",
+    "SandboxError",
+    "StopCondition",
+    "Task",
+    "TaskData",
+    "TaskError",
+    "Taskset",
+    "TasksetError",
+    "Trace",
+    "VfrayError",
+    "finalize_episode",
+    "group_reward",
+    "make_runtime",
+    "metric",
+    "read_traces",
+    "reward",
+    "run_episode",
+    "run_rollout",
+    "stop",
+    "to_samples",
+    "write_traces",
+]
+"""The public surface, name for name: a change here is a change of the API."""
+
+
+def test_all_is_exactly_the_intended_surface() -> None:
+    assert vfray.__all__ == INTENDED
+    # A user writes a harness by subclassing, and catches every vfray failure with one class.
+    assert issubclass(vfray.ConfigError, vfray.VfrayError)
+    assert vfray.Harness.config_type is vfray.HarnessConfig
+
+
 def test_all_is_sorted_small_and_resolvable() -> None:
     assert vfray.__all__ == sorted(vfray.__all__)
     assert len(vfray.__all__) <= 40

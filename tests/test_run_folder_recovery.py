@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import vfray as vf
-from actors.resume import load_resume_state
 from vfray.cli.main import main
 from vfray.errors import RunFolderError, SinkError
 from vfray.farm import Farm
-from vfray.results import RunResult
+from vfray.run.results import RunResult
+from vfray.run.resume import load_resume_state
 from vfray.tasksets.arithmetic import ArithmeticTaskset
 from vfray.traces import TraceWriter, read_traces
 from vfray.traces.episodes import EPISODE_SCHEMA

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from actors.sink import TraceSink
-from vfray.results import RunResult
+from vfray.run.results import RunResult
+from vfray.run.sink import TraceSink
 from vfray.trace import Message, RewardRecord, TaskRecord, Trace, Usage
 from vfray.traces import TRACE_SCHEMA, TraceWriter, read_traces, traces_to_table, write_traces
 from vfray.traces.episodes import EPISODE_SCHEMA

@@ -18,6 +18,7 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
+from vfray.harness import Harness, HarnessConfig
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
@@ -27,9 +28,9 @@ from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
 
 if TYPE_CHECKING:
     from vfray.config import EvalConfig
-    from vfray.environment import LocalEnvironment, run_episode, run_rollout
     from vfray.farm import Farm
-    from vfray.results import RunResult
+    from vfray.run.environment import LocalEnvironment, run_episode, run_rollout
+    from vfray.run.results import RunResult
     from vfray.traces import read_traces, to_samples, write_traces
 
 __version__ = "0.1.0"
@@ -40,6 +41,8 @@ __all__ = [
     "Episode",
     "EvalConfig",
     "Farm",
+    "Harness",
+    "HarnessConfig",
     "HarnessError",
     "InterceptionError",
     "LocalEnvironment",
@@ -73,14 +76,14 @@ __all__ = [
 _LAZY = {
     "EvalConfig": "vfray.config",
     "Farm": "vfray.farm",
-    "LocalEnvironment": "vfray.environment",
-    "RunResult": "vfray.results",
+    "LocalEnvironment": "vfray.run.environment",
+    "RunResult": "vfray.run.results",
     # The Parquet functions pull in pyarrow: a third of the CLI's import time.
     "read_traces": "vfray.traces",
     "to_samples": "vfray.traces",
     "write_traces": "vfray.traces",
-    "run_episode": "vfray.environment",
-    "run_rollout": "vfray.environment",
+    "run_episode": "vfray.run.environment",
+    "run_rollout": "vfray.run.environment",
 }
 
 

@@ -1,11 +1,13 @@
 """``Farm``: the public Python API — run a taskset to a run folder, or stream scored episode
 groups into a training loop.
 
-The driver (:mod:`vfray.driver`) iterates tasks lazily with at most ``max_concurrent`` rollouts
-in flight over a backend. ``backend="ray"`` (the default): rollouts run in SandboxHost actors
-spread over the nodes, episodes are Ray tasks, and rows stream into Parquet parts through a
-TraceSink actor. ``backend="local"``: the same driver and run folder from one process with no
-Ray (:mod:`vfray.local_backend`), for quick runs on one machine.
+The config is resolved once into a :class:`~vfray.run.spec.RunSpec`; the driver
+(:mod:`vfray.run.driver`) iterates tasks lazily with at most ``max_concurrent`` rollouts in
+flight over a farm backend (:mod:`vfray.run.backends`), named by the config and loaded by
+import path so this module never imports Ray. ``backend="ray"`` (the default,
+``actors.ray_farm``): rollouts run in SandboxHost actors spread over the nodes, episodes are Ray
+tasks, and rows stream into Parquet parts through a TraceSink actor. ``backend="local"``
+(:mod:`vfray.run.local`): the same driver and run folder from one process with no Ray.
 """
 
 from __future__ import annotations
@@ -14,37 +16,36 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from vfray._run_folders import run_folder, run_header
-from vfray.config import EvalConfig, ModelConfig, format_validation_error
-from vfray.driver import RunBackend, RunDriver, RunPlan
-from vfray.environment import parse_scripted_model
+from vfray.config import EvalConfig, ModelConfig
 from vfray.errors import ConfigError
-from vfray.models.local import parse_local_model
-from vfray.outcomes import EpisodeGroup
-from vfray.progress import Baseline, live_progress
+from vfray.plugins import load_object
 from vfray.rollout import RolloutPlan
-from vfray.scoring import validate_group_config
-from vfray.streams import GroupStream
+from vfray.run.backends import FarmBackend
+from vfray.run.driver import RunBackend, RunDriver, RunPlan
+from vfray.run.folders import run_folder, run_header
+from vfray.run.outcomes import EpisodeGroup
+from vfray.run.progress import Baseline, live_progress
+from vfray.run.spec import RunSpec, resolve_run
+from vfray.run.streams import GroupStream
 from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo
 
 if TYPE_CHECKING:
-    from actors.sink import TraceSink
-    from vfray.local_backend import LocalRun
-    from vfray.results import RunResult
+    from vfray.run.results import RunResult
 
-# pyarrow (via vfray.results and vfray.traces) is imported where it is used, not here: a local
+# pyarrow (via vfray.run.results and vfray.traces) is imported where it is used, not here: a local
 # run's first rollout does not need it, and it is a third of the CLI's import time.
 
 log = logging.getLogger(__name__)
+
+BACKENDS = {"ray": "actors.ray_farm:RayFarm", "local": "vfray.run.local:LocalFarm"}
+"""The farm backend of each ``backend`` setting, by import path: Ray is imported only by the
+backend that uses it."""
 
 
 class Farm:
@@ -94,97 +95,43 @@ class Farm:
             cfg.address = address
         if backend is not None:
             cfg.backend = backend  # type: ignore[assignment]  # validated just below
-        try:
-            self.config = EvalConfig.model_validate(cfg.model_dump())
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc)) from exc
-        self._validate_endpoint()
-        self.num_hosts = hosts
-        self.host_concurrency = host_concurrency
-        self.max_retries = max_retries
+        self.spec: RunSpec = resolve_run(
+            cfg,
+            {
+                "hosts": hosts,
+                "host_concurrency": host_concurrency,
+                "max_retries": max_retries,
+                "flush_rows": flush_rows,
+                "flush_seconds": flush_seconds,
+                "num_cpus": num_cpus,
+            },
+        )
+        self.config = self.spec.config
         self.progress = progress
-        self.flush_rows = flush_rows
-        self.flush_seconds = flush_seconds
-        self.num_cpus = num_cpus
         self.policy_version: int | None = None
-        self._started_ray = False
-        self._hosts: list[Any] = []
-        self._model_actor: Any = None
-        self._local_run: LocalRun | None = None  # a backend="local" run in progress
+        self._backend: FarmBackend = load_object(BACKENDS[self.spec.backend])(self.spec)
         self._closed = False
         self._streams: list[GroupStream] = []
 
     @property
-    def is_local(self) -> bool:
-        return self.config.backend == "local"
-
-    def _validate_endpoint(self) -> None:
-        m = self.config.model
-        builtin = parse_scripted_model(m.name) or parse_local_model(m.name)
-        if builtin is None and not m.base_url:
-            raise ConfigError(
-                f"model {m.name!r} needs a base_url (an OpenAI-compatible endpoint such as "
-                "vLLM's http://host:8000/v1), or use a built-in 'scripted:<policy>' or "
-                "'local:smollm2' model"
-            )
+    def plan(self) -> RolloutPlan:
+        return self.spec.plan
 
     @property
-    def plan(self) -> RolloutPlan:
-        env = self.config.env
-        return RolloutPlan(
-            model=self.config.model.name,
-            harness_id=env.harness.id,
-            runtime_type=env.runtime.type,
-            sampling=self.config.sampling.as_params(),
-            limits=env.limits(),
-            timeouts=env.timeouts,
-            scoring_overrides=env.scoring,
-        )
+    def _hosts(self) -> list[Any]:
+        """The SandboxHost actors (Ray; for tests and benchmarks that kill or sample them)."""
+        return list(getattr(self._backend, "hosts", []))
+
+    @property
+    def _model_actor(self) -> Any:
+        return getattr(self._backend, "model_actor", None)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
         if self._closed:
             raise RuntimeError("this Farm is closed")
-        if self._hosts or self.is_local:
-            return
-        import ray
-
-        from actors import cluster
-        from vfray.harness import check_compatibility
-        from vfray.harnesses.registry import make_harness
-        from vfray.runtimes.registry import preflight_runtime, runtime_class
-
-        # Refuse a broken pairing here, before any actor exists.
-        harness = make_harness(self.config.env.harness.id, dict(self.config.env.harness.options))
-        check_compatibility(harness, runtime_class(self.config.env.runtime.type))
-        runtime = self.config.env.runtime
-        local_ray = not (self.config.address or os.environ.get("RAY_ADDRESS"))
-        preflight_runtime(harness, runtime.type, runtime.options, boxes_here=local_ray)
-        self._started_ray = cluster.connect(self.config.address, num_cpus=self.num_cpus)
-        scripted = parse_scripted_model(self.config.model.name)
-        if scripted is not None:
-            self._model_actor = cluster.start_scripted_model(*scripted)
-            base_url = ray.get(self._model_actor.url.remote())
-        elif parse_local_model(self.config.model.name) is not None:
-            self._model_actor = cluster.start_local_model(self.config.model.name)
-            base_url = ray.get(self._model_actor.url.remote())
-        else:
-            base_url = self.config.model.base_url
-        count = self.num_hosts or max(1, len(cluster.alive_nodes()))
-        self._hosts = cluster.start_hosts(
-            count,
-            self.plan,
-            base_url=base_url,
-            api_key_var=self.config.model.api_key_var,
-            harness_options=dict(self.config.env.harness.options),
-            runtime_options=dict(self.config.env.runtime.options),
-            max_concurrency=self.host_concurrency,
-        )
-        # Fail here, with the host's own error, when a host cannot come up.
-        ray.get([h.url.remote() for h in self._hosts])
-        if self.policy_version is not None:
-            self.set_policy_version(self.policy_version)
+        self._backend.start()
 
     def close(self) -> None:
         """Cancel every rollout (tearing its sandbox down) and release the actors. Called on a
@@ -193,8 +140,8 @@ class Farm:
         if self._closed:
             return
         self._closed = True
-        if self._local_run is not None and not self._streams:
-            self._local_run.cancel()
+        if not self._streams:
+            self._backend.interrupt()
         running = [s for s in self._streams if s.running]
         self._streams = []
         if not running:
@@ -221,23 +168,7 @@ class Farm:
             stream.cancel(functools.partial(finished, id(stream)))
 
     def _release(self) -> None:
-        if not self._hosts and self._model_actor is None:
-            return
-        import ray
-
-        with contextlib.suppress(Exception):
-            ray.get([h.shutdown.remote() for h in self._hosts], timeout=120)
-        if self._model_actor is not None:
-            with contextlib.suppress(Exception):
-                ray.get(self._model_actor.shutdown.remote(), timeout=30)
-        for actor in [*self._hosts, self._model_actor]:
-            if actor is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
-        self._hosts = []
-        self._model_actor = None
-        if self._started_ray:
-            ray.shutdown()
+        self._backend.close()
 
     async def __aenter__(self) -> Farm:
         return self
@@ -257,24 +188,12 @@ class Farm:
 
     def host_stats(self) -> list[dict[str, Any]]:
         """Per SandboxHost: node, pid, rollouts in flight and completed, live sessions."""
-        if self._local_run is not None:
-            return [self._local_run.backend.stats()]
-        if not self._hosts:
-            return []
-        import ray
-
-        stats: list[dict[str, Any]] = ray.get([h.stats.remote() for h in self._hosts])
-        return stats
+        return self._backend.stats()
 
     def set_policy_version(self, version: int | None) -> None:
         """Stamp ``version`` on every ModelCall from now on (RL: the trainer's step)."""
         self.policy_version = version
-        if self._local_run is not None:
-            self._local_run.backend.env.interception.app.policy_version = version
-        if self._hosts:
-            import ray
-
-            ray.get([h.set_policy_version.remote(version) for h in self._hosts])
+        self._backend.set_policy_version(version)
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -322,19 +241,19 @@ class Farm:
         if resume is not None:
             # Imported only here: it reads Parquet (pyarrow), which a fresh run's start-up
             # does not need.
-            from actors.resume import load_resume_state
+            from vfray.run.resume import load_resume_state
 
             resume_state = load_resume_state(run_dir)
         plan = self._run_plan(run_id, rollouts_per_task, streaming=False)
         total = _known_length(tasks, rollouts_per_task)
         header = self._header(run_id, name, rollouts_per_task)
-        async with self._backend(run_dir, header) as backend:
+        async with self._open_run(run_dir, header) as backend:
             driver = RunDriver(plan, backend, None, resume_state)
             async with live_progress(
                 driver.progress, total, enabled=self.progress, baseline=Baseline.of(resume_state)
             ):
                 await driver.run(self._checked(tasks, rollouts_per_task))
-        from vfray.results import RunResult
+        from vfray.run.results import RunResult
 
         return RunResult(run_dir)
 
@@ -356,7 +275,7 @@ class Farm:
 
             plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
             header = self._header(run_id, name, rollouts_per_task)
-            async with self._backend(run_dir, header) as backend:
+            async with self._open_run(run_dir, header) as backend:
                 driver = RunDriver(plan, backend, deliver_outcome)
                 await driver.run(self._checked(tasks, rollouts_per_task))
 
@@ -370,8 +289,8 @@ class Farm:
         return RunPlan(
             run_id=run_id,
             rollouts_per_task=n,
-            max_concurrent=self.config.max_concurrent,
-            max_retries=self.max_retries,
+            max_concurrent=self.spec.concurrency.max_concurrent,
+            max_retries=self.spec.concurrency.max_retries,
             scoring_overrides=dict(self.config.env.scoring),
             agent=AgentInfo(
                 harness=self.config.env.harness.id,
@@ -380,68 +299,32 @@ class Farm:
                 sampling=self.config.sampling.as_params(),
             ),
             keep_episodes=streaming,
-            max_groups_in_flight=max(1, self.config.max_concurrent // n) if streaming else None,
+            max_groups_in_flight=(
+                max(1, self.spec.concurrency.max_concurrent // n) if streaming else None
+            ),
             scoring_timeout=self.config.env.timeouts.scoring,
             retry=self.config.retry,
         )
 
     @contextlib.asynccontextmanager
-    async def _backend(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[RunBackend]:
+    async def _open_run(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[RunBackend]:
         """The backend for one run; on the way out every buffered row is written (also when
         the run fails or is cancelled), then the run's own resources are released."""
-        if self.is_local:
-            async with self._local_backend(run_dir, header) as local:
-                yield local
-            return
-        from actors import cluster
-        from actors.backend import RayBackend
-
-        self._start()
-        sink = cluster.start_sink(str(run_dir), header, self.flush_rows, self.flush_seconds)
-        backend = RayBackend(self._hosts, sink, cluster.placement_check())
-        try:
-            yield backend
-        finally:
-            await backend.close()
-
-    @contextlib.asynccontextmanager
-    async def _local_backend(
-        self, run_dir: Path, header: dict[str, Any]
-    ) -> AsyncIterator[RunBackend]:
-        from vfray.local_backend import open_local_run
-
         if self._closed:
             raise RuntimeError("this Farm is closed")
-
-        def make_sink() -> TraceSink:
-            from actors.sink import TraceSink  # a plain class: used here without Ray
-
-            return TraceSink(
-                str(run_dir), header, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds
-            )
-
-        async with open_local_run(
-            self.config, run_dir, header, make_sink, self.policy_version
-        ) as run:
-            self._local_run = run
-            try:
-                yield run.backend
-            finally:
-                self._local_run = None
+        async with self._backend.open_run(run_dir, header) as backend:
+            yield backend
 
     def _checked(self, tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
-        """Validate each task class once, lazily (a group reward with n < 2 is refused), and
-        for Ray let workers unpickle it even when its module only exists here."""
+        """Validate each task class once, lazily (a group reward with n < 2, the config's
+        overrides included, is refused), and let the backend prepare it."""
         seen: set[type] = set()
         for task in tasks:
             if not isinstance(task, Task):
                 raise ConfigError(f"expected vfray Task objects, got {type(task).__name__}")
             if type(task) not in seen:
-                validate_group_config(type(task), n)
-                if not self.is_local:
-                    from actors.shipping import ship_by_value
-
-                    ship_by_value(type(task), type(task.data))
+                self.spec.check_task_type(type(task), n)
+                self._backend.prepare(task)
                 seen.add(type(task))
             yield task
 

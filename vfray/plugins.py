@@ -2,17 +2,21 @@
 
 A spec is ``"pkg.mod:attr"`` (an importable module) or ``"path/to/file.py:attr"`` (a file,
 loaded under a unique module name derived from its absolute path); dotted attributes such as
-``"pkg.mod:Class.method"`` are followed.
+``"pkg.mod:Class.method"`` are followed. :class:`Registry` is the one lookup rule every plugin
+family (harnesses, runtimes, tasksets) shares.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
 import sys
 import sysconfig
 import traceback
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -128,3 +132,59 @@ def load_object(spec: str, base_dir: str | Path | None = None) -> Any:
         except AttributeError:
             raise ConfigError(f"{spec!r}: {target!r} has no attribute {attr!r}") from None
     return obj
+
+
+class Registry:
+    """One plugin family (harnesses, runtimes, tasksets), looked up the same way everywhere:
+    an id registered at run time, a built-in id, an installed entry point (``group``), then
+    ``pkg.module:Class`` or ``path/to/file.py:Class``; anything else is a :class:`ConfigError`
+    with the near misses and the known ids."""
+
+    def __init__(
+        self,
+        kind: str,
+        builtins: Mapping[str, str],
+        *,
+        group: str,
+        check: Callable[[Any], bool],
+        example: str,
+    ) -> None:
+        self.kind = kind
+        self.builtins = builtins  # the module's own dict: entries added to it later count
+        self.group = group
+        self._check = check
+        self.example = example
+        self.registered: dict[str, Any] = {}
+
+    def register(self, name: str, obj: Any) -> None:
+        self.registered[name] = obj
+
+    def targets(self) -> dict[str, str]:
+        """Built-in and entry-point ids with their ``module:attr`` targets."""
+        found = dict(self.builtins)
+        for ep in entry_points(group=self.group):
+            found.setdefault(ep.name, ep.value)
+        return found
+
+    def names(self) -> list[str]:
+        return sorted({*self.targets(), *self.registered})
+
+    def load(self, name: str) -> Any:
+        """The object ``name`` stands for; a ConfigError says why when there is none."""
+        if name in self.registered:
+            return self.registered[name]
+        target = self.targets().get(name)
+        if target is None:
+            if ":" not in name:
+                known = self.names()
+                near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+                hint = f"did you mean {' or '.join(repr(c) for c in near)}? " if near else ""
+                raise ConfigError(
+                    f"unknown {self.kind} {name!r}; {hint}known: {', '.join(known)} "
+                    f"(or give an import path such as {self.example!r})"
+                )
+            target = name
+        obj = load_object(target)
+        if not self._check(obj):
+            raise ConfigError(f"{name!r} is not a vfray {self.kind} ({target})")
+        return obj

@@ -222,7 +222,10 @@ async def _agent_phase(
     secret: str | None = None
     try:
         secret = await broker.register(
-            trace, plan.limits, lambda t: check_stop(task, t), plan.sampling
+            trace,
+            plan.limits,
+            lambda t: check_stop(task, t, plan.scoring_overrides),
+            plan.sampling,
         )
         endpoint = await runtime.host_url(interception_url)
         await runtime.prepare_execution([endpoint])

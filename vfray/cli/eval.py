@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vfray.cli.lifecycle import (
     RunStopped,
@@ -24,9 +24,11 @@ from vfray.cli.preflight import preflight, resolve_output_dir
 from vfray.cli.runlog import CONSOLE_REPEATS, capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
-from vfray.scoring import validate_group_config
 from vfray.taskset import Taskset
 from vfray.tasksets import load_for_run
+
+if TYPE_CHECKING:
+    from vfray.run.spec import RunSpec
 
 log = logging.getLogger("vfray.cli")
 
@@ -91,24 +93,19 @@ def build_tasks(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
     return taskset, note
 
 
-def check(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
-    """Everything that can be refused without Ray and without the network: the taskset, the
-    model name, the harness and the runtime names."""
-    from vfray.farm import Farm
-    from vfray.harnesses.registry import make_harness
-    from vfray.runtimes.registry import runtime_class
+def check(config: EvalConfig) -> tuple[Taskset[Any], str | None, RunSpec]:
+    """Everything that can be refused without Ray and without the network: the taskset, and
+    the run spec (the endpoint and its key, harness, runtime, their pairing)."""
+    from vfray.run.spec import resolve_run
 
     tasks, note = build_tasks(config)
-    Farm(config=config, progress=False)  # validates the model endpoint; starts nothing
-    make_harness(config.env.harness.id, dict(config.env.harness.options))
-    runtime_class(config.env.runtime.type)
-    return tasks, note
+    return tasks, note, resolve_run(config)
 
 
 def run(args: argparse.Namespace) -> int:
     config = resolve(args)
     notes = [resolve_output_dir(config)]
-    tasks, note = check(config)
+    tasks, note, spec = check(config)
     notes.append(note)
     for line in notes:
         if line:
@@ -117,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
     # A group reward with one rollout per task: refused here, not after Ray started.
-    validate_group_config(tasks.task_type, config.rollouts_per_task, config.env.scoring)
+    spec.check_task_type(tasks.task_type, config.rollouts_per_task)
     preflight(config, endpoint=not args.no_preflight)
     from vfray.farm import Farm
 

@@ -57,7 +57,7 @@ def load_run_header(run_dir: Path) -> dict[str, Any]:
 
 def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
     """How many (task key, rollout index) pairs have no successful final row yet."""
-    from vfray.results import RunResult
+    from vfray.run.results import RunResult
 
     final = RunResult(run_dir).final_traces
     done = {
@@ -76,7 +76,7 @@ def missing_rollouts(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
 def episodes_to_rebuild(run_dir: Path, tasks: Iterable[Task[Any]], n: int) -> int:
     """How many groups have all n rollouts done but no current episode row (a crash between
     the trace and the episode flush). Also finishes a compaction an earlier run left undone."""
-    from actors.resume import load_resume_state
+    from vfray.run.resume import load_resume_state
 
     states = load_resume_state(run_dir)
     return sum(
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         todo = missing_rollouts(run_dir, tasks, n)
         rebuild = episodes_to_rebuild(run_dir, tasks, n)
     from vfray.cli.report import error_lines, first_errors, print_errors, print_results
-    from vfray.results import RunResult
+    from vfray.run.results import RunResult
 
     if todo == 0 and rebuild == 0:
         # Nothing to re-run: no Ray, no actors, just the table again.

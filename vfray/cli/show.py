@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from vfray.cli.report import error_lines, first_errors, print_errors, print_results
-    from vfray.results import RunResult
+    from vfray.run.results import RunResult
     from vfray.traces.convert import table_to_traces
 
     run_dir = Path(args.run_dir).absolute()

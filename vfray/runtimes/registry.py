@@ -1,4 +1,7 @@
-"""Runtime lookup by name: ``make_runtime("bwrap", spec)`` builds a runtime from configuration.
+"""Runtime lookup by name: ``make_runtime("bwrap", spec)`` builds a runtime from configuration,
+with the same lookup rule as harnesses and tasksets (:class:`~vfray.plugins.Registry`), and
+:func:`runtime_options` types a runtime's options from its constructor, as ``HarnessConfig``
+types a harness's.
 
 Implementations are imported lazily so a missing optional extra (docker, modal) only matters
 when that runtime is asked for.
@@ -7,12 +10,17 @@ when that runtime is asked for.
 from __future__ import annotations
 
 import builtins
-import difflib
-import importlib
+import functools
+import inspect
 import logging
+import typing
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
 from vfray.errors import ConfigError
+from vfray.plugins import Registry
 from vfray.runtimes.base import Runtime, RuntimeSpec
 
 if TYPE_CHECKING:
@@ -29,26 +37,66 @@ RUNTIMES: dict[str, str] = {
 """Built-in runtime names and their classes (``module:Class``)."""
 
 
+RUNTIME_REGISTRY = Registry(
+    "runtime",
+    RUNTIMES,
+    group="vfray.runtimes",
+    check=lambda obj: isinstance(obj, builtins.type) and issubclass(obj, Runtime),
+    example="mypkg.boxes:MyRuntime",
+)
+
+
 def runtime_class(type: str) -> type[Runtime]:
-    """The runtime class registered as ``type``, or a ``module:Class`` path to a plugin."""
-    target = RUNTIMES.get(type, type if ":" in type else None)
-    if target is None:
-        near = difflib.get_close_matches(type, RUNTIMES, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(
-            f"unknown runtime {type!r}{hint} (known: {', '.join(sorted(RUNTIMES))}, "
-            "or a 'package.module:Class' path)"
-        )
-    module_name, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        if type in RUNTIMES:
-            raise
-        raise ConfigError(f"cannot import runtime {type!r}: {exc}") from exc
-    if not (isinstance(cls, builtins.type) and issubclass(cls, Runtime)):
-        raise ConfigError(f"{target!r} is not a vfray Runtime subclass")
+    """The runtime class registered as ``type``, or an import path (``module:Class``,
+    ``file.py:Class``) to a plugin."""
+    cls: builtins.type[Runtime] = RUNTIME_REGISTRY.load(type)
     return cls
+
+
+class RuntimeOptions(BaseModel):
+    """A runtime's options, typed from its constructor's keyword parameters (frozen; an
+    unknown key is refused). ``as_kwargs()`` gives back only the options that were set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+@functools.cache
+def options_type(cls: type[Runtime]) -> type[RuntimeOptions]:
+    """The :class:`RuntimeOptions` model of ``cls``: one field per keyword parameter of its
+    constructor, with its annotation and default."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that names something not importable here
+        hints = {}
+    fields: dict[str, Any] = {}
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        fields["model_config"] = ConfigDict(frozen=True, extra="allow")
+    for param in params:
+        name = param.name
+        if param.kind is not param.KEYWORD_ONLY:
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[name] = (hints.get(name, Any), default)
+    model: type[RuntimeOptions] = create_model(
+        f"{cls.__name__}Options", __base__=RuntimeOptions, **fields
+    )
+    return model
+
+
+def runtime_options(type: str, options: Mapping[str, Any] | None = None) -> RuntimeOptions:
+    """Validate ``options`` for runtime ``type`` (ConfigError, one line, when invalid)."""
+    cls = runtime_class(type)
+    try:
+        return options_type(cls).model_validate(dict(options or {}))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"bad options for runtime {type!r}: {problems}") from None
 
 
 def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> Runtime:

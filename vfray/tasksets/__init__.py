@@ -3,12 +3,10 @@ point (group ``vfray.tasksets``), ``package.module:Class`` or ``path/to/file.py:
 
 from __future__ import annotations
 
-import difflib
-from importlib.metadata import entry_points
 from typing import Any
 
 from vfray.errors import ConfigError
-from vfray.plugins import load_object
+from vfray.plugins import Registry
 from vfray.scoring import HookKind, scoring_hooks
 from vfray.taskset import Taskset
 
@@ -19,27 +17,22 @@ BUILTINS: dict[str, str] = {
 ENTRY_POINT_GROUP = "vfray.tasksets"
 
 
+TASKSETS = Registry(
+    "taskset",
+    BUILTINS,
+    group=ENTRY_POINT_GROUP,
+    check=callable,
+    example="path/to/file.py:Class",
+)
+
+
 def known_tasksets() -> dict[str, str]:
-    found = dict(BUILTINS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return TASKSETS.targets()
 
 
 def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
     """Build the taskset ``spec`` names, passing ``args`` to its constructor (or factory)."""
-    known = known_tasksets()
-    target = known.get(spec)
-    if target is None:
-        if ":" not in spec:
-            near = difflib.get_close_matches(spec, known, n=3)
-            hint = f" Did you mean: {', '.join(near)}?" if near else ""
-            raise ConfigError(
-                f"unknown taskset {spec!r}.{hint} Known: {', '.join(sorted(known))}; or give "
-                "'package.module:Class' or 'path/to/file.py:Class'."
-            )
-        target = spec
-    factory = load_object(target)
+    factory = TASKSETS.load(spec)
     try:
         taskset = factory(**(args or {}))
     except TypeError as exc:

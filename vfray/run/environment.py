@@ -10,39 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from pydantic import ValidationError
+
+from vfray.config import EvalConfig, format_validation_error
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import ConfigError
-from vfray.harness import check_compatibility
-from vfray.harnesses.registry import make_harness
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
-from vfray.models.local import LocalModelServer, check_installed, parse_local_model
-from vfray.rollout import RolloutPlan, Timeouts, run_planned_rollout
-from vfray.runtimes.registry import preflight_runtime, runtime_class
-from vfray.scoring import validate_group_config
+from vfray.models.local import LocalModelServer, parse_local_model
+from vfray.rollout import Timeouts, run_planned_rollout
+from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
 from vfray.task import Task
 from vfray.trace import Trace
 
-SCRIPTED_PREFIX = "scripted:"
+__all__ = ["InProcessBroker", "LocalEnvironment", "parse_scripted_model", "run_episode"]
 
 
-def parse_scripted_model(model: str) -> tuple[str, dict[str, float]] | None:
-    """``scripted:arithmetic?latency=1`` → ("arithmetic", {"latency": 1.0}); None otherwise."""
-    if not model.startswith(SCRIPTED_PREFIX):
-        return None
-    policy, _, query = model[len(SCRIPTED_PREFIX) :].partition("?")
-    options: dict[str, float] = {}
-    for name, value in urllib.parse.parse_qsl(query, strict_parsing=False):
-        try:
-            options[name] = float(value)
-        except ValueError as exc:
-            raise ConfigError(f"scripted model option {name}={value!r} is not a number") from exc
-    return policy, options
+def _config(tree: dict[str, Any]) -> EvalConfig:
+    # model_validate, not EvalConfig(...): explicit arguments, no VFRAY_* variables.
+    try:
+        return EvalConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
 
 
 class InProcessBroker:
@@ -88,53 +80,56 @@ class LocalEnvironment:
         limits: Limits | None = None,
         timeouts: Timeouts | None = None,
         scoring_overrides: Mapping[str, str] | None = None,
+        spec: RunSpec | None = None,
     ) -> None:
-        self.scripted = parse_scripted_model(model)
-        self.local = parse_local_model(model)
-        if self.scripted is None and self.local is None and base_url is None:
-            raise ConfigError(
-                f"model {model!r} needs base_url (or use a built-in 'scripted:<policy>' or "
-                "'local:smollm2' model)"
+        if spec is None:
+            # The same resolution (and checks) as a Farm's: one place decides what is valid.
+            config = _config(
+                {
+                    "backend": "local",
+                    "model": {
+                        "name": model,
+                        "base_url": base_url,
+                        # An explicit key wins over the variable (not read then).
+                        "api_key_var": api_key_var if api_key is None else None,
+                    },
+                    "sampling": dict(sampling or {}),
+                    "env": {
+                        "harness": {"id": harness, "options": dict(harness_options or {})},
+                        "runtime": {"type": runtime, "options": dict(runtime_options or {})},
+                        "timeouts": timeouts or Timeouts(),
+                        "scoring": dict(scoring_overrides or {}),
+                        **(limits or Limits()).model_dump(),
+                    },
+                }
             )
-        if self.local is not None:
-            # A missing extra is a config error: say the install lines before anything starts.
-            check_installed(self.local.spec)
-        if api_key is None and api_key_var:
-            api_key = os.environ.get(api_key_var)
-            if api_key is None:
-                raise ConfigError(f"environment variable {api_key_var} (the API key) is not set")
-        self.base_url = base_url
-        self.api_key = api_key
-        self.harness = make_harness(harness, dict(harness_options or {}))
-        # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not
-        # as one failed rollout after another.
-        check_compatibility(self.harness, runtime_class(runtime))
-        preflight_runtime(self.harness, runtime, dict(runtime_options or {}))
-        self.runtime_type = runtime
-        self.runtime_options = dict(runtime_options or {})
-        self.plan = RolloutPlan(
-            model=model,
-            harness_id=harness,
-            runtime_type=runtime,
-            sampling=dict(sampling or {}),
-            limits=limits or Limits(),
-            timeouts=timeouts or Timeouts(),
-            scoring_overrides=dict(scoring_overrides or {}),
-        )
+            spec = resolve_run(config)
+            spec.preflight()
+        self.spec = spec
+        self.api_key = api_key if api_key is not None else spec.endpoint.api_key()
+        self.harness = spec.make_harness()
+        self.runtime_type = spec.plan.runtime_type
+        self.runtime_options = spec.runtime_options.as_kwargs()
+        self.plan = spec.plan
         self._stack = contextlib.AsyncExitStack()
         self._interception: Interception | None = None
 
     async def __aenter__(self) -> LocalEnvironment:
-        base_url = self.base_url
-        if self.scripted is not None:
+        endpoint = self.spec.endpoint
+        base_url = endpoint.base_url
+        if endpoint.kind == "scripted":
             from vfray.serving import serve_in_loop
             from vfray.testing.scripted import ScriptedModel
 
-            policy, options = self.scripted
-            app = ScriptedModel(policy=policy, **options)  # type: ignore[arg-type]
+            app = ScriptedModel(
+                policy=endpoint.scripted_policy,  # type: ignore[arg-type]
+                **endpoint.scripted_options,  # type: ignore[arg-type]
+            )
             base_url = await self._stack.enter_async_context(serve_in_loop(app)) + "/v1"
-        elif self.local is not None:
-            server = await self._stack.enter_async_context(LocalModelServer(self.local))
+        elif endpoint.kind == "local":
+            local = parse_local_model(endpoint.model)
+            assert local is not None
+            server = await self._stack.enter_async_context(LocalModelServer(local))
             base_url = server.base_url
         assert base_url is not None
         upstream = Upstream(base_url=base_url, api_key=self.api_key, model=self.plan.model)
@@ -180,7 +175,7 @@ class LocalEnvironment:
 
     async def episode(self, task: Task[Any], n: int = 4, *, run_id: str | None = None) -> Episode:
         """Run ``n`` rollouts of ``task`` concurrently, then its group rewards."""
-        validate_group_config(type(task), n)
+        self.spec.check_task_type(type(task), n)
         traces = await asyncio.gather(
             *(self.rollout(task, rollout_index=i, run_id=run_id) for i in range(n))
         )
@@ -195,6 +190,7 @@ async def run_rollout(task: Task[Any], **options: Any) -> Trace:
 
 async def run_episode(task: Task[Any], n: int = 4, **options: Any) -> Episode:
     """``n`` rollouts of ``task`` plus its group rewards, in this process."""
-    validate_group_config(type(task), n)
-    async with LocalEnvironment(**options) as env:
+    env = LocalEnvironment(**options)
+    env.spec.check_task_type(type(task), n)  # refused before anything starts
+    async with env:
         return await env.episode(task, n)

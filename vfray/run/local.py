@@ -1,5 +1,5 @@
-"""The in-process backend of the run driver (:mod:`vfray.driver`): no Ray at all. Rollouts run
-through a :class:`~vfray.environment.LocalEnvironment` (one interception server in this event
+"""The in-process backend of the run driver (:mod:`vfray.run.driver`): no Ray at all. Rollouts run
+through a :class:`~vfray.run.environment.LocalEnvironment` (one interception server in this event
 loop, harness programs as child processes), groups are scored in this loop, and rows go to a
 sink object in this process.
 
@@ -20,9 +20,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vfray.config import EvalConfig
-from vfray.environment import LocalEnvironment
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome, finish_episode
+from vfray.run.environment import LocalEnvironment
+from vfray.run.outcomes import (
+    EpisodeJob,
+    EpisodeOutcome,
+    RolloutJob,
+    RolloutOutcome,
+    finish_episode,
+)
+from vfray.run.spec import RunSpec
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
 
 
 class RowSink(Protocol):
-    """What the backend writes to (``actors.sink.TraceSink`` used in-process)."""
+    """What the backend writes to (``vfray.run.sink.TraceSink`` used in-process)."""
 
     async def append(
         self, traces: pa.Table | None, episodes: pa.Table | None = None, key: str | None = None
@@ -68,15 +74,17 @@ class LocalBackend:
             self.sink = self._make_sink()
         return self.sink
 
-    async def rollout(
-        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         # run_planned_rollout records every failure on the trace; only cancellation raises,
         # and there is no host under it that could be lost.
         self.in_flight += 1
         try:
             trace = await self.env.rollout(
-                task, rollout_index=index, attempt=attempt, run_id=run_id, episode_id=episode_id
+                job.task,
+                rollout_index=job.index,
+                attempt=job.attempt,
+                run_id=job.run_id,
+                episode_id=job.episode_id,
             )
         finally:
             self.in_flight -= 1
@@ -91,18 +99,9 @@ class LocalBackend:
 
         await self._sink().append(traces_to_table([handle]))
 
-    async def finish(
-        self,
-        task: Task[Any],
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
-        outcome, (trace_rows, episode_rows) = await finish_episode(
-            task, episode_id, spec, previous, list(handles)
-        )
-        await self._sink().append(trace_rows, episode_rows, episode_id)
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
+        outcome, (trace_rows, episode_rows) = await finish_episode(job, list(handles))
+        await self._sink().append(trace_rows, episode_rows, job.episode_id)
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:
@@ -127,25 +126,6 @@ class LocalBackend:
             "sessions": self.env.interception.app.session_count,
             "url": self.env.interception.url,
         }
-
-
-def environment_from_config(config: EvalConfig) -> LocalEnvironment:
-    """The :class:`LocalEnvironment` a run with ``config`` needs (harness and runtime refused
-    here when unknown or incompatible)."""
-    env = config.env
-    return LocalEnvironment(
-        config.model.name,
-        base_url=config.model.base_url,
-        api_key_var=config.model.api_key_var,
-        harness=env.harness.id,
-        harness_options=env.harness.options,
-        runtime=env.runtime.type,
-        runtime_options=env.runtime.options,
-        sampling=config.sampling.as_params(),
-        limits=env.limits(),
-        timeouts=env.timeouts,
-        scoring_overrides=env.scoring,
-    )
 
 
 class LocalRun:
@@ -173,27 +153,69 @@ class LocalRun:
         self.finished.wait(timeout=120)
 
 
-@contextlib.asynccontextmanager
-async def open_local_run(
-    config: EvalConfig,
-    run_dir: Path,
-    header: dict[str, Any],
-    make_sink: Callable[[], RowSink],
-    policy_version: int | None = None,
-) -> AsyncIterator[LocalRun]:
-    """Start the model endpoint and interception, write the run header, and yield the run;
-    on the way out every buffered row is written, also when the run fails or is cancelled."""
-    env = environment_from_config(config)
-    write_run_header(run_dir, header)
-    run: LocalRun | None = None
-    try:
-        async with env:
-            env.interception.app.policy_version = policy_version
-            run = LocalRun(LocalBackend(env, make_sink))
-            try:
-                yield run
-            finally:
-                await run.backend.close()
-    finally:
-        if run is not None:
-            run.finished.set()
+class LocalFarm:
+    """The farm-lifetime backend (:class:`~vfray.run.backends.FarmBackend`) in this process:
+    each run gets its own model endpoint and interception, and a sink object writes its rows."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.policy_version: int | None = None
+        self.run: LocalRun | None = None  # the run in progress
+        self._checked = False
+
+    def start(self) -> None:
+        if not self._checked:
+            self.spec.preflight()
+            self._checked = True
+
+    @contextlib.asynccontextmanager
+    async def open_run(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[LocalBackend]:
+        """Start the model endpoint and interception, write the run header, and yield the run's
+        backend; on the way out every buffered row is written, also when the run fails or is
+        cancelled."""
+        self.start()
+        concurrency = self.spec.concurrency
+
+        def make_sink() -> RowSink:
+            from vfray.run.sink import TraceSink
+
+            return TraceSink(
+                str(run_dir),
+                header,
+                flush_rows=concurrency.flush_rows,
+                flush_seconds=concurrency.flush_seconds,
+            )
+
+        env = LocalEnvironment(spec=self.spec)
+        write_run_header(run_dir, header)
+        run: LocalRun | None = None
+        try:
+            async with env:
+                env.interception.app.policy_version = self.policy_version
+                run = self.run = LocalRun(LocalBackend(env, make_sink))
+                try:
+                    yield run.backend
+                finally:
+                    await run.backend.close()
+        finally:
+            self.run = None
+            if run is not None:
+                run.finished.set()
+
+    def prepare(self, task: Task[Any]) -> None:
+        pass  # the classes are right here
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [self.run.backend.stats()] if self.run is not None else []
+
+    def set_policy_version(self, version: int | None) -> None:
+        self.policy_version = version
+        if self.run is not None:
+            self.run.backend.env.interception.app.policy_version = version
+
+    def interrupt(self) -> None:
+        if self.run is not None:
+            self.run.cancel()
+
+    def close(self) -> None:
+        pass  # a run releases its own endpoint and interception

@@ -25,7 +25,7 @@ def run_folder(config: EvalConfig, name: str, resume: str | Path | None) -> tupl
         run_dir = Path(resume)
         if not (run_dir / "config.json").exists():
             raise ConfigError(f"cannot resume {run_dir}: it has no config.json")
-        from vfray.results import RunResult
+        from vfray.run.results import RunResult
 
         result = RunResult(run_dir)
         return run_dir, str(result.config.get("run_id") or run_dir.name)

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vfray.outcomes import EpisodeGroup
+from vfray.run.outcomes import EpisodeGroup
 
 Deliver = Callable[[EpisodeGroup], Awaitable[None]]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from vfray.driver import ResumeState
-from vfray.results import RunResult, final_rows
+from vfray.run.driver import ResumeState
+from vfray.run.results import RunResult, final_rows
 from vfray.traces.convert import table_to_traces
 from vfray.traces.parts import finish_compaction
 

@@ -101,29 +101,51 @@ class EpisodeSpec(BaseModel):
     """Seconds the group rewards may run (``env.timeouts.scoring``); a task's own wins."""
 
 
+class RolloutJob(BaseModel):
+    """One rollout attempt, fixed when the driver submits it and passed down whole (to a
+    SandboxHost too)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    task: Task[Any]
+    index: int = 0
+    """The rollout's index within its task's group."""
+    attempt: int = 0
+    run_id: str | None = None
+    episode_id: str | None = None
+
+
+class EpisodeJob(BaseModel):
+    """One task's group, to be scored once its rollouts are done: fixed when the driver hands
+    it over and passed down whole (to the episode Ray task too)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    task: Task[Any]
+    episode_id: str
+    spec: EpisodeSpec
+    previous: list[Trace] = []
+    """A resumed group's rollouts that already succeeded: scored with the group, not written
+    again."""
+
+
 EpisodeRows = tuple["pa.Table", "pa.Table"]
 """An episode's new trace rows and its episode row, on their way to the sink."""
 
 
-async def finish_episode(
-    task: Task[Any],
-    episode_id: str,
-    spec: EpisodeSpec,
-    previous: list[Trace],
-    new: list[Trace],
-) -> tuple[EpisodeOutcome, EpisodeRows]:
-    """Run the group rewards over ``previous`` + ``new`` and build the rows. ``previous`` are a
-    resumed group's rollouts that already succeeded: they take part in the group rewards but
-    are not written again. A group reward past its deadline is recorded as ``None`` with the
+async def finish_episode(job: EpisodeJob, new: list[Trace]) -> tuple[EpisodeOutcome, EpisodeRows]:
+    """Run the group rewards over ``job.previous`` + ``new`` and build the rows of ``new`` and
+    of the episode. A group reward past its deadline is recorded as ``None`` with the
     timeout, and the rows are built all the same."""
     # Imported here, not at the top: pyarrow costs a few hundred ms of start-up that a local
     # run should not pay before its first rollout.
     from vfray.traces.convert import traces_to_table
     from vfray.traces.episodes import episodes_to_table
 
+    task, spec = job.task, job.spec
     timeout = task.data.timeout.scoring or spec.scoring_timeout
     episode = await finalize_episode(
-        task, [*previous, *new], spec.overrides, episode_id=episode_id, timeout=timeout
+        task, [*job.previous, *new], spec.overrides, episode_id=job.episode_id, timeout=timeout
     )
     episode.traces.sort(key=lambda t: t.rollout_index)
     outcome = EpisodeOutcome(

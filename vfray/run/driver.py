@@ -6,7 +6,7 @@ finished rollouts to the backend to be scored and written.
 The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
 one (``actors.backend``) over SandboxHost actors, episode tasks and a TraceSink actor, passing
 traces by reference so the driver's memory stays flat; the local one
-(:mod:`vfray.local_backend`) in this process.
+(:mod:`vfray.run.local`) in this process.
 """
 
 from __future__ import annotations
@@ -24,8 +24,14 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
-from vfray.outcomes import EpisodeOutcome, EpisodeSpec, RolloutOutcome
 from vfray.retry import EndpointCircuit, RetryPolicy
+from vfray.run.outcomes import (
+    EpisodeJob,
+    EpisodeOutcome,
+    EpisodeSpec,
+    RolloutJob,
+    RolloutOutcome,
+)
 from vfray.task import Task
 from vfray.trace import AgentInfo, StopCondition, Trace, new_id
 
@@ -48,9 +54,7 @@ class RunBackend(Protocol):
 
     num_hosts: int
 
-    async def rollout(
-        self, host: int, task: Task[Any], index: int, attempt: int, run_id: str, episode_id: str
-    ) -> tuple[RolloutOutcome, Any]:
+    async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         """Run one rollout on ``host``; returns its outcome and a handle to its trace.
         Raises :class:`HostLost` when the host failed under it, CancelledError when the host
         cancelled it."""
@@ -64,14 +68,7 @@ class RunBackend(Protocol):
         """Write the row of an attempt that is about to be retried."""
         ...
 
-    async def finish(
-        self,
-        task: Task[Any],
-        episode_id: str,
-        spec: EpisodeSpec,
-        previous: list[Trace],
-        handles: list[Any],
-    ) -> EpisodeOutcome:
+    async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
         """Score the group and write its rows; returns the episode's outcome."""
         ...
 
@@ -297,9 +294,14 @@ class RunDriver:
                 host = self.pool.acquire(avoid)
                 told = provider = outage = False
                 try:
-                    outcome, handle = await self.backend.rollout(
-                        host, task, index, attempt, self.plan.run_id, episode_id
+                    job = RolloutJob(
+                        task=task,
+                        index=index,
+                        attempt=attempt,
+                        run_id=self.plan.run_id,
+                        episode_id=episode_id,
                     )
+                    outcome, handle = await self.backend.rollout(host, job)
                     provider = outcome.error_type == ProviderError.__name__
                     self.circuit.record(provider, probe)
                     told = True
@@ -397,9 +399,13 @@ class RunDriver:
             # Wait for them: a cancelled rollout is still tearing its sandbox down.
             await asyncio.gather(*rollouts, return_exceptions=True)
             raise
-        outcome = await self.backend.finish(
-            task, state.episode_id, self._spec, list(state.done.values()), list(handles)
+        job = EpisodeJob(
+            task=task,
+            episode_id=state.episode_id,
+            spec=self._spec,
+            previous=list(state.done.values()),
         )
+        outcome = await self.backend.finish(job, list(handles))
         self.progress.episodes += 1
         self.progress.scored(outcome)
         if self.on_episode is not None:

@@ -1,0 +1,114 @@
+"""The farm-lifetime backend on Ray (:class:`~vfray.run.backends.FarmBackend`): connects to Ray
+(a local one on loopback when no address is given), starts the built-in model actor and the
+SandboxHosts once, and opens each run over them with a TraceSink actor of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors import cluster
+from actors.backend import RayBackend
+from actors.shipping import ship_by_value
+from vfray.run.spec import RunSpec
+from vfray.task import Task
+
+
+class RayFarm:
+    """SandboxHost actors (and the built-in model's actor) for the farm's lifetime."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.policy_version: int | None = None
+        self.hosts: list[Any] = []
+        self.model_actor: Any = None
+        self._started_ray = False
+
+    def start(self) -> None:
+        if self.hosts:
+            return
+        spec = self.spec
+        # Boxes start on this machine only with a Ray of our own; a cluster's nodes have their
+        # own engines, which this machine's say nothing about.
+        local_ray = not (spec.address or os.environ.get("RAY_ADDRESS"))
+        spec.preflight(boxes_here=local_ray)
+        self._started_ray = cluster.connect(spec.address, num_cpus=spec.concurrency.num_cpus)
+        endpoint = spec.endpoint
+        if endpoint.kind == "scripted":
+            assert endpoint.scripted_policy is not None
+            self.model_actor = cluster.start_scripted_model(
+                endpoint.scripted_policy, dict(endpoint.scripted_options)
+            )
+            base_url = ray.get(self.model_actor.url.remote())
+        elif endpoint.kind == "local":
+            self.model_actor = cluster.start_local_model(endpoint.model)
+            base_url = ray.get(self.model_actor.url.remote())
+        else:
+            base_url = endpoint.base_url
+        count = spec.concurrency.hosts or max(1, len(cluster.alive_nodes()))
+        self.hosts = cluster.start_hosts(
+            count,
+            spec.plan,
+            base_url=base_url,
+            api_key_var=endpoint.api_key_var,
+            harness_options=spec.harness_config.model_dump(),
+            runtime_options=spec.runtime_options.as_kwargs(),
+            max_concurrency=spec.concurrency.host_concurrency,
+        )
+        # Fail here, with the host's own error, when a host cannot come up.
+        ray.get([h.url.remote() for h in self.hosts])
+        if self.policy_version is not None:
+            self.set_policy_version(self.policy_version)
+
+    @contextlib.asynccontextmanager
+    async def open_run(self, run_dir: Path, header: dict[str, Any]) -> AsyncIterator[RayBackend]:
+        self.start()
+        concurrency = self.spec.concurrency
+        sink = cluster.start_sink(
+            str(run_dir), header, concurrency.flush_rows, concurrency.flush_seconds
+        )
+        backend = RayBackend(self.hosts, sink, cluster.placement_check())
+        try:
+            yield backend
+        finally:
+            await backend.close()
+
+    def prepare(self, task: Task[Any]) -> None:
+        # Let workers unpickle the task even when its module only exists here.
+        ship_by_value(type(task), type(task.data))
+
+    def stats(self) -> list[dict[str, Any]]:
+        if not self.hosts:
+            return []
+        stats: list[dict[str, Any]] = ray.get([h.stats.remote() for h in self.hosts])
+        return stats
+
+    def set_policy_version(self, version: int | None) -> None:
+        self.policy_version = version
+        if self.hosts:
+            ray.get([h.set_policy_version.remote(version) for h in self.hosts])
+
+    def interrupt(self) -> None:
+        pass  # close() shuts the hosts down, which cancels their rollouts
+
+    def close(self) -> None:
+        if not self.hosts and self.model_actor is None:
+            return
+        with contextlib.suppress(Exception):
+            ray.get([h.shutdown.remote() for h in self.hosts], timeout=120)
+        if self.model_actor is not None:
+            with contextlib.suppress(Exception):
+                ray.get(self.model_actor.shutdown.remote(), timeout=30)
+        for actor in [*self.hosts, self.model_actor]:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        self.hosts = []
+        self.model_actor = None
+        if self._started_ray:
+            ray.shutdown()

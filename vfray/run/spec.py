@@ -1,0 +1,193 @@
+"""The run spec: the config tree resolved once into a frozen record — the model endpoint, the
+harness and runtime with typed options, the rollout plan, the scoring overrides and every
+concurrency knob — after every check that needs no machine (for the CLI and the Python API
+alike). Backends, the driver and the hosts read it; none of them re-derives or re-checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from vfray.config import EvalConfig, format_validation_error
+from vfray.errors import ConfigError
+from vfray.harness import Harness, HarnessConfig, check_compatibility
+from vfray.harnesses.registry import harness_class
+from vfray.models.local import check_installed, parse_local_model
+from vfray.retry import RetryPolicy
+from vfray.rollout import RolloutPlan
+from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
+from vfray.runtimes.registry import runtime_options as typed_runtime_options
+from vfray.scoring import validate_group_config
+
+SCRIPTED_PREFIX = "scripted:"
+
+
+def parse_scripted_model(model: str) -> tuple[str, dict[str, float]] | None:
+    """``scripted:arithmetic?latency=1`` → ("arithmetic", {"latency": 1.0}); None otherwise."""
+    if not model.startswith(SCRIPTED_PREFIX):
+        return None
+    policy, _, query = model[len(SCRIPTED_PREFIX) :].partition("?")
+    options: dict[str, float] = {}
+    for name, value in urllib.parse.parse_qsl(query, strict_parsing=False):
+        try:
+            options[name] = float(value)
+        except ValueError as exc:
+            raise ConfigError(f"scripted model option {name}={value!r} is not a number") from exc
+    return policy, options
+
+
+class Endpoint(BaseModel):
+    """The model endpoint: the built-in scripted model, a ``local:`` model server, or a remote
+    OpenAI-compatible ``base_url``. The key itself is not held: it is read where the
+    interception runs (:meth:`api_key`), so it never travels."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["scripted", "local", "remote"]
+    model: str
+    base_url: str | None = None
+    api_key_var: str | None = None
+    scripted_policy: str | None = None
+    scripted_options: dict[str, float] = {}
+
+    def api_key(self) -> str | None:
+        """The key from ``api_key_var`` in this process's environment (None when no variable
+        is named); an unset variable is a :class:`ConfigError` on every backend."""
+        if not self.api_key_var:
+            return None
+        key = os.environ.get(self.api_key_var)
+        if key is None:
+            raise ConfigError(f"environment variable {self.api_key_var} (the API key) is not set")
+        return key
+
+
+class Concurrency(BaseModel):
+    """How much runs at once and how rows are flushed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_concurrent: int = 32
+    """Rollouts in flight at once (the config's ``max_concurrent``)."""
+    max_retries: int = 2
+    """Immediate retries of a rollout whose machinery failed."""
+    hosts: int | None = None
+    """SandboxHost actors (Ray; default one per alive node)."""
+    host_concurrency: int = 4096
+    """Rollouts one SandboxHost may run at once (Ray)."""
+    num_cpus: int | None = None
+    """CPUs of a local Ray this farm starts."""
+    flush_rows: int = 1000
+    flush_seconds: float = 5.0
+
+
+class RunSpec(BaseModel):
+    """One run's resolved configuration; build it with :func:`resolve_run`."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    config: EvalConfig
+    """The validated config tree it was resolved from (saved as the run's ``config.json``)."""
+    endpoint: Endpoint
+    harness_config: HarnessConfig
+    """The harness's options, validated into its own ``config_type``."""
+    runtime_options: RuntimeOptions
+    """The runtime's options, typed from its constructor."""
+    plan: RolloutPlan
+    """Model, harness, runtime, sampling, limits, deadlines and scoring overrides."""
+    concurrency: Concurrency
+    retry: RetryPolicy
+    backend: Literal["ray", "local"]
+    address: str | None = None
+
+    @property
+    def scoring_overrides(self) -> dict[str, str]:
+        return self.plan.scoring_overrides
+
+    def make_harness(self) -> Harness:
+        return harness_class(self.plan.harness_id)(self.harness_config)
+
+    def check_task_type(self, task_cls: type, rollouts_per_task: int) -> None:
+        """Refuse a task class whose group rewards (overrides included) need more rollouts."""
+        validate_group_config(task_cls, rollouts_per_task, self.scoring_overrides)
+
+    def preflight(self, *, boxes_here: bool = True) -> None:
+        """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``
+        False only warns) and a ``local:`` model whose extra is missing."""
+        local = parse_local_model(self.endpoint.model)
+        if local is not None:
+            check_installed(local.spec)
+        preflight_runtime(
+            harness_class(self.plan.harness_id),
+            self.plan.runtime_type,
+            self.runtime_options.as_kwargs(),
+            boxes_here=boxes_here,
+        )
+
+
+def resolve_endpoint(config: EvalConfig) -> Endpoint:
+    m = config.model
+    scripted = parse_scripted_model(m.name)
+    if scripted is not None:
+        endpoint = Endpoint(
+            kind="scripted",
+            model=m.name,
+            api_key_var=m.api_key_var,
+            scripted_policy=scripted[0],
+            scripted_options=scripted[1],
+        )
+    elif parse_local_model(m.name) is not None:
+        endpoint = Endpoint(kind="local", model=m.name, api_key_var=m.api_key_var)
+    elif m.base_url:
+        endpoint = Endpoint(
+            kind="remote", model=m.name, base_url=m.base_url, api_key_var=m.api_key_var
+        )
+    else:
+        raise ConfigError(
+            f"model {m.name!r} needs a base_url (an OpenAI-compatible endpoint such as "
+            "vLLM's http://host:8000/v1), or use a built-in 'scripted:<policy>' or "
+            "'local:smollm2' model"
+        )
+    endpoint.api_key()  # an unset key variable is refused here, for both backends
+    return endpoint
+
+
+def resolve_run(config: EvalConfig, concurrency: dict[str, Any] | None = None) -> RunSpec:
+    """Validate ``config`` (and the concurrency knobs not in it) once, into a :class:`RunSpec`:
+    the endpoint and its key variable, the harness and runtime ids and options, and whether
+    they can work together. Raises :class:`ConfigError` (one line) otherwise."""
+    try:
+        config = EvalConfig.model_validate(config.model_dump())
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
+    env = config.env
+    endpoint = resolve_endpoint(config)
+    harness_cls = harness_class(env.harness.id)
+    harness_config = harness_cls.parse_config(env.harness.options)
+    runtime_cls = runtime_class(env.runtime.type)
+    options = typed_runtime_options(env.runtime.type, env.runtime.options)
+    # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not as
+    # one failed rollout after another.
+    check_compatibility(harness_cls, runtime_cls)
+    return RunSpec(
+        config=config,
+        endpoint=endpoint,
+        harness_config=harness_config,
+        runtime_options=options,
+        plan=RolloutPlan(
+            model=config.model.name,
+            harness_id=env.harness.id,
+            runtime_type=env.runtime.type,
+            sampling=config.sampling.as_params(),
+            limits=env.limits(),
+            timeouts=env.timeouts,
+            scoring_overrides=dict(env.scoring),
+        ),
+        concurrency=Concurrency(max_concurrent=config.max_concurrent, **(concurrency or {})),
+        retry=config.retry,
+        backend=config.backend,
+        address=config.address,
+    )
