@@ -294,3 +294,21 @@ def test_agent_artifacts_survive_the_run_folders_parquet(tmp_path: Path) -> None
     write_traces([trace], tmp_path / "traces.parquet")
     (back,) = table_to_traces(read_traces(tmp_path / "traces.parquet"))
     assert back.artifacts == trace.artifacts
+
+
+@pytest.mark.parametrize("kind", ["subprocess", "bwrap"])
+async def test_a_stopped_program_gets_sigterm_then_sigkill(kind: str) -> None:
+    """With the box's ``interrupt`` the stop SIGTERMs the program at once: one that cleans up
+    on SIGTERM ends with its own result well inside the grace; one that ignores it is killed
+    when the grace is up."""
+    from vfray.runtimes.registry import make_runtime
+
+    polite = 'trap "echo cleaned up; exit 0" TERM; while true; do sleep 0.1; done'
+    stubborn = 'trap "" TERM; while true; do sleep 0.1; done'
+    async with make_runtime(kind) as box:
+        program = box.run_program(["sh", "-c", polite], {}, timeout=120)
+        result = await run_until_stopped(program, lambda: True, grace=60, interrupt=box.interrupt)
+        assert result.ok and result.stdout == "cleaned up\n", result
+        program = box.run_program(["sh", "-c", stubborn], {}, timeout=120)
+        result = await run_until_stopped(program, lambda: True, grace=1, interrupt=box.interrupt)
+        assert result.exit_code == -signal.SIGKILL and result.stderr.startswith("killed "), result

@@ -137,12 +137,7 @@ class DockerExecProcess(LiveProcess):
         return await asyncio.shield(self._stopping)
 
     async def _signal(self, sig: int) -> bool:
-        """Send ``sig`` to every process of this exec; whether there were any."""
-        pids = await blocking(exec_pids, self._token)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        return bool(pids)
+        return await blocking(signal_exec, self._token, sig)
 
     async def _stop(self, grace: float) -> int:
         if not self._exited.done() and await self._signal(signal.SIGTERM):
@@ -156,6 +151,15 @@ class DockerExecProcess(LiveProcess):
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         return await self._exited
+
+
+def signal_exec(token: str, sig: int) -> bool:
+    """Send ``sig`` to the processes of the exec marked ``token``; whether there were any."""
+    pids = exec_pids(token)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return bool(pids)
 
 
 def exec_pids(token: str) -> list[int]:

@@ -164,6 +164,12 @@ class Runtime(abc.ABC):
 
         raise SandboxError(f"the {self.type} runtime cannot expose box ports")
 
+    async def interrupt(self) -> None:  # noqa: B027 - optional: cancelling a run still kills
+        """Send SIGTERM to every program :meth:`run`/:meth:`run_program` is running in the box
+        now, and to their children: the rollout's stop (a refused call) asks the harness
+        program to end before it is killed. Live processes are not touched (their owner stops
+        them)."""
+
     def track(self, process: LiveProcess) -> LiveProcess:
         """Remember ``process`` so :meth:`end_processes` ends it with the box."""
         self._live.append(process)

@@ -14,6 +14,7 @@ import asyncio
 import io
 import os
 import shutil
+import signal
 import socket
 import tarfile
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.runtimes._docker_exec import open_exec
+from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
@@ -38,7 +39,7 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
-from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
+from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
@@ -85,6 +86,8 @@ class DockerRuntime(Runtime):
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
         self._forwarded: set[int] = set()
+        self._running: set[str] = set()
+        """Markers of the ``run`` execs in progress (:meth:`interrupt`'s targets)."""
         self._exposer: asyncio.Future[None] | None = None
         self._exposed: dict[int, ExposedPort] = {}
         self.owner: str | None = None
@@ -206,23 +209,36 @@ class DockerRuntime(Runtime):
             command = ["sh", "-c", 'exec "$@" < "$0"', path, *argv]
         api = self.client.api
         started = time.monotonic()
+        token = uuid.uuid4().hex
         exec_id = (
             await blocking(
                 api.exec_create,
                 container.id,
                 command,
-                environment={MARKER_ENV: self.box_id, "HOME": self.box_workdir, **(env or {})},
+                environment={
+                    MARKER_ENV: self.box_id,
+                    "HOME": self.box_workdir,
+                    **(env or {}),
+                    EXEC_ENV: token,
+                },
                 workdir=self.box_workdir,
             )
         )["Id"]
         job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))
+        self._running.add(token)
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            await self._kill_exec(exec_id)
+            await self._kill_exec(token)
             out, err = await job
+        except asyncio.CancelledError:
+            # Cancelled (a stopped rollout's kill): the exec must not run on in the container.
+            await self._kill_exec(token)
+            raise
+        finally:
+            self._running.discard(token)
         info = await blocking(api.exec_inspect, exec_id)
         stdout, cut_out = _tail(out, self.output_cap)
         stderr, cut_err = _tail(err, self.output_cap)
@@ -235,6 +251,10 @@ class DockerRuntime(Runtime):
             timed_out=timed_out,
             truncated=cut_out or cut_err,
         )
+
+    async def interrupt(self) -> None:
+        for token in list(self._running):
+            await blocking(signal_exec, token, signal.SIGTERM)
 
     async def open_process(
         self,
@@ -253,11 +273,10 @@ class DockerRuntime(Runtime):
         )
         return self.track(process)
 
-    async def _kill_exec(self, exec_id: str) -> None:
-        info = await blocking(self.client.api.exec_inspect, exec_id)
-        pid = info.get("Pid") or 0
-        if pid > 0:
-            kill_pids(descendants(pid))
+    async def _kill_exec(self, token: str) -> None:
+        """SIGKILL an exec's processes, found by their marker (the engine's ``Pid`` for an
+        exec can lag behind: :mod:`vfray.runtimes._docker_exec`)."""
+        await blocking(signal_exec, token, signal.SIGKILL)
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
         buffer = io.BytesIO()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -25,6 +26,7 @@ from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
 from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
+from vfray.runtimes.live import signal_tree
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -65,6 +67,8 @@ class SubprocessRuntime(Runtime):
         self.owner: str | None = None
         self.workdir: Path | None = None
         self._pgids: set[int] = set()
+        self._running: set[int] = set()
+        """Process groups of the ``run`` calls in progress (:meth:`interrupt`'s targets)."""
         self._stopped = False
 
     async def start(self) -> None:
@@ -138,17 +142,31 @@ class SubprocessRuntime(Runtime):
         launch: Launch | None = None,
     ) -> ProgramResult:
         command, penv, cwd, preexec = self._command(argv, env)
-        return await run_process_group(
-            command,
-            penv,
-            cwd,
-            timeout=timeout,
-            stdin=stdin,
-            preexec_fn=preexec,
-            on_start=self._pgids.add,
-            output_cap=self.output_cap,
-            launch=launch,
-        )
+        started: list[int] = []
+
+        def on_start(pgid: int) -> None:
+            self._pgids.add(pgid)
+            self._running.add(pgid)
+            started.append(pgid)
+
+        try:
+            return await run_process_group(
+                command,
+                penv,
+                cwd,
+                timeout=timeout,
+                stdin=stdin,
+                preexec_fn=preexec,
+                on_start=on_start,
+                output_cap=self.output_cap,
+                launch=launch,
+            )
+        finally:
+            self._running.difference_update(started)
+
+    async def interrupt(self) -> None:
+        for pgid in list(self._running):
+            await blocking(signal_tree, pgid, signal.SIGTERM, self.term_spares)
 
     async def open_process(
         self,

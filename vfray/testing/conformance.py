@@ -55,6 +55,7 @@ async def check_runtime(runtime_factory: Callable[[], Runtime]) -> None:
         await _check_timeout(runtime)
         await _check_live(runtime, token)
         await _check_background(runtime, token)
+        await _check_interrupt(runtime)
         # A background process the box must take down with it.
         started = await runtime.run(
             ["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"],
@@ -211,6 +212,23 @@ async def _check_background(runtime: Runtime, token: str) -> None:
         reply = await _fetch(url)
         _check(f"served-{token}".encode() in reply, f"expose() did not reach the box: {reply!r}")
     # Left running: the box's stop() must end it (checked after stop()).
+
+
+async def _check_interrupt(runtime: Runtime) -> None:
+    """``interrupt`` sends SIGTERM to the programs ``run`` is running (a stopped rollout's
+    harness program), which may clean up and exit on their own."""
+    trap = 'trap "echo term; exit 0" TERM; touch interrupt.ready; while true; do sleep 0.1; done'
+    running = asyncio.ensure_future(runtime.run(["sh", "-c", trap], timeout=120))
+    try:
+        for _ in range(600):
+            if (await runtime.run(["test", "-e", "interrupt.ready"], timeout=30)).ok:
+                break
+            await asyncio.sleep(0.05)
+        await runtime.interrupt()
+        result = await asyncio.wait_for(asyncio.shield(running), 60)
+    finally:
+        running.cancel()
+    _check(result.ok and "term" in result.stdout, f"interrupt() did not SIGTERM a run: {result}")
 
 
 async def _check_timeout(runtime: Runtime) -> None:
