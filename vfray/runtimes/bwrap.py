@@ -36,6 +36,7 @@ from vfray.runtimes.processes import (
     box_env,
     kill_group,
     kill_pids,
+    network_env,
     rlimit_setter,
 )
 from vfray.runtimes.subprocess import SubprocessRuntime
@@ -58,6 +59,9 @@ ETC_ENTRIES = (
 Debian alternatives (``python3``, ``node``, ``editor``…), time zone and shell defaults. Never
 shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold credentials);
 ``passwd``/``group`` are the box's own (root and the box user)."""
+
+OFFLINE_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\nnetworks: files\n"
+"""``/etc/nsswitch.conf`` of a box without network: no DNS to wait for."""
 
 
 def _namespaces() -> list[str]:
@@ -341,12 +345,26 @@ class BwrapRuntime(SubprocessRuntime):
         python_bin = os.path.dirname(sys.executable)
         base_env = {"PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
         base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
+        if self._isolated():
+            # Name lookups from files only: a phone-home lookup fails at once as unknown
+            # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
+            prefix += ["--ro-bind", str(self._offline_nsswitch()), "/etc/nsswitch.conf"]
+            extra = dict(env or {})
+        else:
+            extra = {**network_env(os.environ), **(env or {})}
         return (
             [self._bwrap, *prefix, "--", *command],
-            box_env(base_env, self.box_workdir, self.box_id, env, owner=self.owner),
+            box_env(base_env, self.box_workdir, self.box_id, extra, owner=self.owner),
             str(workdir),
             self._preexec(),
         )
+
+    def _offline_nsswitch(self) -> Path:
+        assert self.base is not None
+        path = self.base / "etc" / "nsswitch-offline.conf"
+        if not path.exists():
+            path.write_text(OFFLINE_NSSWITCH)
+        return path
 
     def _serve_socket(self) -> str | None:
         # Each bwrap process has a network namespace of its own: a port it listens on is

@@ -39,7 +39,7 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
-from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP
+from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
@@ -218,6 +218,7 @@ class DockerRuntime(Runtime):
                 environment={
                     MARKER_ENV: self.box_id,
                     "HOME": self.box_workdir,
+                    **self._network_env(),
                     **(env or {}),
                     EXEC_ENV: token,
                 },
@@ -256,6 +257,12 @@ class DockerRuntime(Runtime):
         for token in list(self._running):
             await blocking(signal_exec, token, signal.SIGTERM)
 
+    def _network_env(self) -> dict[str, str]:
+        """The host's proxies when the container has a network (its own TLS roots apply)."""
+        if shares_network(self.spec, self.share_network):
+            return network_env(os.environ, host_paths=False)
+        return {}
+
     async def open_process(
         self,
         argv: Sequence[str],
@@ -268,7 +275,12 @@ class DockerRuntime(Runtime):
             self.client.api,
             container.id,
             list(argv),
-            {MARKER_ENV: self.box_id, "HOME": self.box_workdir, **(env or {})},
+            {
+                MARKER_ENV: self.box_id,
+                "HOME": self.box_workdir,
+                **self._network_env(),
+                **(env or {}),
+            },
             str(self._box_path(cwd)) if cwd else self.box_workdir,
         )
         return self.track(process)

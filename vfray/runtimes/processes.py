@@ -88,6 +88,37 @@ def box_env(
     return env
 
 
+PROXY_ENV = tuple(
+    name
+    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+    for name in (proxy, proxy.lower())
+)
+CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+)
+
+
+def network_env(base: Mapping[str, str], *, host_paths: bool = True) -> dict[str, str]:
+    """Variables a box that is allowed the network gets from the host: its proxies, and (where
+    the box sees the host's files, ``host_paths``) its TLS roots as ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``, also named for Node (``NODE_EXTRA_CA_CERTS``) and requests."""
+    env = {name: base[name] for name in PROXY_ENV if base.get(name)}
+    if not host_paths:
+        return env
+    bundle = base.get("SSL_CERT_FILE") or next(
+        (path for path in CA_BUNDLES if os.path.isfile(path)), None
+    )
+    if bundle:
+        env.update(
+            SSL_CERT_FILE=bundle, NODE_EXTRA_CA_CERTS=bundle, REQUESTS_CA_BUNDLE=bundle
+        )
+    if base.get("SSL_CERT_DIR"):
+        env["SSL_CERT_DIR"] = base["SSL_CERT_DIR"]
+    return env
+
+
 def descendants(root: int) -> list[int]:
     """``root`` and every live process below it, from the parent links in /proc."""
     children: dict[int, list[int]] = {}

@@ -31,6 +31,7 @@ from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
     kill_group,
+    network_env,
     rlimit_setter,
     run_process_group,
     start_live,
@@ -127,7 +128,13 @@ class SubprocessRuntime(Runtime):
         workdir = self._require_workdir()
         return (
             list(argv),
-            box_env(os.environ, str(workdir), self.box_id, env, owner=self.owner),
+            box_env(
+                os.environ,
+                str(workdir),
+                self.box_id,
+                {**network_env(os.environ), **(env or {})},
+                owner=self.owner,
+            ),
             str(workdir / cwd) if cwd else str(workdir),
             rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
         )
