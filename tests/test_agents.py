@@ -165,12 +165,12 @@ async def test_agent_rollout_in_bwrap(harness_id: str, registry: str) -> None:
 
 
 async def test_agent_harness_refuses_a_runtime_without_the_tool_dir() -> None:
-    class DockerLike(SubprocessRuntime):
-        type = "docker"
+    class ModalLike(SubprocessRuntime):
+        type = "modal"
 
     harness = make_harness("mini-swe-agent")
     with pytest.raises(HarnessError, match="cannot mount yet"):
-        await harness.setup(DockerLike())
+        await harness.setup(ModalLike())
 
 
 # -- codex -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.provision import tools_root
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
@@ -114,6 +115,12 @@ class DockerRuntime(Runtime):
         }
         for host, inside in self.volumes.items():
             volumes[host] = {"bind": inside, "mode": "ro"}
+        # The node's agent tool dir (vfray.provision), read-only at its own path as in bwrap:
+        # agent harnesses run their programs from it. Its programs need what they link to
+        # (glibc for node; a Python agent's venv, its interpreter's path).
+        tools = str(tools_root())
+        if os.path.isdir(tools) and tools not in volumes:
+            volumes[tools] = {"bind": tools, "mode": "ro"}
         options: dict[str, Any] = {
             "entrypoint": ["sleep"],
             "command": ["infinity"],
