@@ -165,12 +165,12 @@ async def test_agent_rollout_in_bwrap(harness_id: str, registry: str) -> None:
 
 
 async def test_agent_harness_refuses_a_runtime_without_the_tool_dir() -> None:
-    class DockerLike(SubprocessRuntime):
-        type = "docker"
+    class ModalLike(SubprocessRuntime):
+        type = "modal"
 
     harness = make_harness("mini-swe-agent")
     with pytest.raises(HarnessError, match="cannot mount yet"):
-        await harness.setup(DockerLike())
+        await harness.setup(ModalLike())
 
 
 # -- codex -----------------------------------------------------------------------------------
@@ -246,7 +246,46 @@ async def test_a_refused_call_ends_the_agent_program(
     assert len(trace.calls) == 1
     assert not [note for note in trace.notes if "agent budget" in note], trace.notes
     agent = trace.timing["agent"].duration
-    print(f"{harness_id}: max_turns=1 rollout's agent phase took {agent:.1f}s")
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"{harness_id}: max_turns=1 rollout's agent phase took {agent:.1f}s, {after:.1f}s after")
+    # The refused call follows the answered one at once; SIGTERM then ends the program. A
+    # hang check, generous for a loaded machine, not a performance bound.
+    assert after < 30, after
+
+
+KEY_VARS = {
+    "mini-swe-agent": "OPENAI_API_KEY",
+    "codex": "VFRAY_API_KEY",
+    "claude-code": "ANTHROPIC_API_KEY",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("harness_id", "registry", "options"),
+    [
+        ("mini-swe-agent", "pypi", {"model_retries": 10}),
+        ("codex", "npm", {}),
+        ("claude-code", "npm", {}),
+    ],
+)
+async def test_an_unknown_key_ends_the_agent_by_itself(
+    harness_id: str, registry: str, options: dict[str, Any]
+) -> None:
+    """An unknown (expired, concluded) key gets the dialect's final status, which the agent
+    gives up on at once: Claude Code retried a 401 for the whole agent budget."""
+    need_registry(registry)
+    _timed_install(harness_id)
+    env = {KEY_VARS[harness_id]: "sk-vfray-unknown-key"}
+    trace = await _rollout(
+        harness_id, harness_options={**options, "env": env}, timeouts=Timeouts(agent=120)
+    )
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    assert [e.type for e in trace.errors] == ["HarnessError"], trace.errors
+    assert trace.calls == []
+    agent = trace.timing["agent"].duration
+    print(f"{harness_id}: an unknown key ended the agent phase in {agent:.1f}s")
+    assert agent < 90, agent  # a hang check (the budget is 120 s), not a performance bound
 
 
 async def test_a_program_that_ignores_the_stop_is_killed_after_the_grace() -> None:
@@ -294,3 +333,21 @@ def test_agent_artifacts_survive_the_run_folders_parquet(tmp_path: Path) -> None
     write_traces([trace], tmp_path / "traces.parquet")
     (back,) = table_to_traces(read_traces(tmp_path / "traces.parquet"))
     assert back.artifacts == trace.artifacts
+
+
+@pytest.mark.parametrize("kind", ["subprocess", "bwrap"])
+async def test_a_stopped_program_gets_sigterm_then_sigkill(kind: str) -> None:
+    """With the box's ``interrupt`` the stop SIGTERMs the program at once: one that cleans up
+    on SIGTERM ends with its own result well inside the grace; one that ignores it is killed
+    when the grace is up."""
+    from vfray.runtimes.registry import make_runtime
+
+    polite = 'trap "echo cleaned up; exit 0" TERM; while true; do sleep 0.1; done'
+    stubborn = 'trap "" TERM; while true; do sleep 0.1; done'
+    async with make_runtime(kind) as box:
+        program = box.run_program(["sh", "-c", polite], {}, timeout=120)
+        result = await run_until_stopped(program, lambda: True, grace=60, interrupt=box.interrupt)
+        assert result.ok and result.stdout == "cleaned up\n", result
+        program = box.run_program(["sh", "-c", stubborn], {}, timeout=120)
+        result = await run_until_stopped(program, lambda: True, grace=1, interrupt=box.interrupt)
+        assert result.exit_code == -signal.SIGKILL and result.stderr.startswith("killed "), result

@@ -166,7 +166,8 @@ async def test_auth_and_input_errors(echo_url: str) -> None:
         secret = icpt.app.register(trace)
         with pytest.raises(openai.AuthenticationError):
             await oai(icpt, "not-a-secret").chat.completions.create(model="x", messages=[USER])
-        with pytest.raises(anthropic.AuthenticationError):
+        # Claude Code retries a 401 for as long as it runs: the Anthropic dialect says 403.
+        with pytest.raises(anthropic.PermissionDeniedError):
             await anth(icpt, secret[:-1] + ("1" if secret[-1] == "0" else "0")).messages.create(
                 model="x", max_tokens=5, messages=[USER]
             )
@@ -199,7 +200,7 @@ async def test_auth_and_input_errors(echo_url: str) -> None:
 
         await oai(icpt, secret).chat.completions.create(model="x", messages=[USER])
         assert icpt.app.conclude(secret) is trace
-        with pytest.raises(openai.ConflictError):
+        with pytest.raises(openai.AuthenticationError, match="this rollout has concluded"):
             await oai(icpt, secret).chat.completions.create(model="x", messages=[USER])
         assert len(trace.calls) == 1 and icpt.app.session_count == 0
         assert secret not in trace.model_dump_json()
@@ -241,9 +242,11 @@ async def test_limit_refuses_the_call_after_the_crossing_one(
     client = oai(icpt, icpt.app.register(trace, Limits(**{limit: value})), retries=3)
     for turn in range(2):
         await client.chat.completions.create(model="x", messages=_conversation(turn))
-    with pytest.raises(openai.BadRequestError) as refused:
+    # 401: what mini-swe-agent (litellm) gives up on at once (it retries 400 for minutes).
+    with pytest.raises(openai.AuthenticationError) as refused:
         await client.chat.completions.create(model="x", messages=_conversation(2))
     assert f"rollout stopped: {limit}" in str(refused.value)
+    assert refused.value.response.headers["x-should-retry"] == "false"
     assert trace.stop_condition == StopCondition(limit)
     assert len(trace.calls) == 2  # refused, not forwarded, and not retried by the SDK
     assert trace.ok
@@ -257,7 +260,7 @@ async def test_stop_hook_refuses_in_the_dialect_error_shape(icpt: Interception) 
     secret = icpt.app.register(trace, stop_check=solved)
     client = anth(icpt, secret)
     await client.messages.create(model="x", max_tokens=10, messages=[USER])
-    with pytest.raises(anthropic.BadRequestError) as refused:
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
         await client.messages.create(model="x", max_tokens=10, messages=[USER])
     assert "rollout stopped: stop_hook (solved)" in str(refused.value)
     assert trace.stop_condition is StopCondition.STOP_HOOK and len(trace.calls) == 1
@@ -411,7 +414,9 @@ async def test_context_length_stops_the_rollout(model: tuple[ScriptedModel, str]
         scripted.fail_next("context_length")
         with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
             await client.messages.create(model="x", max_tokens=10, messages=[USER])
-        with pytest.raises(anthropic.BadRequestError, match="rollout stopped: context_length"):
+        with pytest.raises(
+            anthropic.PermissionDeniedError, match="rollout stopped: context_length"
+        ):
             await client.messages.create(model="x", max_tokens=10, messages=[USER])
     assert trace.stop_condition is StopCondition.CONTEXT_LENGTH
     assert len(trace.calls) == 1 and trace.calls[0].error is not None

@@ -168,3 +168,34 @@ def test_a_sigkilled_owners_containers_are_removed(docker_url: str) -> None:
         assert leftovers(held, docker_url) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("harness_id", "registry"),
+    [("codex", "npm"), ("claude-code", "npm"), ("mini-swe-agent", "pypi")],
+)
+async def test_an_agent_harness_rollout_in_docker(
+    docker_url: str, harness_id: str, registry: str
+) -> None:
+    """The node's tool dir is mounted read-only into the container; the agent reaches the
+    interception through the bridge of a network-less container and writes the file."""
+    from agent_tools import need_registry
+    from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
+
+    import vfray as vf
+
+    need_registry(registry)
+    _timed_install(harness_id)
+    trace = await vf.run_rollout(
+        WriteFile(vf.TaskData(prompt=PROMPT)),
+        model="scripted:agent",
+        harness=harness_id,
+        runtime="docker",
+        runtime_options={
+            "base_url": docker_url,
+            "default_image": IMAGE,
+            "volumes": {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT},
+        },
+    )
+    _check_solved(trace, calls=3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import threading
@@ -210,3 +211,62 @@ async def test_box_starts_and_stops_while_the_default_executor_is_full(kind: str
         await asyncio.gather(*blockers)
     assert job in done, "the box waited for asyncio's default executor"
     assert job.result() == b"data"
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_bwrap_live_process_behind_the_bridge_gets_sigterm() -> None:
+    """In a denied box with a bridged host endpoint the program runs under the in-box
+    forwarder: stop()'s SIGTERM must reach the program's own trap, not end the box first."""
+    async with serve_in_loop(APP) as url, BwrapRuntime(RuntimeSpec()) as box:
+        await box.prepare_execution([url])
+        proc = await box.open_process(
+            [sys.executable, "-c", FETCH, f"{url}/hi"],
+        )
+        assert (await proc.stdout.readline()).strip() == b"hello from host"
+        assert await proc.wait() == 0
+        trap = 'trap "echo term; exit 0" TERM; echo ready; while true; do sleep 0.1; done'
+        proc = await box.open_process(["sh", "-c", trap])
+        assert await proc.stdout.readline() == b"ready\n"
+        assert await proc.stop(grace=20) == 0
+        assert b"term" in await proc.stdout.read()
+
+
+LOOKUP = """
+import socket, sys, urllib.request
+try:
+    socket.getaddrinfo(sys.argv[1], 443)
+    print("dns ok")
+except socket.gaierror as exc:
+    print("dns", exc.errno == socket.EAI_NONAME)
+try:
+    urllib.request.urlopen(f"https://{sys.argv[1]}/", timeout=60)
+except OSError as exc:
+    print("https failed")
+"""
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_phone_home_lookups_fail_at_once_in_a_box_without_network() -> None:
+    """A real program's DNS and HTTPS lookups in a denied box fail as an unknown name (not a
+    "temporary" failure that agents retry), and fast: the hang check below is generous."""
+    async with BwrapRuntime(RuntimeSpec()) as box:
+        result = await box.run([sys.executable, "-c", LOOKUP, "pypi.org"], timeout=60)
+        assert result.ok and result.stdout.split("\n")[:2] == ["dns True", "https failed"], result
+        assert not result.timed_out
+        assert result.duration < 30, result.duration  # a hang check, not a performance bound
+        env = await box.run(["env"], timeout=30)
+    assert "SSL_CERT_FILE" not in env.stdout and "PROXY" not in env.stdout.upper()
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_boxes_with_network_get_tls_roots_and_proxies(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("no_proxy", "localhost")
+    options = {"share_network": True} if kind == "bwrap" else {}
+    async with make_runtime(kind, RuntimeSpec(), **options) as box:
+        result = await box.run(["env"], timeout=30)
+    seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert seen["HTTPS_PROXY"] == "http://proxy.invalid:3128" and seen["no_proxy"] == "localhost"
+    assert os.path.isfile(seen["SSL_CERT_FILE"]) and seen["NODE_EXTRA_CA_CERTS"]

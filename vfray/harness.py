@@ -256,11 +256,14 @@ async def run_until_stopped(
     program: Awaitable[ProgramResult],
     stopped: Callable[[], bool],
     grace: float,
+    interrupt: Callable[[], Awaitable[None]] | None = None,
 ) -> ProgramResult:
     """Await the harness program; once ``stopped()`` (the interception refused a call: a limit,
-    a stop hook) it may run ``grace`` seconds more to exit on its own, then it is cancelled,
-    which kills its whole process group. Agents that retry a refusal (mini-swe-agent backed off
-    for minutes) so end within the grace. A killed program's result says so in its stderr."""
+    a stop hook) the program gets SIGTERM (``interrupt``, the box's
+    :meth:`~vfray.runtimes.base.Runtime.interrupt`), ``grace`` seconds to exit, and is then
+    cancelled, which SIGKILLs its whole process group. Agents that retry a refusal
+    (mini-swe-agent backed off for minutes) so end at once. A killed program's result says so
+    in its stderr."""
     task = asyncio.ensure_future(program)
     try:
         while True:
@@ -270,6 +273,8 @@ async def run_until_stopped(
             if stopped():
                 break
         since = time.monotonic()
+        if interrupt is not None:
+            await interrupt()
         done, _ = await asyncio.wait({task}, timeout=grace)
         if done:
             return task.result()

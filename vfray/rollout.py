@@ -55,8 +55,8 @@ class Timeouts(BaseModel):
     stop_grace: float = Field(
         5.0,
         gt=0,
-        description="seconds the harness program may run on after the interception refused a "
-        "call (a limit, a stop hook) before its process group is killed",
+        description="seconds between the SIGTERM a harness program gets once the interception "
+        "refused a call (a limit, a stop hook) and the SIGKILL of its process group",
     )
 
     def for_task(self, data: TaskData) -> Timeouts:
@@ -240,6 +240,7 @@ async def _agent_phase(
                 harness.launch(ctx, runtime),
                 lambda: trace.stop_condition is not None,
                 timeouts.stop_grace,
+                runtime.interrupt,
             )
             result = await asyncio.wait_for(program, timeout=deadline)
         except asyncio.TimeoutError:

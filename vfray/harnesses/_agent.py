@@ -24,8 +24,8 @@ AGENT_DIR = ".vfray/agent"
 """Folder (relative to the box's work dir) for the agent's config and transcript files."""
 ARTIFACT_LIMIT = 8 * 1024 * 1024
 """Characters of one transcript file kept on the trace (its head)."""
-HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap")
-"""Runtimes whose boxes see the node's tool dir (bwrap binds it read-only)."""
+HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap", "docker")
+"""Runtimes whose boxes see the node's tool dir (bwrap and docker mount it read-only)."""
 
 
 class AgentHarnessConfig(HarnessConfig):

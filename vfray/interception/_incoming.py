@@ -30,10 +30,15 @@ class RequestError(Exception):
     """A call answered with an error status; ``client_input`` when the body itself is at fault
     (malformed, oversized), which is noted on the rollout's trace."""
 
-    def __init__(self, status: int, message: str, *, client_input: bool = False) -> None:
+    def __init__(
+        self, status: int, message: str, *, client_input: bool = False, final: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.client_input = client_input
+        self.final = final
+        """No retry can change the answer: sent with the dialect's ``final_status`` and
+        ``x-should-retry: false`` (the Stainless SDKs honour it), so agents end at once."""
 
 
 class Incoming:

@@ -161,8 +161,11 @@ class InterceptionApp:
             except RequestError as exc:
                 if exc.client_input and session is not None:
                     _note_refusal(session, exc.status, str(exc))
-                body = dialect.error_body(exc.status, str(exc))
-                return ErrorResponse(body, exc.status, incoming)
+                status = dialect.final_status if exc.final else exc.status
+                answer = ErrorResponse(dialect.error_body(status, str(exc)), status, incoming)
+                if exc.final:
+                    answer.headers["x-should-retry"] = "false"
+                return answer
             except ClientDisconnect:
                 return Response(status_code=400)
 
@@ -202,7 +205,7 @@ class InterceptionApp:
 
         refusal = await self._refusal(session)
         if refusal is not None:
-            raise RequestError(400, f"rollout stopped: {refusal}")
+            raise RequestError(400, f"rollout stopped: {refusal}", final=True)
 
         sampling = self.upstream.sampling
         if session.sampling is not None:
@@ -240,8 +243,10 @@ class InterceptionApp:
             if session is not None:
                 return session
             if self.sessions.was_concluded(secret):
-                raise RequestError(409, "this rollout has concluded; no more calls are accepted")
-        raise RequestError(401, "unknown API key")
+                raise RequestError(
+                    409, "this rollout has concluded; no more calls are accepted", final=True
+                )
+        raise RequestError(401, "unknown API key", final=True)
 
     async def _refusal(self, session: Session) -> str | None:
         """Why the next call must not be forwarded (a limit or a stop hook), or None."""

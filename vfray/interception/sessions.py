@@ -22,7 +22,7 @@ from vfray.trace import Trace
 StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
 
-_CONCLUDED_KEPT = 100_000  # tombstones kept so late calls get 409 rather than 401
+_CONCLUDED_KEPT = 100_000  # tombstones kept so late calls are told the rollout concluded
 
 
 def digest(secret: str) -> bytes:
@@ -48,7 +48,7 @@ class Session:
 
 
 class SessionRegistry:
-    """Secret → :class:`Session`; concluded secrets are remembered (bounded) to answer 409."""
+    """Secret → :class:`Session`; concluded secrets are remembered (bounded) to say so."""
 
     def __init__(self) -> None:
         self._live: dict[bytes, Session] = {}

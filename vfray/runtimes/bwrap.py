@@ -22,22 +22,22 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
 from vfray.provision import tools_root
-from vfray.runtimes.base import ProgramResult, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
-from vfray.runtimes.launches import Launch
+from vfray.runtimes.base import LiveProcess, RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
     kill_group,
     kill_pids,
+    network_env,
     rlimit_setter,
-    run_process_group,
 )
 from vfray.runtimes.subprocess import SubprocessRuntime
 
@@ -59,6 +59,9 @@ ETC_ENTRIES = (
 Debian alternatives (``python3``, ``node``, ``editor``…), time zone and shell defaults. Never
 shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold credentials);
 ``passwd``/``group`` are the box's own (root and the box user)."""
+
+OFFLINE_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\nnetworks: files\n"
+"""``/etc/nsswitch.conf`` of a box without network: no DNS to wait for."""
 
 
 def _namespaces() -> list[str]:
@@ -160,6 +163,9 @@ class BwrapRuntime(SubprocessRuntime):
     type = "bwrap"
     isolates_network = True
     warn_no_isolation = False
+    # bubblewrap dies of SIGTERM (taking the box with it) instead of passing it on: a live
+    # process's SIGTERM goes to the boxed program only.
+    term_spares = frozenset({"bwrap"})
 
     def __init__(
         self,
@@ -193,6 +199,8 @@ class BwrapRuntime(SubprocessRuntime):
         self._executing = False
         self._bwrap = ""
         self._prefix: list[str] = []
+        self._ways_in: list[tuple[LiveProcess, Path]] = []
+        self._exposed: dict[int, ExposedPort] = {}
 
     async def start(self) -> None:
         bwrap = shutil.which("bwrap")
@@ -307,44 +315,80 @@ class BwrapRuntime(SubprocessRuntime):
 
         return apply
 
-    async def _run(
+    def _command(
         self,
         argv: Sequence[str],
         env: Mapping[str, str] | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | None = None,
-        launch: Launch | None = None,
-    ) -> ProgramResult:
+        cwd: str | None = None,
+        serve: str | None = None,
+    ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         workdir = self._require_workdir()
         assert self.bridges is not None
         prefix = list(self._prefix)
         if not self._isolated():
             prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
+        if cwd:
+            # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
+            prefix += ["--chdir", str(Path(self.box_workdir, cwd))]
         command = list(argv)
-        if self._isolated() and self.bridges.bridges:
+        if self._isolated() and (self.bridges.bridges or serve):
+            ways_in = [f"@{BRIDGE_DIR}/{serve}"] if serve else []
             command = [
                 sys.executable,
                 *("-I", "-S", "-c"),
                 BOX_FORWARDER,
                 *self.bridges.forwarder_args(),
+                *ways_in,
                 "--",
                 *argv,
             ]
         python_bin = os.path.dirname(sys.executable)
         base_env = {"PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
         base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
-        return await run_process_group(
+        if self._isolated():
+            # Name lookups from files only: a phone-home lookup fails at once as unknown
+            # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
+            prefix += ["--ro-bind", str(self._offline_nsswitch()), "/etc/nsswitch.conf"]
+            extra = dict(env or {})
+        else:
+            extra = {**network_env(os.environ), **(env or {})}
+        return (
             [self._bwrap, *prefix, "--", *command],
-            box_env(base_env, self.box_workdir, self.box_id, env, owner=self.owner),
+            box_env(base_env, self.box_workdir, self.box_id, extra, owner=self.owner),
             str(workdir),
-            timeout=timeout,
-            stdin=stdin,
-            preexec_fn=self._preexec(),
-            on_start=self._pgids.add,
-            output_cap=self.output_cap,
-            launch=launch,
+            self._preexec(),
         )
+
+    def _offline_nsswitch(self) -> Path:
+        assert self.base is not None
+        path = self.base / "etc" / "nsswitch-offline.conf"
+        if not path.exists():
+            path.write_text(OFFLINE_NSSWITCH)
+        return path
+
+    def _serve_socket(self) -> str | None:
+        # Each bwrap process has a network namespace of its own: a port it listens on is
+        # reached through its own forwarder.
+        return f"x-{uuid.uuid4().hex[:12]}.sock" if self._isolated() else None
+
+    def _opened(self, process: LiveProcess, serve: str | None) -> None:
+        if serve is not None:
+            assert self.base is not None
+            self._ways_in.append((process, self.base / "bridge" / serve))
+
+    def _listening(self) -> list[Path]:
+        """The ways in of the live processes still running, newest first."""
+        return [path for proc, path in reversed(self._ways_in) if proc.returncode is None]
+
+    async def expose(self, port: int) -> str:
+        self._require_workdir()
+        if not self._isolated():
+            return f"http://127.0.0.1:{port}"
+        exposed = self._exposed.get(port)
+        if exposed is None:
+            exposed = self._exposed[port] = ExposedPort(port, self._listening)
+            await exposed.start()
+        return exposed.url
 
     async def host_url(self, url: str) -> str:
         self._require_workdir()
@@ -363,6 +407,7 @@ class BwrapRuntime(SubprocessRuntime):
     async def stop(self) -> None:
         if self._stopped:
             return
+        await self.end_processes()
         for pgid in self._pgids:  # the marker sweep follows, batched, in super().stop()
             kill_group(pgid)
         if self.cgroup is not None:
@@ -370,6 +415,9 @@ class BwrapRuntime(SubprocessRuntime):
             self.cgroup = None
         if self.bridges is not None:
             await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
         if self.base is not None:
             self.workdir = self.base  # so the whole box dir is removed
         await super().stop()

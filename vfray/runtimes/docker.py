@@ -14,6 +14,7 @@ import asyncio
 import io
 import os
 import shutil
+import signal
 import socket
 import tarfile
 import tempfile
@@ -24,9 +25,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.provision import tools_root
+from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._executor import blocking, waiting
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
 from vfray.runtimes.lifeline import (
     HOST_LABEL,
@@ -37,10 +40,12 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
-from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_pids
+from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+EXPOSE_SOCKET = "expose.sock"
+"""The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
 
 
 def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
@@ -82,6 +87,10 @@ class DockerRuntime(Runtime):
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
         self._forwarded: set[int] = set()
+        self._running: set[str] = set()
+        """Markers of the ``run`` execs in progress (:meth:`interrupt`'s targets)."""
+        self._exposer: asyncio.Future[None] | None = None
+        self._exposed: dict[int, ExposedPort] = {}
         self.owner: str | None = None
         self._stopped = False
 
@@ -106,6 +115,12 @@ class DockerRuntime(Runtime):
         }
         for host, inside in self.volumes.items():
             volumes[host] = {"bind": inside, "mode": "ro"}
+        # The node's agent tool dir (vfray.provision), read-only at its own path as in bwrap:
+        # agent harnesses run their programs from it. Its programs need what they link to
+        # (glibc for node; a Python agent's venv, its interpreter's path).
+        tools = str(tools_root())
+        if os.path.isdir(tools) and tools not in volumes:
+            volumes[tools] = {"bind": tools, "mode": "ro"}
         options: dict[str, Any] = {
             "entrypoint": ["sleep"],
             "command": ["infinity"],
@@ -201,23 +216,37 @@ class DockerRuntime(Runtime):
             command = ["sh", "-c", 'exec "$@" < "$0"', path, *argv]
         api = self.client.api
         started = time.monotonic()
+        token = uuid.uuid4().hex
         exec_id = (
             await blocking(
                 api.exec_create,
                 container.id,
                 command,
-                environment={MARKER_ENV: self.box_id, "HOME": self.box_workdir, **(env or {})},
+                environment={
+                    MARKER_ENV: self.box_id,
+                    "HOME": self.box_workdir,
+                    **self._network_env(),
+                    **(env or {}),
+                    EXEC_ENV: token,
+                },
                 workdir=self.box_workdir,
             )
         )["Id"]
         job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))
+        self._running.add(token)
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            await self._kill_exec(exec_id)
+            await self._kill_exec(token)
             out, err = await job
+        except asyncio.CancelledError:
+            # Cancelled (a stopped rollout's kill): the exec must not run on in the container.
+            await self._kill_exec(token)
+            raise
+        finally:
+            self._running.discard(token)
         info = await blocking(api.exec_inspect, exec_id)
         stdout, cut_out = _tail(out, self.output_cap)
         stderr, cut_err = _tail(err, self.output_cap)
@@ -231,11 +260,42 @@ class DockerRuntime(Runtime):
             truncated=cut_out or cut_err,
         )
 
-    async def _kill_exec(self, exec_id: str) -> None:
-        info = await blocking(self.client.api.exec_inspect, exec_id)
-        pid = info.get("Pid") or 0
-        if pid > 0:
-            kill_pids(descendants(pid))
+    async def interrupt(self) -> None:
+        for token in list(self._running):
+            await blocking(signal_exec, token, signal.SIGTERM)
+
+    def _network_env(self) -> dict[str, str]:
+        """The host's proxies when the container has a network (its own TLS roots apply)."""
+        if shares_network(self.spec, self.share_network):
+            return network_env(os.environ, host_paths=False)
+        return {}
+
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        container = self._require()
+        process = await open_exec(
+            self.client.api,
+            container.id,
+            list(argv),
+            {
+                MARKER_ENV: self.box_id,
+                "HOME": self.box_workdir,
+                **self._network_env(),
+                **(env or {}),
+            },
+            str(self._box_path(cwd)) if cwd else self.box_workdir,
+        )
+        return self.track(process)
+
+    async def _kill_exec(self, token: str) -> None:
+        """SIGKILL an exec's processes, found by their marker (the engine's ``Pid`` for an
+        exec can lag behind: :mod:`vfray.runtimes._docker_exec`)."""
+        await blocking(signal_exec, token, signal.SIGKILL)
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
         buffer = io.BytesIO()
@@ -299,6 +359,36 @@ class DockerRuntime(Runtime):
             await asyncio.sleep(0.05)
         raise SandboxError(f"the in-container forwarder for port {port} did not start")
 
+    async def expose(self, port: int) -> str:
+        """The host reaches box ports through one in-container forwarder's way in, whatever
+        the container's network (the test engines run without a bridge network)."""
+        self._require()
+        assert self.base is not None
+        way_in = self.base / "bridge" / EXPOSE_SOCKET
+        if self._exposer is None:
+            self._exposer = asyncio.ensure_future(self._start_exposer(way_in))
+        await asyncio.shield(self._exposer)
+        exposed = self._exposed.get(port)
+        if exposed is None:
+            exposed = self._exposed[port] = ExposedPort(port, lambda: [way_in])
+            await exposed.start()
+        return exposed.url
+
+    async def _start_exposer(self, way_in: Path) -> None:
+        container = self._require()
+        spec = f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}"
+        await blocking(
+            container.exec_run,
+            [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
+            detach=True,
+            environment={MARKER_ENV: self.box_id},
+        )
+        for _ in range(200):
+            if way_in.exists():
+                return
+            await asyncio.sleep(0.05)
+        raise SandboxError(f"the in-container forwarder for expose() did not start ({self.python})")
+
     async def prepare_execution(self, routes: Sequence[str]) -> None:
         for route in routes:
             await self.host_url(route)
@@ -316,6 +406,7 @@ class DockerRuntime(Runtime):
         if self._stopped:
             return
         self._stopped = True
+        await self.end_processes()
         if self.container is not None:
             try:
                 await blocking(self.container.remove, force=True)
@@ -324,6 +415,9 @@ class DockerRuntime(Runtime):
                     raise SandboxError(f"cannot remove container: {exc}") from exc
         if self.bridges is not None:
             await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
         if self.client is not None:
             await blocking(self.client.close)
         if self.base is not None:

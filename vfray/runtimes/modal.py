@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes._modal_process import ModalProcess
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.processes import OUTPUT_CAP
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -41,6 +43,7 @@ class ModalRuntime(Runtime):
         public_base_url: str | None = None,
         sandbox_timeout: int = 3600,
         output_cap: int = OUTPUT_CAP,
+        exposed_ports: Sequence[int] = (),
     ) -> None:
         super().__init__(spec)
         self.app_name = app_name
@@ -48,6 +51,9 @@ class ModalRuntime(Runtime):
         self.public_base_url = public_base_url
         self.sandbox_timeout = sandbox_timeout
         self.output_cap = output_cap
+        self.exposed_ports = tuple(exposed_ports)
+        """Box ports :meth:`expose` can reach: Modal opens tunnels only when it creates the
+        sandbox."""
         self.box_workdir = self.spec.workdir or "/work"
         self.sandbox: Any = None
         self._stopped = False
@@ -68,6 +74,8 @@ class ModalRuntime(Runtime):
         }
         if self.spec.memory_gb is not None:
             options["memory"] = int(self.spec.memory_gb * 1024)  # MiB
+        if self.exposed_ports:
+            options["encrypted_ports"] = list(self.exposed_ports)
         return options
 
     async def start(self) -> None:
@@ -123,6 +131,27 @@ class ModalRuntime(Runtime):
             truncated=len(out) > cap or len(err) > cap,
         )
 
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        """An ``exec`` in the sandbox with its streams pumped into asyncio; it records its pid
+        in a file first, so :meth:`LiveProcess.stop` can signal it with ``kill`` (Modal's
+        process handle has no signal call)."""
+        sandbox = self._require()
+        pid_file = f"/tmp/.vfray-pid-{uuid.uuid4().hex[:12]}"
+        wrapped = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', pid_file, *argv]
+        process = await sandbox.exec.aio(
+            *wrapped,
+            workdir=self._box_path(cwd) if cwd else self.box_workdir,
+            env=dict(env or {}),
+            text=False,
+        )
+        return self.track(ModalProcess(self, process, pid_file))
+
     def _box_path(self, path: str) -> str:
         return str(PurePosixPath(self.box_workdir, path))
 
@@ -160,6 +189,17 @@ class ModalRuntime(Runtime):
         path = base.path.rstrip("/") + parts.path
         return urlunsplit((base.scheme, base.netloc, path, parts.query, parts.fragment))
 
+    async def expose(self, port: int) -> str:
+        """The URL of the Modal tunnel to ``port`` (one of ``exposed_ports``)."""
+        sandbox = self._require()
+        if port not in self.exposed_ports:
+            raise ConfigError(
+                f"the modal runtime can expose only the ports it was created with: add {port} "
+                "to its exposed_ports option"
+            )
+        tunnels = await sandbox.tunnels.aio()
+        return str(tunnels[port].url)
+
     async def alive(self) -> bool:
         if self.sandbox is None or self._stopped:
             return False
@@ -168,6 +208,7 @@ class ModalRuntime(Runtime):
     async def stop(self) -> None:
         if self._stopped:
             return
+        await self.end_processes()  # while the sandbox still runs the kills
         self._stopped = True
         if self.sandbox is not None:
             try:

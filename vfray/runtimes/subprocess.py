@@ -13,24 +13,28 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
 from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
+from vfray.runtimes.live import signal_tree
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
     kill_group,
+    network_env,
     rlimit_setter,
     run_process_group,
+    start_live,
 )
 from vfray.runtimes.strays import stray_sweeper
 
@@ -41,6 +45,8 @@ class SubprocessRuntime(Runtime):
     type = "subprocess"
     warn_no_isolation: ClassVar[bool] = True
     python = os.path.realpath(sys.executable)
+    term_spares: ClassVar[frozenset[str]] = frozenset()
+    """Process names a live process's SIGTERM skips (:func:`vfray.runtimes.live.signal_tree`)."""
 
     def __init__(
         self,
@@ -62,6 +68,8 @@ class SubprocessRuntime(Runtime):
         self.owner: str | None = None
         self.workdir: Path | None = None
         self._pgids: set[int] = set()
+        self._running: set[int] = set()
+        """Process groups of the ``run`` calls in progress (:meth:`interrupt`'s targets)."""
         self._stopped = False
 
     async def start(self) -> None:
@@ -108,6 +116,29 @@ class SubprocessRuntime(Runtime):
         launch = Launch(launch_slots(self.launch_concurrency), signals_ready)
         return await self._run(argv, env, timeout=timeout, launch=launch)
 
+    def _command(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None = None,
+        serve: str | None = None,
+    ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
+        """How the host starts ``argv`` in this box: full argv, environment, host cwd, and
+        the child's pre-exec hook (limits). ``serve``: see :meth:`_serve_socket`."""
+        workdir = self._require_workdir()
+        return (
+            list(argv),
+            box_env(
+                os.environ,
+                str(workdir),
+                self.box_id,
+                {**network_env(os.environ), **(env or {})},
+                owner=self.owner,
+            ),
+            str(workdir / cwd) if cwd else str(workdir),
+            rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
+        )
+
     async def _run(
         self,
         argv: Sequence[str],
@@ -117,18 +148,61 @@ class SubprocessRuntime(Runtime):
         stdin: bytes | None = None,
         launch: Launch | None = None,
     ) -> ProgramResult:
-        workdir = self._require_workdir()
-        return await run_process_group(
-            argv,
-            box_env(os.environ, str(workdir), self.box_id, env, owner=self.owner),
-            str(workdir),
-            timeout=timeout,
-            stdin=stdin,
-            preexec_fn=rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
-            on_start=self._pgids.add,
-            output_cap=self.output_cap,
-            launch=launch,
+        command, penv, cwd, preexec = self._command(argv, env)
+        started: list[int] = []
+
+        def on_start(pgid: int) -> None:
+            self._pgids.add(pgid)
+            self._running.add(pgid)
+            started.append(pgid)
+
+        try:
+            return await run_process_group(
+                command,
+                penv,
+                cwd,
+                timeout=timeout,
+                stdin=stdin,
+                preexec_fn=preexec,
+                on_start=on_start,
+                output_cap=self.output_cap,
+                launch=launch,
+            )
+        finally:
+            self._running.difference_update(started)
+
+    async def interrupt(self) -> None:
+        for pgid in list(self._running):
+            await blocking(signal_tree, pgid, signal.SIGTERM, self.term_spares)
+
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        serve = self._serve_socket()
+        command, penv, host_cwd, preexec = self._command(argv, env, cwd, serve)
+        process = await start_live(
+            command, penv, host_cwd, preexec_fn=preexec, spare=self.term_spares
         )
+        assert process.pid is not None
+        self._pgids.add(process.pid)
+        self._opened(process, serve)
+        return self.track(process)
+
+    def _serve_socket(self) -> str | None:
+        """A box with its own network gives each live process a way in for :meth:`expose`
+        (the name of its forwarder's socket); this one shares the host's."""
+        return None
+
+    def _opened(self, process: LiveProcess, serve: str | None) -> None:
+        """Called with each live process started and its :meth:`_serve_socket`."""
+
+    async def expose(self, port: int) -> str:
+        self._require_workdir()
+        return f"http://127.0.0.1:{port}"
 
     async def read(self, path: str) -> bytes:
         try:
@@ -159,6 +233,7 @@ class SubprocessRuntime(Runtime):
         if self._stopped:
             return
         self._stopped = True
+        await self.end_processes()
         for pgid in self._pgids:
             kill_group(pgid)
         # The marker sweep reads every /proc/*/environ: off the event loop, which also serves

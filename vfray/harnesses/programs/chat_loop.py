@@ -231,7 +231,7 @@ def post_chat(url: str, key: str, body: dict[str, Any], args: argparse.Namespace
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")
-            if exc.code == 400 and "rollout stopped" in detail:
+            if exc.code < 500 and "rollout stopped" in detail:
                 raise Stopped(_error_message(detail)) from None
             if exc.code != 429 and exc.code < 500:
                 raise Fatal(f"HTTP {exc.code} from {url}: {detail[:2000]}") from None

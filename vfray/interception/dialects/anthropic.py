@@ -40,6 +40,7 @@ _OPENAI_ONLY = frozenset(
 _FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
 _ERROR_TYPES = {
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "invalid_request_error",
     413: "request_too_large",
@@ -122,6 +123,9 @@ def _finish(stop_reason: Any) -> str | None:
 
 class AnthropicDialect(Dialect):
     name = "anthropic"
+    # Claude Code retries 401 (and 409) with backoff for as long as it runs, and gives up at
+    # once on 403.
+    final_status = 403
     path = "/messages"
     sampling_keys = SAMPLING_KEYS
 

@@ -125,6 +125,10 @@ class Dialect(ABC):
     path: str
     sampling_keys: frozenset[str]
     """Request fields recorded as the call's sampling parameters."""
+    final_status: int = 400
+    """The status of a refusal no retry can change (the rollout stopped or concluded, the key
+    unknown): one this dialect's known agents give up on at once rather than retry for
+    minutes (measured per agent, see each dialect)."""
 
     @abstractmethod
     def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
@@ -169,6 +173,7 @@ class Dialect(ABC):
 def openai_error(status: int, message: str) -> JSON:
     kind = {
         401: "authentication_error",
+        403: "permission_denied",
         404: "not_found_error",
         409: "conflict_error",
         413: "request_too_large",

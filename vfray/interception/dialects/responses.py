@@ -153,6 +153,8 @@ def _finish_reason(body: JSON, message: Message | None) -> str | None:
 
 class ResponsesDialect(Dialect):
     name = "responses"
+    # Codex retries 401, 403 and 404 five times (~7 s) and gives up at once on 400.
+    final_status = 400
     path = "/responses"
     sampling_keys = SAMPLING_KEYS
 
