@@ -30,6 +30,8 @@ from vfray.serving import HeadLimits, serve_in_loop
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_RETRY_WINDOW_S = 10.0
+"""Real clients back off 0.5-8 s before retrying a lost answer (Claude Code, litellm)."""
 RETRY_HEADER = "x-stainless-retry-count"
 _MAX_SECRET_CHARS = 256
 _NOTED_REFUSALS = 5
@@ -76,8 +78,15 @@ class InterceptionApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         forward_headers: Collection[str] = (),
         connection_limit: int = 16384,
+        retry_window_s: float | None = DEFAULT_RETRY_WINDOW_S,
     ) -> None:
+        if retry_window_s is not None and not retry_window_s >= 0:
+            raise ValueError(f"retry_window_s must be >= 0 or None, got {retry_window_s!r}")
         self.upstream = upstream
+        self.retry_window_s = retry_window_s
+        """A byte-identical request in the same session while the first is in flight, or this
+        many seconds after it was answered, is a retry of it: answered from it, never sampled
+        (and recorded) again. None: only requests marked ``x-stainless-retry-count > 0``."""
         self.max_body_bytes = max_body_bytes
         self.forward_headers = frozenset(h.lower() for h in forward_headers)
         """Client headers relayed upstream as they are (e.g. a session-affinity header)."""
@@ -192,13 +201,13 @@ class InterceptionApp:
             raise RequestError(400, message, client_input=True) from None
 
         digest = hashlib.sha256(raw).digest()
-        last = session.last
-        if _is_retry(request) and last is not None and last.body_digest == digest:
-            # An SDK retry of the call just made: join or replay it rather than sample again,
-            # unless it failed (then the retry is a fresh attempt, as the SDK intends).
-            await last.head()
-            if last.ok:
-                return await _respond(last)
+        same = session.same_call(digest, _is_retry(request), self.retry_window_s)
+        if same is not None:
+            # A retry of a call in flight or just answered: join or replay it rather than
+            # sample again, unless it failed (then the retry is a fresh attempt, as intended).
+            await same.head()
+            if same.ok:
+                return await _respond(same)
 
         refusal = await self._refusal(session)
         if refusal is not None:
@@ -208,7 +217,7 @@ class InterceptionApp:
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}
         exchange = Exchange(digest, parsed.stream)
-        session.last = exchange
+        session.remember(exchange, self.retry_window_s)
         turn = Turn(
             session=session,
             dialect=dialect,
