@@ -20,6 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
+from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
+from vfray.interception.count_tokens import TokenCounter
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
@@ -102,6 +104,8 @@ class InterceptionApp:
         self._routes: dict[str, tuple[str, Callable[[Request], Awaitable[Response]]]] = {
             f"/v1{dialect.path}": ("POST", self._endpoint(dialect)) for dialect in DIALECTS.values()
         }
+        self.token_counter = TokenCounter(self.forwarder)
+        self._routes[f"/v1{COUNT_TOKENS_PATH}"] = ("POST", self._count_tokens)
         self._routes["/v1/models"] = ("GET", self._models)
         self._routes["/health"] = ("GET", self._health)
 
@@ -177,9 +181,39 @@ class InterceptionApp:
 
         return endpoint
 
+    async def _count_tokens(self, request: Request) -> Response:
+        """Anthropic's ``count_tokens``: authenticated like a model call, but not one (see
+        :mod:`vfray.interception.count_tokens`)."""
+        incoming = Incoming(request.receive)
+        anthropic = DIALECTS["anthropic"]
+        try:
+            self._authenticate(request)
+            raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
+            body = parse_json(raw)
+            if not isinstance(body.get("messages"), list):
+                raise RequestError(400, "'messages' must be a list of messages")
+            headers = {k: v for k, v in request.headers.items() if k.startswith("anthropic-")}
+            return await self.token_counter.answer(body, headers)
+        except RequestError as exc:
+            return ErrorResponse(anthropic.error_body(exc.status, str(exc)), exc.status, incoming)
+        except ClientDisconnect:
+            return Response(status_code=400)
+
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "vfray"}
-        return JSONResponse({"object": "list", "data": [model]})
+        # Both SDKs' shapes in one: OpenAI's model object and list, Anthropic's ModelInfo and
+        # page fields (``type``, ``display_name``, ``created_at``; ``has_more``, ``*_id``).
+        name = self.upstream.model
+        model = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vfray",
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        page = {"object": "list", "data": [model], "has_more": False}
+        return JSONResponse({**page, "first_id": name, "last_id": name})
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "sessions": self.session_count})
