@@ -260,8 +260,9 @@ async def test_stop_hook_refuses_in_the_dialect_error_shape(icpt: Interception) 
     secret = icpt.app.register(trace, stop_check=solved)
     client = anth(icpt, secret)
     await client.messages.create(model="x", max_tokens=10, messages=[USER])
+    # The next turn (the same bytes again would be a retry of the first, answered from it).
     with pytest.raises(anthropic.PermissionDeniedError) as refused:
-        await client.messages.create(model="x", max_tokens=10, messages=[USER])
+        await client.messages.create(model="x", max_tokens=10, messages=[USER, USER])
     assert "rollout stopped: stop_hook (solved)" in str(refused.value)
     assert trace.stop_condition is StopCondition.STOP_HOOK and len(trace.calls) == 1
 
@@ -274,7 +275,9 @@ async def test_sdk_retry_is_answered_from_the_stored_exchange(
     model: tuple[ScriptedModel, str], stream: bool
 ) -> None:
     scripted, url = model
-    async with Interception(Upstream(url, model=MODEL)) as icpt:
+    # Unmarked resends within a window are coalesced too (tests/test_interception_retries.py);
+    # without the window, only marked ones are.
+    async with Interception(Upstream(url, model=MODEL), retry_window_s=None) as icpt:
         trace = new_trace()
         headers = {"authorization": f"Bearer {icpt.app.register(trace)}"}
         body = json.dumps({"model": "x", "messages": [USER], "stream": stream}).encode()

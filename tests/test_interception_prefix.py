@@ -176,10 +176,12 @@ async def test_values_python_calls_equal_are_not_mistaken_for_a_repeat(
     trace = new_trace()
     headers = {"authorization": f"Bearer {icpt.app.register(trace)}"}
     async with httpx.AsyncClient(base_url=icpt.url) as http:
-        for variant in (first, second, first):
+        for indent, variant in enumerate((first, second, first)):
             body = {"model": "x", "messages": [SYSTEM, {"role": "user", **variant}]}
             # The scripted model refuses non-text content (400); the call is recorded all the same.
-            response = await http.post("/chat/completions", json=body, headers=headers)
+            # Laid out differently each time: the same bytes again would be a retry (replayed).
+            raw = json.dumps(body, indent=indent)
+            response = await http.post("/chat/completions", content=raw, headers=headers)
             assert response.status_code in (200, 400)
     assert len(trace.calls) == 3
     assert_same_record(trace, echo[0])

@@ -20,6 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
+from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
+from vfray.interception.count_tokens import TokenCounter
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
@@ -30,6 +32,8 @@ from vfray.serving import HeadLimits, serve_in_loop
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_RETRY_WINDOW_S = 10.0
+"""Real clients back off 0.5-8 s before retrying a lost answer (Claude Code, litellm)."""
 RETRY_HEADER = "x-stainless-retry-count"
 _MAX_SECRET_CHARS = 256
 _NOTED_REFUSALS = 5
@@ -76,8 +80,15 @@ class InterceptionApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         forward_headers: Collection[str] = (),
         connection_limit: int = 16384,
+        retry_window_s: float | None = DEFAULT_RETRY_WINDOW_S,
     ) -> None:
+        if retry_window_s is not None and not retry_window_s >= 0:
+            raise ValueError(f"retry_window_s must be >= 0 or None, got {retry_window_s!r}")
         self.upstream = upstream
+        self.retry_window_s = retry_window_s
+        """A byte-identical request in the same session while the first is in flight, or this
+        many seconds after it was answered, is a retry of it: answered from it, never sampled
+        (and recorded) again. None: only requests marked ``x-stainless-retry-count > 0``."""
         self.max_body_bytes = max_body_bytes
         self.forward_headers = frozenset(h.lower() for h in forward_headers)
         """Client headers relayed upstream as they are (e.g. a session-affinity header)."""
@@ -93,6 +104,8 @@ class InterceptionApp:
         self._routes: dict[str, tuple[str, Callable[[Request], Awaitable[Response]]]] = {
             f"/v1{dialect.path}": ("POST", self._endpoint(dialect)) for dialect in DIALECTS.values()
         }
+        self.token_counter = TokenCounter(self.forwarder)
+        self._routes[f"/v1{COUNT_TOKENS_PATH}"] = ("POST", self._count_tokens)
         self._routes["/v1/models"] = ("GET", self._models)
         self._routes["/health"] = ("GET", self._health)
 
@@ -171,9 +184,43 @@ class InterceptionApp:
 
         return endpoint
 
+    async def _count_tokens(self, request: Request) -> Response:
+        """Anthropic's ``count_tokens``: authenticated like a model call, but not one (see
+        :mod:`vfray.interception.count_tokens`)."""
+        incoming = Incoming(request.receive)
+        anthropic = DIALECTS["anthropic"]
+        try:
+            self._authenticate(request)
+            raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
+            body = parse_json(raw)
+            if not isinstance(body.get("messages"), list):
+                raise RequestError(400, "'messages' must be a list of messages")
+            headers = {k: v for k, v in request.headers.items() if k.startswith("anthropic-")}
+            return await self.token_counter.answer(body, headers)
+        except RequestError as exc:
+            status = anthropic.final_status if exc.final else exc.status
+            answer = ErrorResponse(anthropic.error_body(status, str(exc)), status, incoming)
+            if exc.final:
+                answer.headers["x-should-retry"] = "false"
+            return answer
+        except ClientDisconnect:
+            return Response(status_code=400)
+
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "vfray"}
-        return JSONResponse({"object": "list", "data": [model]})
+        # Both SDKs' shapes in one: OpenAI's model object and list, Anthropic's ModelInfo and
+        # page fields (``type``, ``display_name``, ``created_at``; ``has_more``, ``*_id``).
+        name = self.upstream.model
+        model = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vfray",
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        page = {"object": "list", "data": [model], "has_more": False}
+        return JSONResponse({**page, "first_id": name, "last_id": name})
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "sessions": self.session_count})
@@ -195,13 +242,13 @@ class InterceptionApp:
             raise RequestError(400, message, client_input=True) from None
 
         digest = hashlib.sha256(raw).digest()
-        last = session.last
-        if _is_retry(request) and last is not None and last.body_digest == digest:
-            # An SDK retry of the call just made: join or replay it rather than sample again,
-            # unless it failed (then the retry is a fresh attempt, as the SDK intends).
-            await last.head()
-            if last.ok:
-                return await _respond(last)
+        same = session.same_call(digest, _is_retry(request), self.retry_window_s)
+        if same is not None:
+            # A retry of a call in flight or just answered: join or replay it rather than
+            # sample again, unless it failed (then the retry is a fresh attempt, as intended).
+            await same.head()
+            if same.ok:
+                return await _respond(same)
 
         refusal = await self._refusal(session)
         if refusal is not None:
@@ -211,7 +258,7 @@ class InterceptionApp:
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}
         exchange = Exchange(digest, parsed.stream)
-        session.last = exchange
+        session.remember(exchange, self.retry_window_s)
         turn = Turn(
             session=session,
             dialect=dialect,

@@ -1,12 +1,13 @@
 """One real upstream exchange as a replayable response: status, headers and body chunks.
 
 The exchange runs in its own task, so a client that disconnects mid-stream does not cancel the
-upstream call or its recording, and an SDK retry of the same request can join it or replay it.
+upstream call or its recording, and a retry of the same request can join it or replay it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 
@@ -20,6 +21,8 @@ class Exchange:
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
         self.done = False
+        self.finished_at: float | None = None
+        """``time.monotonic()`` when the exchange finished (None while it is in flight)."""
         self._head = asyncio.Event()
         self._changed = asyncio.Event()
 
@@ -41,6 +44,7 @@ class Exchange:
 
     def finish(self) -> None:
         self.done = True
+        self.finished_at = time.monotonic()
         self._wake()
 
     def _wake(self) -> None:

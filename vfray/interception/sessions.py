@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
 
 _CONCLUDED_KEPT = 100_000  # tombstones kept so late calls are told the rollout concluded
+_RECENT_KEPT = 8
+"""Exchanges remembered per session for retries: a main agent and its concurrent sub-agents
+(or title/summary calls) each keep theirs."""
 
 
 def digest(secret: str) -> bytes:
@@ -31,8 +35,8 @@ def digest(secret: str) -> bytes:
 
 @dataclass(eq=False)
 class Session:
-    """One rollout's state in the proxy: its trace, budgets, the last exchange (for retries) and
-    its recently parsed history."""
+    """One rollout's state in the proxy: its trace, budgets, its recent exchanges (for retries)
+    and its recently parsed history."""
 
     key: bytes
     trace: Trace
@@ -40,11 +44,51 @@ class Session:
     stop_check: StopCheck | None = None
     sampling: dict[str, Any] | None = None
     concluded: bool = False
-    last: Exchange | None = None
+    recent: OrderedDict[bytes, Exchange] = field(default_factory=OrderedDict)
+    """The session's latest exchanges by request-body digest, newest last."""
     refusals: int = 0
     """Calls refused as bad client input (malformed, oversized)."""
     parsed: PrefixCache = field(default_factory=PrefixCache)
     """The session's recent requests as parsed, so each call parses only its new messages."""
+
+    def same_call(
+        self, body_digest: bytes, marked_retry: bool, window: float | None
+    ) -> Exchange | None:
+        """The exchange a request with this body repeats, if it is a retry of it.
+
+        A request marked as a retry (``x-stainless-retry-count > 0``) repeats any remembered
+        exchange with its body. An unmarked one (Claude Code and litellm send 0 on every retry)
+        repeats it while it is in flight, or for ``window`` seconds after it finished: an agent
+        that used the answer sends a longer history next, so the same bytes again mean the
+        answer was lost on the way. ``window=None`` coalesces marked retries only.
+        """
+        exchange = self.recent.get(body_digest)
+        if exchange is None or marked_retry:
+            return exchange
+        if window is None:
+            return None
+        finished = exchange.finished_at
+        if finished is None or time.monotonic() - finished <= window:
+            return exchange
+        return None
+
+    def remember(self, exchange: Exchange, window: float | None) -> None:
+        """Keep ``exchange`` for retries; forget the oldest past the bound, and finished ones
+        that only a marked retry could still reach (the newest is always kept for those)."""
+        recent = self.recent
+        recent.pop(exchange.body_digest, None)
+        if window is not None:
+            now = time.monotonic()
+            stale = [
+                key
+                for key, old in recent.items()
+                if old.finished_at is not None and now - old.finished_at > window
+            ]
+            for key in stale:
+                del recent[key]
+        recent[exchange.body_digest] = exchange
+        while len(recent) > _RECENT_KEPT:
+            recent.popitem(last=False)
 
 
 class SessionRegistry:

@@ -67,10 +67,15 @@ class Forwarder:
         return self._session
 
     def post(
-        self, path: str, body: bytes, headers: Mapping[str, str]
+        self, path: str, body: bytes, headers: Mapping[str, str], timeout: float | None = None
     ) -> aiohttp.client._RequestContextManager:
-        """``async with forwarder.post(...) as response``: the upstream's response."""
-        return self._client().post(f"{self.upstream.base_url}{path}", data=body, headers=headers)
+        """``async with forwarder.post(...) as response``: the upstream's response (within
+        ``timeout`` seconds when given, else the upstream's own timeout)."""
+        url = f"{self.upstream.base_url}{path}"
+        if timeout is None:
+            return self._client().post(url, data=body, headers=headers)
+        limit = aiohttp.ClientTimeout(total=timeout)
+        return self._client().post(url, data=body, headers=headers, timeout=limit)
 
     async def aclose(self) -> None:
         session = self._session

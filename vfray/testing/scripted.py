@@ -100,7 +100,8 @@ class ScriptedModel:
     :mod:`vfray.testing.agent`). ``accuracy`` is the chance an arithmetic answer is right,
     drawn from ``seed``, the prompt and a per-call nonce (see :class:`Sampler`). ``latency`` is
     slept before every completion. With ``context_window`` set, a request whose prompt tokens
-    plus ``max_tokens`` exceed it is refused as a context-length error.
+    plus ``max_tokens`` exceed it is refused as a context-length error. ``count_tokens=False``
+    leaves out Anthropic's ``/v1/messages/count_tokens`` (as vLLM does).
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class ScriptedModel:
         model_name: str = "scripted",
         context_window: int | None = None,
         history_size: int = 1000,
+        count_tokens: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
@@ -122,6 +124,8 @@ class ScriptedModel:
         self.model_name, self.context_window = model_name, context_window
         self.calls = 0
         """Completions answered by the policy (errors and refusals not counted)."""
+        self.token_counts = 0
+        """``/v1/messages/count_tokens`` requests answered."""
         self.history: deque[ReceivedRequest] = deque(maxlen=history_size)
         """The last ``history_size`` completion requests received, refused ones included."""
         self._sampler = Sampler(seed)
@@ -131,6 +135,11 @@ class ScriptedModel:
         self._app = Starlette(
             routes=[
                 *(Route(path, self._complete, methods=["POST"]) for path in _DIALECTS),
+                *(
+                    [Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"])]
+                    if count_tokens
+                    else []
+                ),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
@@ -164,6 +173,21 @@ class ScriptedModel:
                 "last_id": self.model_name,
             }
         )
+
+    async def _count_tokens(self, request: HttpRequest) -> Response:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise wire.BadRequest("request body must be a JSON object")
+            # count_tokens takes no max_tokens; the count is of the prompt's texts alone.
+            parsed = wire.parse_anthropic({**body, "max_tokens": 1})
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            failure = _Failure(400, f"request body is not valid JSON: {exc}")
+            return _error_response("anthropic", failure)
+        except wire.BadRequest as exc:
+            return _error_response("anthropic", _Failure(400, exc.message, param=exc.param))
+        self.token_counts += 1
+        return JSONResponse({"input_tokens": count_tokens(list(parsed.conv.texts))})
 
     async def _health(self, request: HttpRequest) -> Response:
         return JSONResponse(

@@ -1,7 +1,9 @@
 """The Anthropic Messages dialect (``POST /v1/messages``): content blocks as chat messages.
 
 ``text`` blocks become content, ``tool_use`` blocks tool calls, ``thinking`` reasoning, and a user
-turn's ``tool_result`` blocks become ``tool`` messages, so traces of every dialect look alike.
+turn's ``tool_result`` blocks become ``tool`` messages, so traces of every dialect look alike. A
+``system`` given as blocks is recorded as blocks; ``role: "system"`` entries in ``messages``
+(Claude Code sends them) are forwarded and recorded as they are.
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def _blocks_to_message(role: str, content: Any, where: str) -> list[Message]:
     return messages
 
 
+def _system_content(system: str | list[Any]) -> str | list[JSON]:
+    """The system prompt as sent: a string, or its blocks kept as blocks (their boundaries are
+    part of what the model saw), without ``cache_control`` (a cache breakpoint that moves
+    between turns must not make the same prompt a different message and fork the branch)."""
+    if isinstance(system, str):
+        return system
+    blocks: list[JSON] = []
+    for i, block in enumerate(system):
+        require(isinstance(block, dict), f"system[{i}] must be an object")
+        blocks.append({k: v for k, v in block.items() if k != "cache_control"})
+    return blocks
+
+
 def _fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], list[int]]:
     # Each item becomes its own messages (tool results split out): every boundary restarts.
     messages: list[Message] = []
@@ -140,7 +155,7 @@ class AnthropicDialect(Dialect):
             "'system' must be a string or a list of text blocks",
         )
         if system:
-            messages.append(Message(role="system", content=content_text(system)))
+            messages.append(Message(role="system", content=_system_content(system)))
         messages.extend(self.parse_items(raw_messages, _fold, cache))
         tools = body.get("tools")
         require(

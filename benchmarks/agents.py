@@ -1,0 +1,190 @@
+"""Agent-harness benchmark: the real agent programs (mini-swe-agent, Codex CLI, Claude Code) driven
+by the scripted ``agent`` model through ``LocalEnvironment`` (no Ray), one task each: write a
+file, check it, answer; the reward reads the file in the box.
+
+Per harness it prints rollouts/s at each concurrency (``--concurrency 8,32``; ``--rollouts N``
+per level, default one full wave: N = c), the peak RSS of the whole process tree (this process,
+the interception, the scripted model and every agent program) while they run, and the first
+rollout's wall time with the tool dir warm (``--tools-dir``, default ``$VFRAY_TOOLS_DIR``) and
+cold (a fresh empty tool dir under /tmp, so that rollout's setup installs the program from
+PyPI/npm with empty uv/npm caches). The load average is printed before and after: on a shared
+machine it moves the figures more than anything measured here.
+
+Run: ``python benchmarks/agents.py [--harnesses mini-swe-agent,codex,claude-code]
+[--runtime subprocess|bwrap] [--concurrency 8,32] [--rollouts N] [--no-cold]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rollouts import peak_tree_rss, tree_rss
+
+import vfray as vf
+from vfray.provision import TOOLS_DIR_ENV
+from vfray.runtimes.base import Runtime
+
+HARNESSES = ("mini-swe-agent", "codex", "claude-code")
+PROMPT = 'Write "hello agent" to out.txt, then check it.'
+
+
+class WriteFile(vf.Task[vf.TaskData]):
+    """Solved when the box's out.txt holds the line the prompt asked for."""
+
+    @vf.reward
+    async def wrote_it(self, runtime: Runtime) -> bool:
+        return (await runtime.read("out.txt")) == b"hello agent\n"
+
+
+def tasks(count: int, runtime: str) -> list[WriteFile]:
+    # Not bwrap's default /work: a host venv under /work (this machine's) would be hidden.
+    workdir = "/box" if runtime == "bwrap" else None
+    return [
+        WriteFile(vf.TaskData(prompt=PROMPT, workdir=workdir), key=f"write-{i}")
+        for i in range(count)
+    ]
+
+
+@contextmanager
+def tools_dir(path: str) -> Iterator[None]:
+    """``$VFRAY_TOOLS_DIR`` set to ``path`` for the harnesses made inside."""
+    old = os.environ.get(TOOLS_DIR_ENV)
+    os.environ[TOOLS_DIR_ENV] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(TOOLS_DIR_ENV, None)
+        else:
+            os.environ[TOOLS_DIR_ENV] = old
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tool root (its finished tool dirs are read-only)."""
+    for entry in [path, *path.rglob("*")]:
+        if entry.is_dir() and not entry.is_symlink():
+            entry.chmod(entry.stat().st_mode | stat.S_IWUSR | stat.S_IXUSR)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def failures(traces: list[vf.Trace]) -> str:
+    bad = [t for t in traces if not t.ok or t.reward != 1.0]
+    if not bad:
+        return ""
+    first = bad[0]
+    why = first.errors[0].message[:200] if first.errors else f"reward {first.reward}"
+    return f"{len(bad)} failed (e.g. {why})"
+
+
+async def first_rollout(harness: str, runtime: str, root: str) -> tuple[float, str]:
+    """Seconds from a fresh environment to its first finished rollout, tools under ``root``."""
+    with tools_dir(root):
+        started = time.perf_counter()
+        env = vf.LocalEnvironment("scripted:agent", harness=harness, runtime=runtime)
+        async with env:
+            trace = await env.rollout(tasks(1, runtime)[0])
+        return time.perf_counter() - started, failures([trace])
+
+
+async def throughput(
+    harness: str, runtime: str, root: str, concurrency: int, count: int
+) -> dict[str, Any]:
+    gate = asyncio.Semaphore(concurrency)
+    with tools_dir(root):
+        env = vf.LocalEnvironment("scripted:agent", harness=harness, runtime=runtime)
+
+        async def one(task: WriteFile) -> vf.Trace:
+            async with gate:
+                return await env.rollout(task)
+
+        async with env:
+            await one(tasks(1, runtime)[0])  # warm-up: the program's files in the page cache
+            floor = tree_rss(psutil.Process())
+            with peak_tree_rss() as peak:
+                started = time.perf_counter()
+                traces = await asyncio.gather(*(one(t) for t in tasks(count, runtime)))
+                elapsed = time.perf_counter() - started
+    agent = [t.timing["agent"].duration or 0.0 for t in traces if "agent" in t.timing]
+    return {
+        "rollouts_per_s": count / elapsed,
+        "elapsed_s": elapsed,
+        "peak_rss_mib": peak[0] / 2**20,
+        "per_rollout_mib": (peak[0] - floor) / 2**20 / min(concurrency, count),
+        "agent_s_mean": sum(agent) / max(1, len(agent)),
+        "calls_mean": sum(len(t.calls) for t in traces) / max(1, len(traces)),
+        "failed": failures(traces),
+    }
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--harnesses", default=",".join(HARNESSES))
+    parser.add_argument("--runtime", default="subprocess", choices=["subprocess", "bwrap"])
+    parser.add_argument("--concurrency", default="8,32")
+    parser.add_argument("--rollouts", type=int, default=None, help="per level (default: c)")
+    parser.add_argument(
+        "--tools-dir",
+        default=os.environ.get(TOOLS_DIR_ENV) or str(Path.home() / ".cache/vfray/tools"),
+        help="the warm tool root (installed on first use if it is not)",
+    )
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold-install rollout")
+    args = parser.parse_args()
+    harnesses = args.harnesses.split(",")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(
+        f"{os.cpu_count()} CPUs, load average {load()} (1/5/15 min); runtime {args.runtime}; "
+        f"scripted 'agent' model at 0 s latency; warm tool dir {args.tools_dir}\n"
+    )
+    for harness in harnesses:
+        # The warm figure comes after a rollout that makes sure the tool dir is installed.
+        await first_rollout(harness, args.runtime, args.tools_dir)
+        warm, warm_failed = await first_rollout(harness, args.runtime, args.tools_dir)
+        line = f"{harness}: first rollout, tool dir warm {warm:.1f} s"
+        if not args.no_cold:
+            fresh = Path(tempfile.mkdtemp(prefix="vfray-cold-tools-", dir="/tmp"))
+            try:
+                cold, cold_failed = await first_rollout(harness, args.runtime, str(fresh))
+            finally:
+                remove_tree(fresh)
+            line += f", cold {cold:.1f} s (x{cold / warm:.1f}) {cold_failed}"
+        print(line + (f" {warm_failed}" if warm_failed else ""))
+        rates = {}
+        for level in levels:
+            count = args.rollouts or level
+            row = await throughput(harness, args.runtime, args.tools_dir, level, count)
+            rates[level] = row["rollouts_per_s"]
+            print(
+                f"  c={level:<3} {count} rollouts: {row['rollouts_per_s']:.2f} rollouts/s "
+                f"({row['elapsed_s']:.1f} s), peak tree RSS {row['peak_rss_mib']:.0f} MiB "
+                f"({row['per_rollout_mib']:.0f} MiB per rollout in flight above the idle "
+                f"environment), "
+                f"agent phase mean {row['agent_s_mean']:.1f} s, "
+                f"{row['calls_mean']:.1f} model calls each {row['failed']}"
+            )
+        if len(levels) > 1:
+            low, high = min(levels), max(levels)
+            print(f"  c={high} / c={low} rollouts/s: x{rates[high] / rates[low]:.2f}")
+        print(f"  load average now {load()}")
+
+
+if __name__ == "__main__":
+    logging.getLogger("vfray.runtimes.subprocess").setLevel(logging.ERROR)
+    logging.getLogger("vfray.runtimes.registry").setLevel(logging.ERROR)
+    asyncio.run(main())
