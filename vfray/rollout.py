@@ -25,16 +25,20 @@ from vfray.errors import (
     TaskError,
 )
 from vfray.harness import Harness, LaunchContext, classify_exit, run_until_stopped
+from vfray.harnesses.session import AgentSession
 from vfray.interception.limits import Limits
-from vfray.runtimes.base import Runtime, RuntimeSpec
+from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
 from vfray.task import Task, TaskData, call_maybe_async
-from vfray.trace import AgentInfo, StopCondition, Trace
+from vfray.trace import AgentInfo, PhaseTiming, StopCondition, Trace
 
 log = logging.getLogger(__name__)
 
 PHASES = ("boot", "setup", "agent", "finalize", "scoring", "teardown")
+
+MAX_SEGMENTS = 100
+"""Segments one rollout may run (a task whose next_message never returns None ends here)."""
 
 SCORING_GRACE = 5.0
 """Seconds past the scoring deadline before the whole phase is abandoned (only when the hooks'
@@ -49,6 +53,9 @@ class Timeouts(BaseModel):
     boot: float = Field(120.0, gt=0, description="seconds to start the runtime box")
     setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
     agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")
+    user: float = Field(
+        600.0, gt=0, description="seconds the task's next_message may take (not agent time)"
+    )
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
     teardown: float = Field(60.0, gt=0, description="seconds to stop the box")
@@ -216,7 +223,8 @@ async def _agent_phase(
     interception_url: str,
     timeouts: Timeouts,
 ) -> Trace:
-    """Open a session, run the harness program, close the session; returns the recorded trace."""
+    """Open a session, run the harness's segments, close the session; returns the recorded
+    trace."""
     deadline = timeouts.agent
     trace.start_phase("agent")
     secret: str | None = None
@@ -229,19 +237,11 @@ async def _agent_phase(
         ctx = LaunchContext(
             endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline
         )
-        started = time.monotonic()
+        session = harness.open_session(runtime, lambda: trace.messages)
         try:
-            # In this process the session records into ``trace`` itself, so a refusal shows
-            # here at once; a remote session's copy does not, and its program ends on its own.
-            program = run_until_stopped(
-                harness.launch(ctx, runtime),
-                lambda: trace.stop_condition is not None,
-                timeouts.stop_grace,
-            )
-            result = await asyncio.wait_for(program, timeout=deadline)
-        except asyncio.TimeoutError:
-            result = None
-            log.info("agent phase of %s hit its %gs budget", task.key[:12], deadline)
+            result, spent = await _run_segments(task, trace, session, ctx, timeouts)
+        finally:
+            await session.close()
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
@@ -251,9 +251,7 @@ async def _agent_phase(
             trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
         if result is None:
             trace.stop(StopCondition.TIMEOUT)
-            trace.notes.append(
-                f"agent budget of {deadline:g}s used up after {time.monotonic() - started:.1f}s"
-            )
+            trace.notes.append(f"agent budget of {deadline:g}s used up after {spent:.1f}s")
         elif result.timed_out:
             # The program ran out its own clock: an agent budget stop, scored like one.
             trace.stop(StopCondition.TIMEOUT)
@@ -282,6 +280,67 @@ async def _agent_phase(
     return trace
 
 
+async def _run_segments(
+    task: Task[Any],
+    trace: Trace,
+    session: AgentSession,
+    ctx: LaunchContext,
+    timeouts: Timeouts,
+) -> tuple[ProgramResult | None, float]:
+    """Run segment 1, then one more per message the task supplies, until it supplies none, a
+    segment fails, the interception stopped the rollout, or the agent budget (charged only
+    while a segment runs) is spent. Returns the last segment's result (None: out of budget)
+    and the agent seconds spent. Each segment's span is kept in ``trace.segments``."""
+    spent = 0.0
+    message: str | None = None
+    if task.data.prompt is None:  # the user speaks first
+        message = await _next_message(task, trace, timeouts.user)
+        if message is None:
+            raise TaskError("the task has no prompt and next_message gave none")
+    result: ProgramResult | None = None
+    for _ in range(MAX_SEGMENTS):
+        remaining = timeouts.agent - spent
+        span = PhaseTiming(start=time.time())
+        trace.segments.append(span)
+        started = time.monotonic()
+        try:
+            # In this process the session records into ``trace`` itself, so a refusal shows
+            # here at once; a remote session's copy does not, and its program ends on its own.
+            program = run_until_stopped(
+                session.segment(ctx.model_copy(update={"timeout": remaining}), message),
+                lambda: trace.stop_condition is not None,
+                timeouts.stop_grace,
+            )
+            result = await asyncio.wait_for(program, timeout=remaining)
+        except asyncio.TimeoutError:
+            log.info("agent phase of %s hit its %gs budget", task.key[:12], timeouts.agent)
+            return None, spent + time.monotonic() - started
+        finally:
+            spent += time.monotonic() - started
+            span.end = time.time()
+        if not result.ok or trace.stop_condition is not None:
+            break
+        message = await _next_message(task, trace, timeouts.user)
+        if message is None:
+            break
+    else:
+        trace.notes.append(f"the exchange ended after {MAX_SEGMENTS} segments")
+    return result, spent
+
+
+async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str | None:
+    """The task's next user message (under its own deadline, not the agent's)."""
+    try:
+        message = await asyncio.wait_for(call_maybe_async(task.next_message, trace), deadline)
+    except asyncio.TimeoutError:
+        raise TaskError(f"next_message did not answer within {deadline:g}s") from None
+    except Exception as exc:
+        raise TaskError(f"next_message failed: {type(exc).__name__}: {exc}") from exc
+    if message is not None and not isinstance(message, str):
+        raise TaskError(f"next_message must return a str or None, got {type(message).__name__}")
+    return message
+
+
 def _blame_provider(trace: Trace) -> ProviderError | None:
     """A harness that gave up right after the model endpoint failed (after its own retries)
     failed because of the provider: say so, so the farm can retry the rollout."""
@@ -298,6 +357,7 @@ def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
     if recorded is local:
         return local
     recorded.timing = {**recorded.timing, **local.timing}
+    recorded.segments = local.segments
     recorded.errors = [*local.errors, *recorded.errors]
     recorded.notes = [*local.notes, *recorded.notes]
     return recorded

@@ -47,7 +47,14 @@ def plan(conv: Conversation) -> list[str]:
     """The shell commands the task asks for, from the newest user message that names any:
     ``write "TEXT" to PATH`` becomes a write then a ``cat`` that checks it; ``run: COMMAND``
     (to the end of its line) runs as given."""
-    for text in reversed(conv.user_texts):
+    return _newest_plan(conv)[0]
+
+
+def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
+    """:func:`plan`, and how many actions the assistant took since the message that named it
+    (a later user turn, in a resumed session, starts a plan of its own)."""
+    for index in range(len(conv.user_texts) - 1, -1, -1):
+        text = conv.user_texts[index]
         steps: list[str] = []
         for match in _STEP.finditer(text):
             if match.group("run"):
@@ -57,8 +64,9 @@ def plan(conv: Conversation) -> list[str]:
                 steps.append(f"printf '%s\\n' {shlex.quote(match.group('text'))} > {path}")
                 steps.append(f"cat {path}")
         if steps:
-            return steps
-    return []
+            before = conv.user_actions[index] if index < len(conv.user_actions) else 0
+            return steps, conv.actions_taken - before
+    return [], conv.actions_taken
 
 
 def find_shell(tools: list[dict[str, Any]]) -> ShellTool | None:
@@ -86,12 +94,12 @@ def find_shell(tools: list[dict[str, Any]]) -> ShellTool | None:
 
 def decide_agent(conv: Conversation) -> Decision:
     """The next action of the plan, then the submit command or the final answer."""
-    steps = plan(conv)
+    steps, taken = _newest_plan(conv)
     submits = any(_SUBMIT_MARKER in text for text in conv.texts)
     if submits:
         steps = [*steps, SUBMIT_COMMAND]
-    if conv.actions_taken < len(steps):
-        return _act(conv, steps[conv.actions_taken])
+    if taken < len(steps):
+        return _act(conv, steps[taken])
     if not steps:
         return Decision(text="There is nothing to do: the task names no step I can take.")
     last = (conv.tool_output or "").strip()

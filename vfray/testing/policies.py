@@ -66,6 +66,8 @@ class Conversation:
     """The request asked for logprobs / token ids (the ``tokens`` policy always returns them)."""
     user_texts: tuple[str, ...] = ()
     """Texts of every user message, oldest first (tool results excluded)."""
+    user_actions: tuple[int, ...] = ()
+    """For each of ``user_texts``, how many actions the assistant had taken before it."""
     shell: ShellTool | None = None
     """The shell-like tool the request offers, read from its schemas (the ``agent`` policy)."""
     actions_taken: int = 0
