@@ -210,3 +210,21 @@ async def test_box_starts_and_stops_while_the_default_executor_is_full(kind: str
         await asyncio.gather(*blockers)
     assert job in done, "the box waited for asyncio's default executor"
     assert job.result() == b"data"
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_bwrap_live_process_behind_the_bridge_gets_sigterm() -> None:
+    """In a denied box with a bridged host endpoint the program runs under the in-box
+    forwarder: stop()'s SIGTERM must reach the program's own trap, not end the box first."""
+    async with serve_in_loop(APP) as url, BwrapRuntime(RuntimeSpec()) as box:
+        await box.prepare_execution([url])
+        proc = await box.open_process(
+            [sys.executable, "-c", FETCH, f"{url}/hi"],
+        )
+        assert (await proc.stdout.readline()).strip() == b"hello from host"
+        assert await proc.wait() == 0
+        trap = 'trap "echo term; exit 0" TERM; echo ready; while true; do sleep 0.1; done'
+        proc = await box.open_process(["sh", "-c", trap])
+        assert await proc.stdout.readline() == b"ready\n"
+        assert await proc.stop(grace=20) == 0
+        assert b"term" in await proc.stdout.read()

@@ -7,12 +7,23 @@ Every implementation (subprocess, bwrap, docker, modal) passes
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from vfray.runtimes.live import BackgroundProcess, LiveProcess, ProcessInput
 from vfray.task import TaskData
+
+__all__ = [
+    "BackgroundProcess",
+    "LiveProcess",
+    "ProcessInput",
+    "ProgramResult",
+    "Runtime",
+    "RuntimeSpec",
+]
 
 
 class ProgramResult(BaseModel):
@@ -75,6 +86,8 @@ class Runtime(abc.ABC):
 
     def __init__(self, spec: RuntimeSpec | None = None) -> None:
         self.spec = spec or RuntimeSpec()
+        self._live: list[LiveProcess] = []
+        """Live and background processes opened in this box, ended by :meth:`end_processes`."""
 
     @classmethod  # noqa: B027 - an optional hook
     def preflight(cls, options: dict[str, Any]) -> None:
@@ -116,6 +129,50 @@ class Runtime(abc.ABC):
         (when set) once it has started; a runtime that throttles launches
         (:mod:`vfray.runtimes.launches`) holds the program's launch slot until then."""
         return await self.run(argv, env, timeout=timeout)
+
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        """Start ``argv`` in the box with its standard streams open to the caller (an ACP agent
+        spoken to over stdio). ``env`` is added to the box's scrubbed environment as in
+        :meth:`run`; ``cwd`` is relative to the work dir unless absolute. The process dies
+        with the box. A program that cannot start raises :class:`vfray.errors.SandboxError`
+        or exits non-zero (127), depending on the runtime."""
+        from vfray.errors import SandboxError
+
+        raise SandboxError(f"the {self.type} runtime cannot open live processes")
+
+    async def run_background(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> BackgroundProcess:
+        """Start a long-lived helper (a tool server) in the box, its output drained into a
+        tail; it is stopped with the box."""
+        return BackgroundProcess(await self.open_process(argv, env=env, cwd=cwd))
+
+    async def expose(self, port: int) -> str:
+        """A URL (``http://host:port``) at which the host reaches ``port`` that a program in
+        the box listens on (on the box's loopback or any address)."""
+        from vfray.errors import SandboxError
+
+        raise SandboxError(f"the {self.type} runtime cannot expose box ports")
+
+    def track(self, process: LiveProcess) -> LiveProcess:
+        """Remember ``process`` so :meth:`end_processes` ends it with the box."""
+        self._live.append(process)
+        return process
+
+    async def end_processes(self, grace: float = 0.0) -> None:
+        """Stop every live and background process opened in this box (``stop`` calls it)."""
+        live, self._live = self._live, []
+        await asyncio.gather(*(p.stop(grace) for p in live), return_exceptions=True)
 
     @abc.abstractmethod
     async def read(self, path: str) -> bytes:

@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 from vfray.errors import SandboxError
 
 BOX_FORWARDER = r"""
-import os, socket, subprocess, sys, threading
+import os, signal, socket, subprocess, sys, threading
+# A stop's SIGTERM reaches the program itself; the forwarder must outlive its cleanup.
+signal.signal(signal.SIGTERM, lambda *_: None)
 def pipe(a, b):
     try:
         while True:

@@ -28,16 +28,14 @@ from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
 from vfray.provision import tools_root
-from vfray.runtimes.base import ProgramResult, RuntimeSpec
+from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
-from vfray.runtimes.launches import Launch
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
     kill_group,
     kill_pids,
     rlimit_setter,
-    run_process_group,
 )
 from vfray.runtimes.subprocess import SubprocessRuntime
 
@@ -160,6 +158,9 @@ class BwrapRuntime(SubprocessRuntime):
     type = "bwrap"
     isolates_network = True
     warn_no_isolation = False
+    # bubblewrap dies of SIGTERM (taking the box with it) instead of passing it on: a live
+    # process's SIGTERM goes to the boxed program only.
+    term_spares = frozenset({"bwrap"})
 
     def __init__(
         self,
@@ -307,20 +308,17 @@ class BwrapRuntime(SubprocessRuntime):
 
         return apply
 
-    async def _run(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str] | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | None = None,
-        launch: Launch | None = None,
-    ) -> ProgramResult:
+    def _command(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None = None
+    ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         workdir = self._require_workdir()
         assert self.bridges is not None
         prefix = list(self._prefix)
         if not self._isolated():
             prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
+        if cwd:
+            # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
+            prefix += ["--chdir", str(Path(self.box_workdir, cwd))]
         command = list(argv)
         if self._isolated() and self.bridges.bridges:
             command = [
@@ -334,16 +332,11 @@ class BwrapRuntime(SubprocessRuntime):
         python_bin = os.path.dirname(sys.executable)
         base_env = {"PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
         base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
-        return await run_process_group(
+        return (
             [self._bwrap, *prefix, "--", *command],
             box_env(base_env, self.box_workdir, self.box_id, env, owner=self.owner),
             str(workdir),
-            timeout=timeout,
-            stdin=stdin,
-            preexec_fn=self._preexec(),
-            on_start=self._pgids.add,
-            output_cap=self.output_cap,
-            launch=launch,
+            self._preexec(),
         )
 
     async def host_url(self, url: str) -> str:
@@ -363,6 +356,7 @@ class BwrapRuntime(SubprocessRuntime):
     async def stop(self) -> None:
         if self._stopped:
             return
+        await self.end_processes()
         for pgid in self._pgids:  # the marker sweep follows, batched, in super().stop()
             kill_group(pgid)
         if self.cgroup is not None:

@@ -24,8 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.runtimes._docker_exec import open_exec
 from vfray.runtimes._executor import blocking, waiting
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
 from vfray.runtimes.lifeline import (
@@ -231,6 +232,23 @@ class DockerRuntime(Runtime):
             truncated=cut_out or cut_err,
         )
 
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        container = self._require()
+        process = await open_exec(
+            self.client.api,
+            container.id,
+            list(argv),
+            {MARKER_ENV: self.box_id, "HOME": self.box_workdir, **(env or {})},
+            str(self._box_path(cwd)) if cwd else self.box_workdir,
+        )
+        return self.track(process)
+
     async def _kill_exec(self, exec_id: str) -> None:
         info = await blocking(self.client.api.exec_inspect, exec_id)
         pid = info.get("Pid") or 0
@@ -316,6 +334,7 @@ class DockerRuntime(Runtime):
         if self._stopped:
             return
         self._stopped = True
+        await self.end_processes()
         if self.container is not None:
             try:
                 await blocking(self.container.remove, force=True)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes._modal_process import ModalProcess
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.processes import OUTPUT_CAP
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -123,6 +125,27 @@ class ModalRuntime(Runtime):
             truncated=len(out) > cap or len(err) > cap,
         )
 
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        """An ``exec`` in the sandbox with its streams pumped into asyncio; it records its pid
+        in a file first, so :meth:`LiveProcess.stop` can signal it with ``kill`` (Modal's
+        process handle has no signal call)."""
+        sandbox = self._require()
+        pid_file = f"/tmp/.vfray-pid-{uuid.uuid4().hex[:12]}"
+        wrapped = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', pid_file, *argv]
+        process = await sandbox.exec.aio(
+            *wrapped,
+            workdir=self._box_path(cwd) if cwd else self.box_workdir,
+            env=dict(env or {}),
+            text=False,
+        )
+        return self.track(ModalProcess(self, process, pid_file))
+
     def _box_path(self, path: str) -> str:
         return str(PurePosixPath(self.box_workdir, path))
 
@@ -168,6 +191,7 @@ class ModalRuntime(Runtime):
     async def stop(self) -> None:
         if self._stopped:
             return
+        await self.end_processes()  # while the sandbox still runs the kills
         self._stopped = True
         if self.sandbox is not None:
             try:

@@ -17,6 +17,7 @@ from vfray.errors import SandboxError
 from vfray.runtimes.base import ProgramResult
 from vfray.runtimes.launches import Launch
 from vfray.runtimes.lifeline import OWNER_ENV
+from vfray.runtimes.live import LocalProcess
 
 OUTPUT_CAP = 64 * 1024
 """Bytes of stdout and of stderr kept per run (the tail: the end of a log says why it ended)."""
@@ -49,6 +50,10 @@ SECRET_PATTERNS = (
 )
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
 """The only host variables a box inherits (after the secret filter); all else is dropped."""
+
+LIVE_LINE_LIMIT = 16 * 1024 * 1024
+"""Longest line ``readline`` returns from a live process's output (one JSON-RPC message of an
+ACP agent can carry a whole file)."""
 
 _GRACE_AFTER_EXIT = 0.5
 """Seconds to keep reading output after the main process exits; a daemon it left behind may
@@ -140,7 +145,7 @@ async def _drain(stream: asyncio.StreamReader | None, sink: _TailBuffer) -> None
         sink.add(chunk)
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process) -> int:
+async def wait_exit(proc: asyncio.subprocess.Process) -> int:
     """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
     close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
     waiter = asyncio.ensure_future(proc.wait())
@@ -216,7 +221,7 @@ async def run_process_group(
                 await proc.stdin.drain()
             proc.stdin.close()
         try:
-            await asyncio.wait_for(_wait_exit(proc), timeout)
+            await asyncio.wait_for(wait_exit(proc), timeout)
         except asyncio.TimeoutError:
             timed_out = True
             kill_group(proc.pid)
@@ -240,6 +245,34 @@ async def run_process_group(
         timed_out=timed_out,
         truncated=out.truncated or err.truncated,
     )
+
+
+async def start_live(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    *,
+    preexec_fn: Callable[[], None] | None,
+    spare: frozenset[str] = frozenset(),
+) -> LocalProcess:
+    """Start ``argv`` as the leader of a new session with its three standard streams piped
+    (``Runtime.open_process`` of the local runtimes). Raises :class:`SandboxError` when the
+    program cannot be started. ``spare``: see :func:`vfray.runtimes.live.signal_tree`."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+            limit=LIVE_LINE_LIMIT,
+        )
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+    return LocalProcess(proc, spare)
 
 
 def rlimit_setter(

@@ -16,13 +16,13 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
 from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
 from vfray.runtimes.processes import (
@@ -31,6 +31,7 @@ from vfray.runtimes.processes import (
     kill_group,
     rlimit_setter,
     run_process_group,
+    start_live,
 )
 from vfray.runtimes.strays import stray_sweeper
 
@@ -41,6 +42,8 @@ class SubprocessRuntime(Runtime):
     type = "subprocess"
     warn_no_isolation: ClassVar[bool] = True
     python = os.path.realpath(sys.executable)
+    term_spares: ClassVar[frozenset[str]] = frozenset()
+    """Process names a live process's SIGTERM skips (:func:`vfray.runtimes.live.signal_tree`)."""
 
     def __init__(
         self,
@@ -108,6 +111,19 @@ class SubprocessRuntime(Runtime):
         launch = Launch(launch_slots(self.launch_concurrency), signals_ready)
         return await self._run(argv, env, timeout=timeout, launch=launch)
 
+    def _command(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None = None
+    ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
+        """How the host starts ``argv`` in this box: full argv, environment, host cwd, and
+        the child's pre-exec hook (limits)."""
+        workdir = self._require_workdir()
+        return (
+            list(argv),
+            box_env(os.environ, str(workdir), self.box_id, env, owner=self.owner),
+            str(workdir / cwd) if cwd else str(workdir),
+            rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
+        )
+
     async def _run(
         self,
         argv: Sequence[str],
@@ -117,18 +133,33 @@ class SubprocessRuntime(Runtime):
         stdin: bytes | None = None,
         launch: Launch | None = None,
     ) -> ProgramResult:
-        workdir = self._require_workdir()
+        command, penv, cwd, preexec = self._command(argv, env)
         return await run_process_group(
-            argv,
-            box_env(os.environ, str(workdir), self.box_id, env, owner=self.owner),
-            str(workdir),
+            command,
+            penv,
+            cwd,
             timeout=timeout,
             stdin=stdin,
-            preexec_fn=rlimit_setter(self.spec.memory_gb, self.cpu_seconds, self.spec.pids),
+            preexec_fn=preexec,
             on_start=self._pgids.add,
             output_cap=self.output_cap,
             launch=launch,
         )
+
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LiveProcess:
+        command, penv, host_cwd, preexec = self._command(argv, env, cwd)
+        process = await start_live(
+            command, penv, host_cwd, preexec_fn=preexec, spare=self.term_spares
+        )
+        assert process.pid is not None
+        self._pgids.add(process.pid)
+        return self.track(process)
 
     async def read(self, path: str) -> bytes:
         try:
@@ -159,6 +190,7 @@ class SubprocessRuntime(Runtime):
         if self._stopped:
             return
         self._stopped = True
+        await self.end_processes()
         for pgid in self._pgids:
             kill_group(pgid)
         # The marker sweep reads every /proc/*/environ: off the event loop, which also serves

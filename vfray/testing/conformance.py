@@ -53,6 +53,7 @@ async def check_runtime(runtime_factory: Callable[[], Runtime]) -> None:
         await _check_files(runtime)
         await _check_run(runtime, secret)
         await _check_timeout(runtime)
+        await _check_live(runtime, token)
         # A background process the box must take down with it.
         started = await runtime.run(
             ["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"],
@@ -110,6 +111,61 @@ async def _check_run(runtime: Runtime, secret: str) -> None:
     _check(ok.ok and ok.exit_code == 0 and not ok.timed_out, f"`true` did not succeed: {ok}")
     missing = await runtime.run(["vfray-no-such-program"], timeout=30)
     _check(missing.exit_code != 0, "a missing program reported success")
+
+
+ECHO_LOOP = 'while read line; do echo "got:$line:$VFRAY_CHECK"; echo "err:$line" >&2; done; exit 3'
+TERM_TRAP = 'trap "echo term; exit 0" TERM; echo ready; while true; do sleep 0.1; done'
+TERM_IGNORED = 'trap "" TERM; echo ready; while true; do sleep 0.1; done'
+
+
+async def _line(stream: asyncio.StreamReader) -> bytes:
+    return await asyncio.wait_for(stream.readline(), 30)
+
+
+async def _check_live(runtime: Runtime, token: str) -> None:
+    """``open_process``: streaming stdio both ways, env and cwd, exit status, stdin EOF, and
+    ``stop``'s SIGTERM-then-SIGKILL on a program that obeys and one that ignores SIGTERM."""
+    proc = await runtime.open_process(["sh", "-c", ECHO_LOOP], env={"VFRAY_CHECK": "live"})
+    for word in ("one", "two"):
+        proc.stdin.write(f"{word}\n".encode())
+        await proc.stdin.drain()
+        got = await _line(proc.stdout)
+        _check(got == f"got:{word}:live\n".encode(), f"live stdout/env wrong: {got!r}")
+        err = await _line(proc.stderr)
+        _check(err == f"err:{word}\n".encode(), f"live stderr wrong: {err!r}")
+    proc.stdin.close()
+    code = await asyncio.wait_for(proc.wait(), 30)
+    _check(code == 3, f"a live process's exit status is not reported (got {code})")
+    _check(proc.returncode == 3, f"returncode after wait is {proc.returncode}")
+    _check(await proc.stop() == 3, "stop() after exit does not return the exit status")
+
+    await runtime.run(["mkdir", "-p", "live/sub"], timeout=30)
+    where = await runtime.open_process(["pwd"], cwd="live/sub")
+    pwd = await _line(where.stdout)
+    _check(pwd.rstrip().endswith(b"/live/sub"), f"open_process(cwd=) not applied: {pwd!r}")
+    await asyncio.wait_for(where.wait(), 30)
+
+    polite = await runtime.open_process(["sh", "-c", TERM_TRAP], env={"VFRAY_CONFORMANCE": token})
+    _check(await _line(polite.stdout) == b"ready\n", "a live process did not start")
+    code = await asyncio.wait_for(polite.stop(grace=20), 60)
+    _check(code == 0, f"SIGTERM did not reach a live process's trap (status {code})")
+    _check(b"term" in await polite.stdout.read(), "the SIGTERM trap's output is lost")
+
+    stubborn = await runtime.open_process(
+        ["sh", "-c", TERM_IGNORED], env={"VFRAY_CONFORMANCE": token}
+    )
+    _check(await _line(stubborn.stdout) == b"ready\n", "a live process did not start")
+    stopping = asyncio.ensure_future(stubborn.stop(grace=0.5))
+    code = await asyncio.wait_for(stubborn.stop(grace=0.5), 60)  # idempotent, concurrent
+    _check(code != 0 and await stopping == code, f"SIGKILL after the grace failed ({code})")
+    for _ in range(100):
+        if not _processes_with(token):
+            break
+        await asyncio.sleep(0.02)
+    _check(not _processes_with(token), "a stopped live process left processes behind")
+
+    # One left running: the box's stop() must end it (checked after stop()).
+    await runtime.open_process(["sh", "-c", TERM_IGNORED], env={"VFRAY_CONFORMANCE": token})
 
 
 async def _check_timeout(runtime: Runtime) -> None:
