@@ -71,25 +71,52 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
 
 def find_shell(tools: list[dict[str, Any]]) -> ShellTool | None:
     """The preferred shell tool among ``tools`` (any dialect's schemas), with its argument name
-    read from the schema's properties."""
-    found: dict[str, dict[str, Any]] = {}
+    read from the schema's properties. A tool served over MCP counts under its own name
+    (``mcp__acp__Bash`` is a ``Bash``: Claude Code's ACP adapter offers its shell so), after an
+    unprefixed one."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
     for tool in tools:
         function = tool.get("function")
         spec = function if isinstance(function, dict) else tool
         name = spec.get("name")
-        if isinstance(name, str) and name in SHELL_TOOLS:
+        if not isinstance(name, str):
+            continue
+        base = name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
+        if base in SHELL_TOOLS and (base not in found or base == name):
             schema = spec.get("parameters") or spec.get("input_schema") or {}
-            found[name] = schema if isinstance(schema, dict) else {}
-    for name in SHELL_TOOLS:
-        if name in found:
-            properties = found[name].get("properties") or {}
+            found[base] = (name, schema if isinstance(schema, dict) else {})
+    for base in SHELL_TOOLS:
+        if base in found:
+            name, schema = found[base]
+            properties = schema.get("properties") or {}
             argument = next((a for a in _ARGUMENTS if a in properties), None)
             if argument is None:
-                required = found[name].get("required") or []
+                required = schema.get("required") or []
                 argument = required[0] if required else "command"
             kind = properties.get(argument, {}) if isinstance(properties, dict) else {}
-            return ShellTool(name, argument, argv=kind.get("type") == "array")
+            extra = _required_defaults(schema, argument)
+            return ShellTool(name, argument, argv=kind.get("type") == "array", extra=extra)
     return None
+
+
+def _required_defaults(schema: dict[str, Any], argument: str) -> tuple[tuple[str, Any], ...]:
+    """A plain value for each other required argument: numbers are timeouts in the shells seen
+    (milliseconds in Claude Code's ACP ``Bash``), so a minute's worth, within any maximum."""
+    properties = schema.get("properties") or {}
+    values: list[tuple[str, Any]] = []
+    for name in schema.get("required") or []:
+        spec = properties.get(name) if isinstance(properties, dict) else None
+        if name == argument or not isinstance(spec, dict):
+            continue
+        kind = spec.get("type")
+        if kind in ("number", "integer"):
+            maximum = spec.get("maximum")
+            values.append((name, 60000 if maximum is None else min(60000, maximum)))
+        elif kind == "boolean":
+            values.append((name, False))
+        elif kind == "string":
+            values.append((name, "a step of the plan"))
+    return tuple(values)
 
 
 def decide_agent(conv: Conversation) -> Decision:
@@ -112,4 +139,4 @@ def _act(conv: Conversation, command: str) -> Decision:
         fence = _TEXT_FENCE if any(_TEXT_FENCE in text for text in conv.texts) else "bash"
         return Decision(text=f"Running the next step.\n\n```{fence}\n{command}\n```")
     value: object = ["bash", "-lc", command] if shell.argv else command
-    return Decision(tool_call=(shell.name, {shell.argument: value}))
+    return Decision(tool_call=(shell.name, {**dict(shell.extra), shell.argument: value}))

@@ -83,6 +83,8 @@ class ShellTool:
     name: str
     argument: str = "command"
     argv: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()
+    """Values for the schema's other required arguments (e.g. a ``timeout``)."""
 
 
 @dataclass(frozen=True)
