@@ -164,6 +164,7 @@ class AcpSession(AgentSession):
         env = await self.harness.agent_env(ctx, self.runtime, tool, workdir)
         argv = [*self.harness.agent_argv(tool), *self.harness.config.extra_args]
         self.process = await self.runtime.open_process(argv, env=env)
+        self.transcript.add("process", argv=argv, pid=self.process.pid)
         self._stderr_reader = asyncio.ensure_future(self._drain_stderr(self.process))
         self.connection = acp.connect_to_agent(self.client, _Pipe(self.process))
         schema = acp.schema
@@ -248,7 +249,8 @@ class AcpSession(AgentSession):
         await self.client.close()
         if self.process is not None:
             with contextlib.suppress(Exception):
-                await self.process.stop(self.harness.config.stop_grace)
+                code = await self.process.stop(self.harness.config.stop_grace)
+                self.transcript.add("process_exit", pid=self.process.pid, status=code)
         if self._stderr_reader is not None:
             self._stderr_reader.cancel()
         if self._stderr:
