@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent")
 """Names accepted by ``ScriptedModel(policy=...)``."""
