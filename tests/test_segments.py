@@ -109,10 +109,10 @@ async def test_no_resume_after_the_interception_stopped_the_rollout() -> None:
 
 
 async def test_waiting_for_the_user_is_not_agent_time() -> None:
-    # Two waits of 4 s each, an agent budget of 6 s: only the three short segments count.
-    task = Conversation(vf.TaskData(prompt="a"), ["b", "c"], wait=4.0)
+    # Two waits of 6 s each, an agent budget of 10 s: only the three short segments count.
+    task = Conversation(vf.TaskData(prompt="a"), ["b", "c"], wait=6.0)
     trace = await vf.run_rollout(
-        task, model="scripted:echo", harness="null", timeouts=Timeouts(agent=6.0)
+        task, model="scripted:echo", harness="null", timeouts=Timeouts(agent=10.0)
     )
     assert trace.errors == [], trace.errors
     assert trace.stop_condition is vf.StopCondition.COMPLETED
