@@ -1,21 +1,29 @@
 """A live process in a docker container: an exec with stdin attached, over the engine's hijacked
 socket (stdout and stderr come multiplexed in 8-byte-header frames), stopped through its host
-pid (the engine must be local, as for the docker runtime's timeouts)."""
+processes, found on the host by a marker in their environment (the engine must be local, as for
+the docker runtime's timeouts; the engine's own ``Pid`` for an exec can lag behind, naming runc's
+short-lived setup process or none)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import struct
+import uuid
+from pathlib import Path
 from typing import Any
 
 from vfray.runtimes._executor import blocking
-from vfray.runtimes.live import STOP_GRACE, LiveProcess, stop_tree
+from vfray.runtimes.live import STOP_GRACE, LiveProcess
 from vfray.runtimes.processes import LIVE_LINE_LIMIT
 
 _HEADER = struct.Struct(">BxxxL")
+EXEC_ENV = "VFRAY_EXEC"
+_KILL_TRIES = 30
+"""Seconds to keep SIGKILLing a stopped exec's tree until the engine reports it gone."""
 
 
 class _SocketInput:
@@ -62,14 +70,15 @@ class _SocketInput:
 class DockerExecProcess(LiveProcess):
     """One ``exec`` in a container, its streams bridged to asyncio."""
 
-    def __init__(self, api: Any, exec_id: str, raw: Any, pid: int | None) -> None:
+    def __init__(self, api: Any, exec_id: str, raw: Any, token: str) -> None:
         self._api = api
+        self._token = token
         self._exec_id = exec_id
         # docker-py hands back a SocketIO over a unix socket, or the TCP socket itself.
         self._sock: socket.socket = getattr(raw, "_sock", raw)
         self._sock.setblocking(False)
         self._keep = raw
-        self.pid = pid
+        self.pid = None
         self.stdin = _SocketInput(self._sock)
         self.stdout = asyncio.StreamReader(limit=LIVE_LINE_LIMIT)
         self.stderr = asyncio.StreamReader(limit=LIVE_LINE_LIMIT)
@@ -127,15 +136,42 @@ class DockerExecProcess(LiveProcess):
             self._stopping = asyncio.ensure_future(self._stop(grace))
         return await asyncio.shield(self._stopping)
 
+    async def _signal(self, sig: int) -> bool:
+        """Send ``sig`` to every process of this exec; whether there were any."""
+        pids = await blocking(exec_pids, self._token)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return bool(pids)
+
     async def _stop(self, grace: float) -> int:
-        if not self.pid and not self._exited.done():
-            self.pid = (await blocking(self._api.exec_inspect, self._exec_id)).get("Pid") or None
-        if self.pid:
-            # Not its group: the exec's pid leads no group of its own on the host.
-            await stop_tree(self.pid, self._exited, grace, group=False)
+        if not self._exited.done() and await self._signal(signal.SIGTERM):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exited), grace)
+        for _ in range(_KILL_TRIES):
+            if self._exited.done() or not await self._signal(signal.SIGKILL):
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exited), 1.0)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         return await self._exited
+
+
+def exec_pids(token: str) -> list[int]:
+    """Host pids of the processes carrying ``VFRAY_EXEC=token`` in their environment."""
+    needle = f"{EXEC_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 async def open_exec(
@@ -145,7 +181,8 @@ async def open_exec(
     environment: dict[str, str],
     workdir: str,
 ) -> DockerExecProcess:
-    """Create and start an attached exec; its host pid is read once it runs."""
+    """Create and start an attached exec, marked for :func:`exec_pids`."""
+    token = uuid.uuid4().hex
     exec_id = (
         await blocking(
             api.exec_create,
@@ -154,10 +191,9 @@ async def open_exec(
             stdin=True,
             stdout=True,
             stderr=True,
-            environment=environment,
+            environment={**environment, EXEC_ENV: token},
             workdir=workdir,
         )
     )["Id"]
     raw = await blocking(api.exec_start, exec_id, socket=True)
-    pid = (await blocking(api.exec_inspect, exec_id)).get("Pid") or None
-    return DockerExecProcess(api, exec_id, raw, pid)
+    return DockerExecProcess(api, exec_id, raw, token)

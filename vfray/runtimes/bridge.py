@@ -1,8 +1,11 @@
-"""The unix-socket bridge: how a box with no network reaches one host TCP endpoint.
+"""The unix-socket bridge: how a box with no network reaches one host TCP endpoint, and how the
+host reaches a port a program in the box listens on.
 
 The host side listens on a unix socket in a directory bind-mounted into the box and forwards each
 connection to the host URL; inside the box, :data:`BOX_FORWARDER` (stdlib Python) listens on the
 box's own 127.0.0.1:<port> and forwards to that socket. The box sees the same URL as the host.
+The other way (:class:`ExposedPort`), the host listens on 127.0.0.1:<any port> and the in-box
+forwarder connects each connection to the box port.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -45,8 +49,40 @@ def serve(listener, path):
             continue
         threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
         threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
+def connect_in(conn):
+    head = b""
+    try:
+        while not head.endswith(b"\n") and len(head) < 8:
+            data = conn.recv(1)
+            if not data:
+                break
+            head += data
+        up = socket.create_connection(("127.0.0.1", int(head)), 5)
+    except (OSError, ValueError):
+        try:
+            conn.sendall(b"-")
+        except OSError:
+            pass
+        conn.close()
+        return
+    conn.sendall(b"+")
+    threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
+    pipe(up, conn)
+def expose(listener):
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=connect_in, args=(conn,), daemon=True).start()
 sep = sys.argv.index("--")
 for spec in sys.argv[1:sep]:
+    if spec.startswith("@"):
+        # Listening before it appears under its name: a host that sees it can connect.
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(spec[1:] + ".new")
+        os.chmod(spec[1:] + ".new", 0o777)
+        ls.listen(256)
+        os.rename(spec[1:] + ".new", spec[1:])
+        threading.Thread(target=expose, args=(ls,), daemon=True).start()
+        continue
     port, path = spec.split("=", 1)
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,8 +107,11 @@ for fd in ready_fds:
 rc = proc.wait()
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
-"""Run as ``python -c BOX_FORWARDER PORT=SOCKET... -- argv``: listen, run argv, exit with its
-code (a signal death maps to 128+signum, as a shell reports it). With no argv it serves forever."""
+"""Run as ``python -c BOX_FORWARDER PORT=SOCKET... [@SOCKET] -- argv``: listen, run argv, exit
+with its code (a signal death maps to 128+signum, as a shell reports it). With no argv it serves
+forever. ``@SOCKET`` is the reverse way in (:class:`ExposedPort`): a connection there names a box
+port on its first line (``"8000\n"``), gets ``+`` once connected to it (``-`` when nothing
+listens) and is then piped to it."""
 
 
 def split_host_url(url: str) -> tuple[str, int]:
@@ -174,3 +213,60 @@ class BridgeSet:
         for bridge in self.bridges.values():
             await bridge.close()
         self.bridges.clear()
+
+
+class ExposedPort:
+    """Host side of ``Runtime.expose``: a listener on 127.0.0.1 whose connections are passed
+    to box ``port`` through the first of ``sockets()`` (in-box forwarders' ``@SOCKET``s, one
+    per network namespace) whose forwarder reaches it."""
+
+    def __init__(self, port: int, sockets: Callable[[], list[Path]]) -> None:
+        self.port = port
+        self.sockets = sockets
+        self.url = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        for path in self.sockets():
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(path))
+            except OSError:
+                continue
+            try:
+                writer.write(f"{self.port}\n".encode())
+                await writer.drain()
+                if await reader.read(1) == b"+":
+                    return reader, writer
+            except OSError:
+                pass
+            writer.close()
+        return None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            inner = await self._open()
+            if inner is None:  # nothing in the box listens there: refuse, as a port would
+                return
+            await asyncio.gather(_pipe(reader, inner[1]), _pipe(inner[0], writer))
+            inner[1].close()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._conns.discard(task)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._conns):
+            task.cancel()

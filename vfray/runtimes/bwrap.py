@@ -22,14 +22,15 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
 from vfray.provision import tools_root
-from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.base import LiveProcess, RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -194,6 +195,8 @@ class BwrapRuntime(SubprocessRuntime):
         self._executing = False
         self._bwrap = ""
         self._prefix: list[str] = []
+        self._ways_in: list[tuple[LiveProcess, Path]] = []
+        self._exposed: dict[int, ExposedPort] = {}
 
     async def start(self) -> None:
         bwrap = shutil.which("bwrap")
@@ -309,7 +312,11 @@ class BwrapRuntime(SubprocessRuntime):
         return apply
 
     def _command(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None = None,
+        serve: str | None = None,
     ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         workdir = self._require_workdir()
         assert self.bridges is not None
@@ -320,12 +327,14 @@ class BwrapRuntime(SubprocessRuntime):
             # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
             prefix += ["--chdir", str(Path(self.box_workdir, cwd))]
         command = list(argv)
-        if self._isolated() and self.bridges.bridges:
+        if self._isolated() and (self.bridges.bridges or serve):
+            ways_in = [f"@{BRIDGE_DIR}/{serve}"] if serve else []
             command = [
                 sys.executable,
                 *("-I", "-S", "-c"),
                 BOX_FORWARDER,
                 *self.bridges.forwarder_args(),
+                *ways_in,
                 "--",
                 *argv,
             ]
@@ -338,6 +347,30 @@ class BwrapRuntime(SubprocessRuntime):
             str(workdir),
             self._preexec(),
         )
+
+    def _serve_socket(self) -> str | None:
+        # Each bwrap process has a network namespace of its own: a port it listens on is
+        # reached through its own forwarder.
+        return f"x-{uuid.uuid4().hex[:12]}.sock" if self._isolated() else None
+
+    def _opened(self, process: LiveProcess, serve: str | None) -> None:
+        if serve is not None:
+            assert self.base is not None
+            self._ways_in.append((process, self.base / "bridge" / serve))
+
+    def _listening(self) -> list[Path]:
+        """The ways in of the live processes still running, newest first."""
+        return [path for proc, path in reversed(self._ways_in) if proc.returncode is None]
+
+    async def expose(self, port: int) -> str:
+        self._require_workdir()
+        if not self._isolated():
+            return f"http://127.0.0.1:{port}"
+        exposed = self._exposed.get(port)
+        if exposed is None:
+            exposed = self._exposed[port] = ExposedPort(port, self._listening)
+            await exposed.start()
+        return exposed.url
 
     async def host_url(self, url: str) -> str:
         self._require_workdir()
@@ -364,6 +397,9 @@ class BwrapRuntime(SubprocessRuntime):
             self.cgroup = None
         if self.bridges is not None:
             await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
         if self.base is not None:
             self.workdir = self.base  # so the whole box dir is removed
         await super().stop()

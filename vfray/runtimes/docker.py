@@ -27,7 +27,7 @@ from vfray.errors import ConfigError, SandboxError, optional_import
 from vfray.runtimes._docker_exec import open_exec
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
 from vfray.runtimes.lifeline import (
     HOST_LABEL,
@@ -42,6 +42,8 @@ from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, descendants, kill_p
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+EXPOSE_SOCKET = "expose.sock"
+"""The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
 
 
 def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
@@ -83,6 +85,8 @@ class DockerRuntime(Runtime):
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
         self._forwarded: set[int] = set()
+        self._exposer: asyncio.Future[None] | None = None
+        self._exposed: dict[int, ExposedPort] = {}
         self.owner: str | None = None
         self._stopped = False
 
@@ -317,6 +321,36 @@ class DockerRuntime(Runtime):
             await asyncio.sleep(0.05)
         raise SandboxError(f"the in-container forwarder for port {port} did not start")
 
+    async def expose(self, port: int) -> str:
+        """The host reaches box ports through one in-container forwarder's way in, whatever
+        the container's network (the test engines run without a bridge network)."""
+        self._require()
+        assert self.base is not None
+        way_in = self.base / "bridge" / EXPOSE_SOCKET
+        if self._exposer is None:
+            self._exposer = asyncio.ensure_future(self._start_exposer(way_in))
+        await asyncio.shield(self._exposer)
+        exposed = self._exposed.get(port)
+        if exposed is None:
+            exposed = self._exposed[port] = ExposedPort(port, lambda: [way_in])
+            await exposed.start()
+        return exposed.url
+
+    async def _start_exposer(self, way_in: Path) -> None:
+        container = self._require()
+        spec = f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}"
+        await blocking(
+            container.exec_run,
+            [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
+            detach=True,
+            environment={MARKER_ENV: self.box_id},
+        )
+        for _ in range(200):
+            if way_in.exists():
+                return
+            await asyncio.sleep(0.05)
+        raise SandboxError(f"the in-container forwarder for expose() did not start ({self.python})")
+
     async def prepare_execution(self, routes: Sequence[str]) -> None:
         for route in routes:
             await self.host_url(route)
@@ -343,6 +377,9 @@ class DockerRuntime(Runtime):
                     raise SandboxError(f"cannot remove container: {exc}") from exc
         if self.bridges is not None:
             await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
         if self.client is not None:
             await blocking(self.client.close)
         if self.base is not None:

@@ -43,6 +43,7 @@ class ModalRuntime(Runtime):
         public_base_url: str | None = None,
         sandbox_timeout: int = 3600,
         output_cap: int = OUTPUT_CAP,
+        exposed_ports: Sequence[int] = (),
     ) -> None:
         super().__init__(spec)
         self.app_name = app_name
@@ -50,6 +51,9 @@ class ModalRuntime(Runtime):
         self.public_base_url = public_base_url
         self.sandbox_timeout = sandbox_timeout
         self.output_cap = output_cap
+        self.exposed_ports = tuple(exposed_ports)
+        """Box ports :meth:`expose` can reach: Modal opens tunnels only when it creates the
+        sandbox."""
         self.box_workdir = self.spec.workdir or "/work"
         self.sandbox: Any = None
         self._stopped = False
@@ -70,6 +74,8 @@ class ModalRuntime(Runtime):
         }
         if self.spec.memory_gb is not None:
             options["memory"] = int(self.spec.memory_gb * 1024)  # MiB
+        if self.exposed_ports:
+            options["encrypted_ports"] = list(self.exposed_ports)
         return options
 
     async def start(self) -> None:
@@ -182,6 +188,17 @@ class ModalRuntime(Runtime):
         parts = urlsplit(url)
         path = base.path.rstrip("/") + parts.path
         return urlunsplit((base.scheme, base.netloc, path, parts.query, parts.fragment))
+
+    async def expose(self, port: int) -> str:
+        """The URL of the Modal tunnel to ``port`` (one of ``exposed_ports``)."""
+        sandbox = self._require()
+        if port not in self.exposed_ports:
+            raise ConfigError(
+                f"the modal runtime can expose only the ports it was created with: add {port} "
+                "to its exposed_ports option"
+            )
+        tunnels = await sandbox.tunnels.aio()
+        return str(tunnels[port].url)
 
     async def alive(self) -> bool:
         if self.sandbox is None or self._stopped:

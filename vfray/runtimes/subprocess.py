@@ -112,10 +112,14 @@ class SubprocessRuntime(Runtime):
         return await self._run(argv, env, timeout=timeout, launch=launch)
 
     def _command(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None = None,
+        serve: str | None = None,
     ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         """How the host starts ``argv`` in this box: full argv, environment, host cwd, and
-        the child's pre-exec hook (limits)."""
+        the child's pre-exec hook (limits). ``serve``: see :meth:`_serve_socket`."""
         workdir = self._require_workdir()
         return (
             list(argv),
@@ -153,13 +157,27 @@ class SubprocessRuntime(Runtime):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LiveProcess:
-        command, penv, host_cwd, preexec = self._command(argv, env, cwd)
+        serve = self._serve_socket()
+        command, penv, host_cwd, preexec = self._command(argv, env, cwd, serve)
         process = await start_live(
             command, penv, host_cwd, preexec_fn=preexec, spare=self.term_spares
         )
         assert process.pid is not None
         self._pgids.add(process.pid)
+        self._opened(process, serve)
         return self.track(process)
+
+    def _serve_socket(self) -> str | None:
+        """A box with its own network gives each live process a way in for :meth:`expose`
+        (the name of its forwarder's socket); this one shares the host's."""
+        return None
+
+    def _opened(self, process: LiveProcess, serve: str | None) -> None:
+        """Called with each live process started and its :meth:`_serve_socket`."""
+
+    async def expose(self, port: int) -> str:
+        self._require_workdir()
+        return f"http://127.0.0.1:{port}"
 
     async def read(self, path: str) -> bytes:
         try:

@@ -54,6 +54,7 @@ async def check_runtime(runtime_factory: Callable[[], Runtime]) -> None:
         await _check_run(runtime, secret)
         await _check_timeout(runtime)
         await _check_live(runtime, token)
+        await _check_background(runtime, token)
         # A background process the box must take down with it.
         started = await runtime.run(
             ["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"],
@@ -166,6 +167,50 @@ async def _check_live(runtime: Runtime, token: str) -> None:
 
     # One left running: the box's stop() must end it (checked after stop()).
     await runtime.open_process(["sh", "-c", TERM_IGNORED], env={"VFRAY_CONFORMANCE": token})
+
+
+SERVE = """
+import socket, sys
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+while True:
+    conn, _ = ls.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.0 200 OK\\r\\n\\r\\n" + sys.argv[1].encode())
+    conn.close()
+"""
+
+
+async def _fetch(url: str) -> bytes:
+    host, port = url.removeprefix("http://").rstrip("/").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET / HTTP/1.0\r\n\r\n")
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+async def _check_background(runtime: Runtime, token: str) -> None:
+    """``run_background`` keeps a server running, ``expose`` reaches its port from the host,
+    and the server's own output is kept."""
+    server = await runtime.run_background(
+        [runtime.python, "-c", SERVE, f"served-{token}"], env={"VFRAY_CONFORMANCE": token}
+    )
+    for _ in range(600):
+        if server.stdout.strip() or server.returncode is not None:
+            break
+        await asyncio.sleep(0.05)
+    _check(server.stdout.strip().isdigit(), f"background server did not start: {server.stderr}")
+    url = await runtime.expose(int(server.stdout.strip()))
+    _check(url.startswith("http://"), f"expose() gave no http URL: {url!r}")
+    for _ in range(2):  # two connections: the way in is not single-use
+        reply = await _fetch(url)
+        _check(f"served-{token}".encode() in reply, f"expose() did not reach the box: {reply!r}")
+    # Left running: the box's stop() must end it (checked after stop()).
 
 
 async def _check_timeout(runtime: Runtime) -> None:
