@@ -5,12 +5,14 @@ user is never charged to the agent's budget. Scripted model, subprocess runtime.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import vfray as vf
+from vfray.environment import InProcessBroker, LocalEnvironment
 from vfray.harnesses import NullHarness
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
-from vfray.rollout import Timeouts
+from vfray.rollout import Timeouts, run_planned_rollout
 from vfray.runtimes.base import Runtime
 
 
@@ -145,3 +147,28 @@ async def test_a_failing_next_message_is_a_task_error() -> None:
     assert trace.stop_condition is vf.StopCondition.ERROR
     assert trace.errors[0].type == "TaskError" and "fell over" in trace.errors[0].message
     assert len(trace.calls) == 1
+
+
+class CopyingBroker(InProcessBroker):
+    """Records into a copy of the trace, as a broker across a process boundary (the node's
+    interception deployment) does: the rollout's own trace never sees the calls."""
+
+    async def register(self, trace: vf.Trace, *args: Any) -> str:
+        return await super().register(vf.Trace.model_validate_json(trace.model_dump_json()), *args)
+
+
+async def test_segments_survive_a_broker_across_a_process_boundary() -> None:
+    task = Conversation(vf.TaskData(prompt="first"), ["second"])
+    async with LocalEnvironment("scripted:echo", harness="null") as env:
+        trace = await run_planned_rollout(
+            task,
+            plan=env.plan,
+            harness=env.harness,
+            runtime_options={},
+            broker=CopyingBroker(env.interception.app),
+            interception_url=env.interception.url,
+        )
+    assert trace.errors == [] and trace.stop_condition is vf.StopCondition.COMPLETED
+    # The broker's copy holds the calls; the rollout's segments and phases are merged into it.
+    assert len(trace.calls) == 2 and len(trace.segments) == 2
+    assert "agent" in trace.timing and trace.last_reply == "second"
