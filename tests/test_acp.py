@@ -196,6 +196,12 @@ async def test_acp_agent_rollout_in_bwrap(harness_id: str) -> None:
     kinds = [e["kind"] for e in events]
     assert kinds.count("initialize") == kinds.count("prompt") == 1
     assert events[kinds.index("prompt_response")]["response"] == {"stopReason": "end_turn"}
+    if harness_id == "claude-code-acp":
+        # Claude Code asks before its first command (granted, for good) and runs both commands
+        # in terminals the client opens in the box; Codex runs them itself, unasked.
+        asked = [e for e in events if e["kind"] == "permission"]
+        assert asked and all(e["granted"] for e in asked)
+        assert kinds.count("terminal") == kinds.count("terminal_exit") == 2
 
 
 @pytest.mark.slow
