@@ -172,3 +172,14 @@ async def test_segments_survive_a_broker_across_a_process_boundary() -> None:
     # The broker's copy holds the calls; the rollout's segments and phases are merged into it.
     assert len(trace.calls) == 2 and len(trace.segments) == 2
     assert "agent" in trace.timing and trace.last_reply == "second"
+
+
+async def test_a_user_past_its_deadline_is_a_task_error() -> None:
+    task = Conversation(vf.TaskData(prompt="a"), ["b"], wait=30.0)
+    trace = await vf.run_rollout(
+        task, model="scripted:echo", harness="null", timeouts=Timeouts(user=0.5)
+    )
+    assert trace.stop_condition is vf.StopCondition.ERROR
+    assert trace.errors[0].type == "TaskError"
+    assert "did not answer within 0.5s" in trace.errors[0].message
+    assert len(trace.calls) == 1 and len(trace.segments) == 1
