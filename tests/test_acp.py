@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +26,9 @@ from vfray.harnesses.acp._client import BoxClient, Transcript
 from vfray.harnesses.acp.base import AcpHarness
 from vfray.harnesses.acp.claude_code import ClaudeCodeAcpConfig
 from vfray.harnesses.acp.codex import CodexAcpConfig
+from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
-from vfray.provision import ensure_tool
+from vfray.provision import InstalledTool, ToolSpec, ensure_tool
 from vfray.rollout import Timeouts
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.subprocess import SubprocessRuntime
@@ -120,6 +123,49 @@ def test_acp_harnesses_are_registered_with_typed_configs() -> None:
     for harness in (claude, codex):
         assert isinstance(harness, AcpHarness)
         assert harness.SUPPORTS_RESUME and harness.EXECUTES_CODE and not harness.NEEDS_CONTAINER
+
+
+class CrashingAgent(AcpHarness):
+    """An "agent" that dies before it speaks ACP (a missing key, a wrong binary)."""
+
+    id = "test_crashing_acp"
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(name="none", kind="npm", package="none", version="0")
+
+    async def installed(self) -> InstalledTool:
+        here = Path(sys.executable).parent
+        return InstalledTool(
+            spec=self.tool_spec(), path=here, bin_dir=here, installed_now=False, seconds=0.0
+        )
+
+    def agent_argv(self, tool: InstalledTool) -> list[str]:
+        script = "import sys; print('not json'); sys.stderr.write('no API key found'); sys.exit(2)"
+        return [sys.executable, "-c", script]
+
+    async def agent_env(
+        self, ctx: Any, runtime: Runtime, tool: InstalledTool, workdir: str
+    ) -> dict[str, str]:
+        return {}
+
+
+async def test_an_agent_that_dies_is_a_harness_error_with_its_stderr() -> None:
+    register_harness(CrashingAgent)
+    task = WriteFiles(vf.TaskData(prompt="anything"), {}, then="never asked")
+    trace = await vf.run_rollout(
+        task,
+        model="scripted:agent",
+        harness="test_crashing_acp",
+        harness_options={"version": "0"},
+    )
+    assert trace.stop_condition is vf.StopCondition.ERROR
+    (error,) = trace.errors
+    assert error.type == "HarnessError" and "failed (exit code 2)" in error.message
+    assert "the ACP agent exited (2) mid-request" in error.message
+    assert "no API key found" in error.message
+    assert task.then == "never asked" and trace.calls == []
+    kinds = [e["kind"] for e in _transcript(trace)]
+    assert kinds[0] == "process" and "agent_stderr" in kinds
 
 
 # -- the real agents -----------------------------------------------------------------------------

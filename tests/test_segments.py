@@ -10,10 +10,12 @@ from typing import Any
 import vfray as vf
 from vfray.environment import InProcessBroker, LocalEnvironment
 from vfray.harnesses import NullHarness
+from vfray.harnesses.chat import TRANSCRIPT_PATH
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts, run_planned_rollout
 from vfray.runtimes.base import Runtime
+from vfray.trace import AgentArtifact
 
 
 class Conversation(vf.Task[vf.TaskData]):
@@ -183,3 +185,26 @@ async def test_a_user_past_its_deadline_is_a_task_error() -> None:
     assert trace.errors[0].type == "TaskError"
     assert "did not answer within 0.5s" in trace.errors[0].message
     assert len(trace.calls) == 1 and len(trace.segments) == 1
+
+
+@register_harness
+class KeepingHarness(NullHarness):
+    """The null harness, keeping its chat loop's transcript as an artifact."""
+
+    id = "test_keeping"
+
+    async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:
+        text = (await runtime.read(TRANSCRIPT_PATH)).decode()
+        return [AgentArtifact(name="transcript.json", content=text)]
+
+
+async def test_the_agents_transcript_is_kept_when_the_exchange_fails() -> None:
+    class Broken(vf.Task[vf.TaskData]):
+        def next_message(self, trace: vf.Trace) -> str | None:
+            raise RuntimeError("the user simulator fell over")
+
+    task = Broken(vf.TaskData(prompt="keep me"))
+    trace = await vf.run_rollout(task, model="scripted:echo", harness="test_keeping")
+    assert trace.errors[0].type == "TaskError"
+    (artifact,) = trace.artifacts
+    assert "keep me" in artifact.content

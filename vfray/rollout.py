@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -242,13 +243,13 @@ async def _agent_phase(
             result, spent = await _run_segments(task, trace, session, ctx, timeouts)
         finally:
             await session.close()
+            # Kept whatever ended the segments (a failure above is when they matter most), but
+            # not on cancellation, whose teardown must be prompt.
+            if not isinstance(sys.exc_info()[1], asyncio.CancelledError):
+                await _keep_artifacts(trace, harness, runtime)
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
-        try:
-            trace.artifacts.extend(await harness.collect_artifacts(runtime))
-        except Exception as exc:  # the agent's own transcript is a bonus, never a failure
-            trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
         if result is None:
             trace.stop(StopCondition.TIMEOUT)
             trace.notes.append(f"agent budget of {deadline:g}s used up after {spent:.1f}s")
@@ -341,6 +342,13 @@ async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str |
     return message
 
 
+async def _keep_artifacts(trace: Trace, harness: Harness, runtime: Runtime) -> None:
+    try:
+        trace.artifacts.extend(await harness.collect_artifacts(runtime))
+    except Exception as exc:  # the agent's own transcript is a bonus, never a failure
+        trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
+
+
 def _blame_provider(trace: Trace) -> ProviderError | None:
     """A harness that gave up right after the model endpoint failed (after its own retries)
     failed because of the provider: say so, so the farm can retry the rollout."""
@@ -358,6 +366,7 @@ def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
         return local
     recorded.timing = {**recorded.timing, **local.timing}
     recorded.segments = local.segments
+    recorded.artifacts = [*local.artifacts, *recorded.artifacts]
     recorded.errors = [*local.errors, *recorded.errors]
     recorded.notes = [*local.notes, *recorded.notes]
     return recorded

@@ -143,16 +143,24 @@ class AcpSession(AgentSession):
         self._stderr_reader: asyncio.Future[None] | None = None
 
     async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+        """Start the agent on the first segment, then send the segment's prompt. An agent that
+        dies or breaks the protocol is a failed program (its exit status and stderr), like a
+        one-shot harness's, and the rollout goes on to keep its transcript."""
         self.segments += 1
         started = asyncio.get_running_loop().time()
-        if self.process is None:
-            await self._start(ctx)
-            text = prompt_text(self.harness.resolve_prompt(ctx.data))
-            if message is not None:
-                text = f"{text}\n\n{message}" if text else message
-        else:
-            text = message or ""
-        return await self._prompt(text, started)
+        try:
+            if self.process is None:
+                await self._start(ctx)
+                text = prompt_text(self.harness.resolve_prompt(ctx.data))
+                if message is not None:
+                    text = f"{text}\n\n{message}" if text else message
+            else:
+                text = message or ""
+            return await self._prompt(text, started)
+        except HarnessError as exc:
+            self.transcript.add("error", message=str(exc))
+            code = self.process.returncode if self.process is not None else None
+            return self._result(code or 1, str(exc), started)
 
     async def _start(self, ctx: LaunchContext) -> None:
         acp = _acp()
@@ -187,17 +195,15 @@ class AcpSession(AgentSession):
     async def _prompt(self, text: str, started: float) -> ProgramResult:
         acp = _acp()
         self.transcript.add("prompt", text=text)
-        try:
-            response = await self._call(
-                self.connection.prompt(session_id=self.session_id, prompt=[acp.text_block(text)])
-            )
-        except HarnessError as exc:
-            return self._result(1, str(exc), started)
+        response = await self._call(
+            self.connection.prompt(session_id=self.session_id, prompt=[acp.text_block(text)])
+        )
         self.transcript.add("prompt_response", response=response)
         reason = str(getattr(response.stop_reason, "value", response.stop_reason))
         if reason in CLEAN_STOPS:
             return self._result(0, f"stop reason: {reason}", started)
-        return self._result(1, f"the agent's turn ended with stop reason {reason!r}", started)
+        message = f"the agent's turn ended with stop reason {reason!r}"
+        return self._result(1, f"{message}\n{self._tail()}".strip(), started)
 
     async def _call(self, request: Any) -> Any:
         """Await one ACP request, or the agent process's exit, whichever comes first."""
@@ -212,9 +218,7 @@ class AcpSession(AgentSession):
             call.cancel()
             with contextlib.suppress(BaseException):
                 await call
-            raise HarnessError(
-                f"the ACP agent exited ({self.process.returncode}) mid-request: {self._tail()}"
-            )
+            raise await self._gone()
         try:
             return call.result()
         except Exception as exc:
@@ -223,13 +227,24 @@ class AcpSession(AgentSession):
                 detail = f" {exc.data}" if exc.data else ""
                 raise HarnessError(f"the ACP agent answered an error: {exc}{detail}") from exc
             if isinstance(exc, ConnectionError):
-                raise HarnessError(f"the ACP agent's connection closed: {self._tail()}") from exc
+                raise await self._gone() from exc
             raise
+
+    async def _gone(self) -> HarnessError:
+        """The error for an agent whose stdout closed: its exit status (when it exits within
+        a moment) and the tail of its stderr."""
+        assert self.process is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.process.wait(), 2.0)
+        if self._stderr_reader is not None:
+            await asyncio.wait({self._stderr_reader}, timeout=1.0)
+        code = self.process.returncode
+        how = "closed its output" if code is None else f"exited ({code})"
+        return HarnessError(f"the ACP agent {how} mid-request: {self._tail()}")
 
     def _result(self, code: int, message: str, started: float) -> ProgramResult:
         duration = asyncio.get_running_loop().time() - started
-        stderr = message if code == 0 else f"{message}\n{self._tail()}".strip()
-        return ProgramResult(exit_code=code, stderr=stderr, duration=duration)
+        return ProgramResult(exit_code=code, stderr=message, duration=duration)
 
     async def _drain_stderr(self, process: LiveProcess) -> None:
         with contextlib.suppress(Exception):
