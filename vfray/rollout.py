@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -25,21 +24,18 @@ from vfray.errors import (
     SandboxError,
     TaskError,
 )
-from vfray.harness import Harness, LaunchContext, classify_exit, run_until_stopped
-from vfray.harnesses.session import AgentSession
+from vfray.harness import Harness, LaunchContext, classify_exit
+from vfray.harnesses.session import run_segments
 from vfray.interception.limits import Limits
-from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
 from vfray.task import Task, TaskData, call_maybe_async
-from vfray.trace import AgentInfo, PhaseTiming, StopCondition, Trace
+from vfray.trace import AgentInfo, StopCondition, Trace
 
 log = logging.getLogger(__name__)
 
 PHASES = ("boot", "setup", "agent", "finalize", "scoring", "teardown")
-
-MAX_SEGMENTS = 100
-"""Segments one rollout may run (a task whose next_message never returns None ends here)."""
 
 SCORING_GRACE = 5.0
 """Seconds past the scoring deadline before the whole phase is abandoned (only when the hooks'
@@ -240,7 +236,15 @@ async def _agent_phase(
         )
         session = harness.open_session(runtime, lambda: trace.messages)
         try:
-            result, spent = await _run_segments(task, trace, session, ctx, timeouts)
+            result, spent = await run_segments(
+                task,
+                trace,
+                session,
+                ctx,
+                budget=timeouts.agent,
+                user_deadline=timeouts.user,
+                stop_grace=timeouts.stop_grace,
+            )
         finally:
             await session.close()
             # Kept whatever ended the segments (a failure above is when they matter most), but
@@ -279,67 +283,6 @@ async def _agent_phase(
                 trace = _merge_recorded(trace, await broker.conclude(secret))
         trace.end_phase("agent")
     return trace
-
-
-async def _run_segments(
-    task: Task[Any],
-    trace: Trace,
-    session: AgentSession,
-    ctx: LaunchContext,
-    timeouts: Timeouts,
-) -> tuple[ProgramResult | None, float]:
-    """Run segment 1, then one more per message the task supplies, until it supplies none, a
-    segment fails, the interception stopped the rollout, or the agent budget (charged only
-    while a segment runs) is spent. Returns the last segment's result (None: out of budget)
-    and the agent seconds spent. Each segment's span is kept in ``trace.segments``."""
-    spent = 0.0
-    message: str | None = None
-    if task.data.prompt is None:  # the user speaks first
-        message = await _next_message(task, trace, timeouts.user)
-        if message is None:
-            raise TaskError("the task has no prompt and next_message gave none")
-    result: ProgramResult | None = None
-    for _ in range(MAX_SEGMENTS):
-        remaining = timeouts.agent - spent
-        span = PhaseTiming(start=time.time())
-        trace.segments.append(span)
-        started = time.monotonic()
-        try:
-            # In this process the session records into ``trace`` itself, so a refusal shows
-            # here at once; a remote session's copy does not, and its program ends on its own.
-            program = run_until_stopped(
-                session.segment(ctx.model_copy(update={"timeout": remaining}), message),
-                lambda: trace.stop_condition is not None,
-                timeouts.stop_grace,
-            )
-            result = await asyncio.wait_for(program, timeout=remaining)
-        except asyncio.TimeoutError:
-            log.info("agent phase of %s hit its %gs budget", task.key[:12], timeouts.agent)
-            return None, spent + time.monotonic() - started
-        finally:
-            spent += time.monotonic() - started
-            span.end = time.time()
-        if not result.ok or trace.stop_condition is not None:
-            break
-        message = await _next_message(task, trace, timeouts.user)
-        if message is None:
-            break
-    else:
-        trace.notes.append(f"the exchange ended after {MAX_SEGMENTS} segments")
-    return result, spent
-
-
-async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str | None:
-    """The task's next user message (under its own deadline, not the agent's)."""
-    try:
-        message = await asyncio.wait_for(call_maybe_async(task.next_message, trace), deadline)
-    except asyncio.TimeoutError:
-        raise TaskError(f"next_message did not answer within {deadline:g}s") from None
-    except Exception as exc:
-        raise TaskError(f"next_message failed: {type(exc).__name__}: {exc}") from exc
-    if message is not None and not isinstance(message, str):
-        raise TaskError(f"next_message must return a str or None, got {type(message).__name__}")
-    return message
 
 
 async def _keep_artifacts(trace: Trace, harness: Harness, runtime: Runtime) -> None:

@@ -1,22 +1,32 @@
 """One rollout's agent program across its segments: the launch, then one resume per user message.
 
-:class:`AgentSession` is what the rollout drives. The default one relaunches the program for each
-later segment on the conversation so far (the program's transcript in the box, else the trace as
-the interception recorded it); a live-session harness (ACP) returns its own, which keeps one
-process and sends each user message into the same session.
+:func:`run_segments` is the rollout's agent loop (segment 1, then one more per message the task's
+``next_message`` supplies, under one agent budget that waiting for the user does not burn), over
+an :class:`AgentSession`: by default one that relaunches the program on the conversation so far;
+a live-session harness (ACP) gives its own, which keeps one process and session.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vfray.harness import LaunchContext, with_conversation
+from vfray.errors import TaskError
+from vfray.harness import LaunchContext, run_until_stopped, with_conversation
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.trace import Message
+from vfray.task import Task, call_maybe_async
+from vfray.trace import Message, PhaseTiming, Trace
 
 if TYPE_CHECKING:
     from vfray.harness import Harness
+
+log = logging.getLogger(__name__)
+
+MAX_SEGMENTS = 100
+"""Segments one rollout may run (a task whose next_message never returns None ends here)."""
 
 
 class AgentSession:
@@ -48,3 +58,68 @@ class AgentSession:
 
     async def close(self) -> None:
         """End whatever the session still runs (always called, also after a failure)."""
+
+
+async def run_segments(
+    task: Task[Any],
+    trace: Trace,
+    session: AgentSession,
+    ctx: LaunchContext,
+    *,
+    budget: float,
+    user_deadline: float,
+    stop_grace: float,
+) -> tuple[ProgramResult | None, float]:
+    """Run segment 1, then one more per message the task supplies, until it supplies none, a
+    segment fails, the interception stopped the rollout, or the agent budget (charged only
+    while a segment runs) is spent. Returns the last segment's result (None: out of budget)
+    and the agent seconds spent. Each segment's span is kept in ``trace.segments``; the
+    task is asked for its next message (untimed for the agent) only between segments."""
+    spent = 0.0
+    message: str | None = None
+    if task.data.prompt is None:  # the user speaks first
+        message = await _next_message(task, trace, user_deadline)
+        if message is None:
+            raise TaskError("the task has no prompt and next_message gave none")
+    result: ProgramResult | None = None
+    for _ in range(MAX_SEGMENTS):
+        remaining = budget - spent
+        span = PhaseTiming(start=time.time())
+        trace.segments.append(span)
+        started = time.monotonic()
+        try:
+            # In this process the session records into ``trace`` itself, so a refusal shows
+            # here at once; a remote session's copy does not, and its program ends on its own.
+            program = run_until_stopped(
+                session.segment(ctx.model_copy(update={"timeout": remaining}), message),
+                lambda: trace.stop_condition is not None,
+                stop_grace,
+            )
+            result = await asyncio.wait_for(program, timeout=remaining)
+        except asyncio.TimeoutError:
+            log.info("agent phase of %s hit its %gs budget", task.key[:12], budget)
+            return None, spent + time.monotonic() - started
+        finally:
+            spent += time.monotonic() - started
+            span.end = time.time()
+        if not result.ok or trace.stop_condition is not None:
+            break
+        message = await _next_message(task, trace, user_deadline)
+        if message is None:
+            break
+    else:
+        trace.notes.append(f"the exchange ended after {MAX_SEGMENTS} segments")
+    return result, spent
+
+
+async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str | None:
+    """The task's next user message (under its own deadline, not the agent's)."""
+    try:
+        message = await asyncio.wait_for(call_maybe_async(task.next_message, trace), deadline)
+    except asyncio.TimeoutError:
+        raise TaskError(f"next_message did not answer within {deadline:g}s") from None
+    except Exception as exc:
+        raise TaskError(f"next_message failed: {type(exc).__name__}: {exc}") from exc
+    if message is not None and not isinstance(message, str):
+        raise TaskError(f"next_message must return a str or None, got {type(message).__name__}")
+    return message
