@@ -293,3 +293,54 @@ def test_array_argument_shell_runs_an_argv(
     assert argv == ["bash", "-lc", "echo hi > f"]
     sh(argv, tmp_path)
     assert (tmp_path / "f").read_text() == "hi\n"
+
+
+def test_an_mcp_served_shell_with_a_required_timeout(served: tuple[ScriptedModel, str]) -> None:
+    """Claude Code's ACP adapter offers its shell as ``mcp__acp__Bash`` with ``timeout``
+    required (milliseconds); the call names the served tool and fills the timeout."""
+    _, url = served
+    schema = _schema()
+    schema["properties"]["timeout"] = {"type": "number", "maximum": 120000}
+    schema["required"] = ["command", "timeout"]
+    tools: Any = [{"name": "mcp__acp__Bash", "input_schema": schema}]
+    client = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="k")
+    reply = client.messages.create(
+        model="m", max_tokens=64, tools=tools, messages=[{"role": "user", "content": TASK}]
+    )
+    (use,) = [b for b in reply.content if b.type == "tool_use"]
+    assert use.name == "mcp__acp__Bash"
+    assert use.input == {"command": "printf '%s\\n' 'hello agent' > out.txt", "timeout": 60000}
+    # An unprefixed shell is still preferred over a served one of the same name.
+    plain = {"name": "Bash", "input_schema": _schema()}
+    assert find_shell([*tools, plain]) == find_shell([plain])
+
+
+def test_a_later_user_message_starts_a_plan_of_its_own(
+    served: tuple[ScriptedModel, str],
+) -> None:
+    """A resumed session: the conversation holds the first plan's actions, then a new user
+    message whose plan starts from its first step."""
+    _, url = served
+    client = openai.OpenAI(base_url=url, api_key="k")
+    tools: Any = [{"type": "function", "function": {"name": "bash", "parameters": _schema()}}]
+
+    def call(i: int, command: str) -> dict[str, Any]:
+        arguments = json.dumps({"command": command})
+        function = {"name": "bash", "arguments": arguments}
+        return {
+            "role": "assistant",
+            "tool_calls": [{"id": f"c{i}", "type": "function", "function": function}],
+        }
+
+    messages: list[Any] = [
+        {"role": "user", "content": 'Write "one" to a.txt.'},
+        call(1, "printf '%s\\n' one > a.txt"),
+        {"role": "tool", "tool_call_id": "c1", "content": ""},
+        call(2, "cat a.txt"),
+        {"role": "tool", "tool_call_id": "c2", "content": "one"},
+        {"role": "assistant", "content": "Done. one"},
+        {"role": "user", "content": 'Now write "two" to b.txt.'},
+    ]
+    reply = client.chat.completions.create(model="m", messages=messages, tools=tools)
+    (tool_call,) = reply.choices[0].message.tool_calls or []
+    assert json.loads(tool_call.function.arguments) == {"command": "printf '%s\\n' two > b.txt"}

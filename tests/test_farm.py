@@ -16,6 +16,7 @@ import ray
 import vfray as vf
 from vfray.farm import Farm
 from vfray.tasksets.arithmetic import ArithmeticTaskset, EndlessArithmetic
+from vfray.traces.convert import table_to_traces
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 both_backends = pytest.mark.parametrize("backend", ["ray", "local"])
@@ -104,6 +105,30 @@ def test_task_no_node_can_fit_fails_fast(tmp_path: Path) -> None:
     row = result.traces.to_pylist()[0]
     assert row["error_type"] == "SandboxError"
     assert "GPU" in row["error_message"]
+
+
+class FollowUp(vf.Task[vf.TaskData]):
+    """Says one more thing after the agent's first segment."""
+
+    def next_message(self, trace: vf.Trace) -> str | None:
+        return f"and then {self.data.prompt}" if len(trace.segments) < 2 else None
+
+    @vf.reward
+    def heard_both(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply == f"and then {self.data.prompt}")
+
+
+@both_backends
+def test_a_task_with_a_next_message_runs_two_segments_in_the_farm(
+    tmp_path: Path, backend: str
+) -> None:
+    tasks = [FollowUp(vf.TaskData(prompt=f"q{i}")) for i in range(3)]
+    with farm(tmp_path, model="scripted:echo", backend=backend) as f:
+        result = f.run(tasks, rollouts_per_task=2)
+    traces = table_to_traces(result.traces)
+    assert len(traces) == 6 and all(t.errors == [] for t in traces), [t.errors for t in traces]
+    assert [t.reward for t in traces] == [1.0] * 6
+    assert {(len(t.segments), len(t.calls)) for t in traces} == {(2, 2)}
 
 
 class FlakyData(vf.TaskData):

@@ -3,12 +3,10 @@ program in the subprocess runtime against the scripted model on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import shutil
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -24,13 +22,7 @@ from vfray.errors import (
     SandboxError,
 )
 from vfray.harness import Harness, LaunchContext, check_compatibility, classify_exit
-from vfray.harnesses import (
-    BashHarness,
-    HarnessSession,
-    NullHarness,
-    make_harness,
-    run_segments,
-)
+from vfray.harnesses import BashHarness, NullHarness, make_harness
 from vfray.harnesses.chat import openai_base_url, parse_summary
 from vfray.interception import Interception, Limits, Upstream
 from vfray.runtimes.base import ProgramResult, Runtime
@@ -300,82 +292,8 @@ async def test_through_the_interception_every_turn_is_recorded(
 # -- segments -------------------------------------------------------------------------------
 
 
-async def test_resume_appends_the_user_message_and_waiting_is_not_agent_time(
-    runtime: SubprocessRuntime, echo_model: tuple[ScriptedModel, str]
-) -> None:
-    model, url = echo_model
-    harness = NullHarness()
-    await harness.setup(runtime)
-    wait = 0.2
-
-    async def user(session: HarnessSession) -> str | None:
-        if len(session.segments) >= 2:
-            return None
-        await asyncio.sleep(wait)  # a slow user: this must not count as agent time
-        return "and now this"
-
-    started = time.monotonic()
-    session = await run_segments(harness, context(url, "first", system_prompt="S"), runtime, user)
-    elapsed = time.monotonic() - started
-    assert [s.kind for s in session.segments] == ["launch", "resume"]
-    assert all(r.ok for r in session.results)
-    assert session.agent_time == pytest.approx(sum(s.duration for s in session.segments))
-    assert session.agent_time + wait <= elapsed
-    second = model.history[1].body["messages"]
-    assert [(m["role"], m["content"]) for m in second] == [
-        ("system", "S"),
-        ("user", "first"),
-        ("assistant", "first"),
-        ("user", "and now this"),
-    ]
-    summary = parse_summary(session.results[-1])
-    assert summary is not None and summary["final"] == "and now this"
-
-
-async def test_user_speaks_first_and_history_comes_from_the_caller(
-    runtime: SubprocessRuntime, echo_model: tuple[ScriptedModel, str]
-) -> None:
-    model, url = echo_model
-    harness = NullHarness()
-    await harness.setup(runtime)
-
-    async def turns() -> AsyncIterator[str]:
-        yield "opening"
-        yield "follow-up"
-
-    recorded = [Message(role="user", content="opening"), Message(role="assistant", content="ok")]
-    session = await run_segments(
-        harness, context(url, None), runtime, turns(), history=lambda: recorded
-    )
-    assert [s.kind for s in session.segments] == ["launch", "resume"]
-    first, second = (r.body["messages"] for r in model.history)
-    assert first == [{"role": "user", "content": "opening"}]
-    assert [m["content"] for m in second] == ["opening", "ok", "follow-up"]
-
-
-async def test_no_resume_after_a_failed_segment_or_a_stop(
-    runtime: SubprocessRuntime, echo_model: tuple[ScriptedModel, str]
-) -> None:
-    model, url = echo_model
-    harness = NullHarness()
-    await harness.setup(runtime)
-    model.fail_next(401)
-    failed = await run_segments(harness, context(url, "a"), runtime, lambda s: "more")
-    assert len(failed.segments) == 1 and not failed.results[0].ok
-    stopped = await run_segments(
-        harness, context(url, "b"), runtime, lambda s: "more", stopped=lambda: True
-    )
-    assert len(stopped.segments) == 1
-
-
-async def test_a_spent_budget_refuses_the_next_segment(
-    runtime: SubprocessRuntime, echo_model: tuple[ScriptedModel, str]
-) -> None:
-    _, url = echo_model
-    session = HarnessSession(NullHarness(), context(url, "x"), runtime, budget=0.0)
-    with pytest.raises(PhaseTimeoutError, match="used up"):
-        await session.turn()
-    assert session.segments == []
+# The segments of a whole rollout (launch, then resumes with the task's next messages) are
+# tested through real rollouts in tests/test_segments.py.
 
 
 async def test_resume_needs_the_capability(runtime: SubprocessRuntime) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,6 +29,9 @@ from vfray.errors import (
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.task import TaskData
 from vfray.trace import AgentArtifact, Message
+
+if TYPE_CHECKING:
+    from vfray.harnesses.session import AgentSession
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
@@ -80,7 +83,8 @@ class Harness(abc.ABC):
     SUPPORTS_MCP: ClassVar[bool] = False
     """The program can use tools a taskset serves over MCP."""
     SUPPORTS_RESUME: ClassVar[bool] = False
-    """The program can be relaunched on an accumulated conversation (multi-segment)."""
+    """The program can run later segments: relaunched on the conversation so far, or (a
+    live-session harness) sent the next user message in its running session."""
     EXECUTES_CODE: ClassVar[bool] = True
     """The program runs model-written code in the box (the subprocess runtime warns)."""
     NEEDS_CONTAINER: ClassVar[bool] = True
@@ -125,6 +129,16 @@ class Harness(abc.ABC):
         if not self.SUPPORTS_RESUME:
             raise HarnessError(f"harness {self.id!r} cannot resume a conversation")
         return await self.launch(with_conversation(ctx, messages), runtime)
+
+    def open_session(
+        self, runtime: Runtime, history: Callable[[], Sequence[Message]]
+    ) -> AgentSession:
+        """The object that runs this rollout's segments. The default launches the program and
+        relaunches it per resume (``history`` gives the recorded conversation when the program
+        leaves no transcript); a live-session harness returns one that keeps its process."""
+        from vfray.harnesses.session import AgentSession
+
+        return AgentSession(self, runtime, history)
 
     async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
         """The conversation the last segment left in the box, when the program writes one."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -24,7 +24,8 @@ from vfray.errors import (
     SandboxError,
     TaskError,
 )
-from vfray.harness import Harness, LaunchContext, classify_exit, run_until_stopped
+from vfray.harness import Harness, LaunchContext, classify_exit
+from vfray.harnesses.session import run_segments
 from vfray.interception.limits import Limits
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
@@ -49,6 +50,9 @@ class Timeouts(BaseModel):
     boot: float = Field(120.0, gt=0, description="seconds to start the runtime box")
     setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
     agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")
+    user: float = Field(
+        600.0, gt=0, description="seconds the task's next_message may take (not agent time)"
+    )
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
     teardown: float = Field(60.0, gt=0, description="seconds to stop the box")
@@ -216,7 +220,8 @@ async def _agent_phase(
     interception_url: str,
     timeouts: Timeouts,
 ) -> Trace:
-    """Open a session, run the harness program, close the session; returns the recorded trace."""
+    """Open a session, run the harness's segments, close the session; returns the recorded
+    trace."""
     deadline = timeouts.agent
     trace.start_phase("agent")
     secret: str | None = None
@@ -232,32 +237,30 @@ async def _agent_phase(
         ctx = LaunchContext(
             endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline
         )
-        started = time.monotonic()
+        session = harness.open_session(runtime, lambda: trace.messages)
         try:
-            # In this process the session records into ``trace`` itself, so a refusal shows
-            # here at once; a remote session's copy does not, and its program ends on its own.
-            program = run_until_stopped(
-                harness.launch(ctx, runtime),
-                lambda: trace.stop_condition is not None,
-                timeouts.stop_grace,
-                runtime.interrupt,
+            result, spent = await run_segments(
+                task,
+                trace,
+                session,
+                ctx,
+                budget=timeouts.agent,
+                user_deadline=timeouts.user,
+                stop_grace=timeouts.stop_grace,
+                interrupt=runtime.interrupt,
             )
-            result = await asyncio.wait_for(program, timeout=deadline)
-        except asyncio.TimeoutError:
-            result = None
-            log.info("agent phase of %s hit its %gs budget", task.key[:12], deadline)
+        finally:
+            await session.close()
+            # Kept whatever ended the segments (a failure above is when they matter most), but
+            # not on cancellation, whose teardown must be prompt.
+            if not isinstance(sys.exc_info()[1], asyncio.CancelledError):
+                await _keep_artifacts(trace, harness, runtime)
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
-        try:
-            trace.artifacts.extend(await harness.collect_artifacts(runtime))
-        except Exception as exc:  # the agent's own transcript is a bonus, never a failure
-            trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
         if result is None:
             trace.stop(StopCondition.TIMEOUT)
-            trace.notes.append(
-                f"agent budget of {deadline:g}s used up after {time.monotonic() - started:.1f}s"
-            )
+            trace.notes.append(f"agent budget of {deadline:g}s used up after {spent:.1f}s")
         elif result.timed_out:
             # The program ran out its own clock: an agent budget stop, scored like one.
             trace.stop(StopCondition.TIMEOUT)
@@ -286,6 +289,13 @@ async def _agent_phase(
     return trace
 
 
+async def _keep_artifacts(trace: Trace, harness: Harness, runtime: Runtime) -> None:
+    try:
+        trace.artifacts.extend(await harness.collect_artifacts(runtime))
+    except Exception as exc:  # the agent's own transcript is a bonus, never a failure
+        trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
+
+
 def _blame_provider(trace: Trace) -> ProviderError | None:
     """A harness that gave up right after the model endpoint failed (after its own retries)
     failed because of the provider: say so, so the farm can retry the rollout."""
@@ -302,6 +312,8 @@ def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
     if recorded is local:
         return local
     recorded.timing = {**recorded.timing, **local.timing}
+    recorded.segments = local.segments
+    recorded.artifacts = [*local.artifacts, *recorded.artifacts]
     recorded.errors = [*local.errors, *recorded.errors]
     recorded.notes = [*local.notes, *recorded.notes]
     return recorded

@@ -147,6 +147,15 @@ class Task(Generic[DataT]):
         """Run after the agent, before scoring (collect artifacts, run a test suite)."""
         return None
 
+    def next_message(self, trace: Trace) -> Awaitable[str | None] | str | None:
+        """What the user says once the agent's segment has ended, or None to end the exchange.
+
+        Each message starts one more segment of the same agent session (a harness with
+        ``SUPPORTS_RESUME``), recorded on the same trace; ``trace`` holds the calls so far. Time
+        spent here is not charged to the agent. When the task has no prompt it is asked first.
+        """
+        return None
+
     def validate(self, runtime: Runtime) -> Awaitable[None] | None:
         """Check that the task can run at all in this runtime; raise to reject it."""
         return None

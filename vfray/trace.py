@@ -271,6 +271,9 @@ class Trace(BaseModel):
     artifacts: list[AgentArtifact] = Field(default_factory=list)
     """Files the harness kept from the box (:meth:`vfray.harness.Harness.collect_artifacts`)."""
     timing: dict[str, PhaseTiming] = Field(default_factory=dict)
+    segments: list[PhaseTiming] = Field(default_factory=list)
+    """Wall-clock span of each run of the agent inside the agent phase: the launch, then one per
+    user message it resumed on (the calls between a span's ends are that segment's turns)."""
     created_at: float = Field(default_factory=time.time)
 
     # -- derived views -------------------------------------------------------------------

@@ -9,18 +9,16 @@ from vfray.harnesses.registry import (
     make_harness,
     register_harness,
 )
-from vfray.harnesses.session import HarnessSession, Segment, run_segments
+from vfray.harnesses.session import AgentSession
 
 __all__ = [
+    "AgentSession",
     "BashHarness",
     "ChatLoopConfig",
     "ChatLoopHarness",
-    "HarnessSession",
     "NullHarness",
-    "Segment",
     "available_harnesses",
     "harness_class",
     "make_harness",
     "register_harness",
-    "run_segments",
 ]

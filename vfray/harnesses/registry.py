@@ -15,6 +15,8 @@ _BUILTIN: dict[str, str] = {
     "mini-swe-agent": "vfray.harnesses.mini_swe_agent:MiniSweAgentHarness",
     "codex": "vfray.harnesses.codex:CodexHarness",
     "claude-code": "vfray.harnesses.claude_code:ClaudeCodeHarness",
+    "claude-code-acp": "vfray.harnesses.acp.claude_code:ClaudeCodeAcpHarness",
+    "codex-acp": "vfray.harnesses.acp.codex:CodexAcpHarness",
 }
 HARNESSES = Registry(
     "harness",

@@ -1,194 +1,128 @@
-"""The segment model: one exchange is a launch, then resumes that each carry a new user turn.
+"""One rollout's agent program across its segments: the launch, then one resume per user message.
 
-:class:`HarnessSession` runs the segments of one rollout and charges the agent budget only while
-a segment runs, so the time spent waiting for a user is never counted against the agent.
+:func:`run_segments` is the rollout's agent loop (segment 1, then one more per message the task's
+``next_message`` supplies, under one agent budget that waiting for the user does not burn), over
+an :class:`AgentSession`: by default one that relaunches the program on the conversation so far;
+a live-session harness (ACP) gives its own, which keeps one process and session.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Literal, TypeAlias
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
-
-from vfray.errors import PhaseTimeoutError
-from vfray.harness import Harness, LaunchContext, with_conversation
+from vfray.errors import TaskError
+from vfray.harness import LaunchContext, run_until_stopped, with_conversation
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.trace import Message
+from vfray.task import Task, call_maybe_async
+from vfray.trace import Message, PhaseTiming, Trace
 
-UserTurn: TypeAlias = str | Message | Sequence[Message] | None
-"""What a user says next: text, one message, several messages, or None to end the exchange."""
-UserTurns: TypeAlias = (
-    "AsyncIterator[UserTurn] | Callable[[HarnessSession], Awaitable[UserTurn] | UserTurn]"
-)
-"""A source of user turns: an async iterator, or a (sync or async) callable given the session."""
+if TYPE_CHECKING:
+    from vfray.harness import Harness
 
+log = logging.getLogger(__name__)
 
-class Segment(BaseModel):
-    """One run of the harness program: which kind, how long it ran and how it exited."""
-
-    model_config = ConfigDict(frozen=True)
-
-    index: int
-    kind: Literal["launch", "resume"]
-    duration: float
-    exit_code: int | None
-    """None when the segment did not finish (it ran out of budget)."""
-    timed_out: bool = False
+MAX_SEGMENTS = 100
+"""Segments one rollout may run (a task whose next_message never returns None ends here)."""
 
 
-def user_messages(turn: UserTurn) -> list[Message] | None:
-    """Normalise a user turn to messages; None (or nothing) ends the exchange."""
-    if turn is None:
-        return None
-    if isinstance(turn, str):
-        return [Message(role="user", content=turn)]
-    if isinstance(turn, Message):
-        return [turn]
-    messages = [m if isinstance(m, Message) else Message.model_validate(m) for m in turn]
-    return messages or None
-
-
-class HarnessSession:
-    """Runs one rollout's segments against a cumulative agent budget.
-
-    ``history``, when given, returns the conversation so far (e.g. the trace's messages as the
-    interception recorded them); otherwise the transcript the program left in the box is used.
-    """
+class AgentSession:
+    """The default session: each segment is one run of the program to its exit."""
 
     def __init__(
-        self,
-        harness: Harness,
-        ctx: LaunchContext,
-        runtime: Runtime,
-        *,
-        budget: float | None = None,
-        history: Callable[[], Sequence[Message]] | None = None,
+        self, harness: Harness, runtime: Runtime, history: Callable[[], Sequence[Message]]
     ) -> None:
         self.harness = harness
-        self.ctx = ctx
         self.runtime = runtime
-        self.budget = ctx.timeout if budget is None else budget
         self.history = history
-        self.segments: list[Segment] = []
-        self.results: list[ProgramResult] = []
-        self.agent_time = 0.0
-        """Seconds spent inside segments; waiting between them is not counted."""
-        self._conversation: list[Message] = []
+        """The conversation as the interception recorded it (used when the box has none)."""
+        self.segments = 0
 
-    @property
-    def remaining(self) -> float | None:
-        """Agent seconds left, or None when there is no budget."""
-        return None if self.budget is None else max(0.0, self.budget - self.agent_time)
-
-    @property
-    def last_result(self) -> ProgramResult | None:
-        return self.results[-1] if self.results else None
-
-    async def conversation(self) -> list[Message]:
-        """The conversation so far: from ``history``, else the box's transcript."""
-        if self.history is not None:
-            return list(self.history())
-        transcript = await self.harness.read_transcript(self.runtime)
-        return transcript if transcript is not None else list(self._conversation)
-
-    async def turn(self, messages: UserTurn = None) -> ProgramResult:
-        """Run the next segment: the launch first (with ``messages`` appended to the task's prompt
-        when given, e.g. when the user speaks first), then a resume carrying ``messages``."""
-        new = user_messages(messages) or []
-        remaining = self.remaining
-        if remaining is not None and remaining <= 0:
-            raise PhaseTimeoutError(f"the agent budget of {self.budget:g}s is used up")
-        ctx = self.ctx.model_copy(update={"timeout": remaining})
-        if not self.segments:
-            kind: Literal["launch", "resume"] = "launch"
-            prompt = [Message.model_validate(m) for m in self.harness.resolve_prompt(ctx.data)]
-            self._conversation = [*prompt, *new]
+    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+        """Run the next segment and wait for it to end. The first is the launch on the task's
+        prompt (with ``message`` appended when the user speaks first); each later one resumes
+        the conversation with ``message`` as the new user turn."""
+        self.segments += 1
+        new = [] if message is None else [Message(role="user", content=message)]
+        if self.segments == 1:
             if new:
-                ctx = with_conversation(ctx, self._conversation)
-            call = self.harness.launch(ctx, self.runtime)
-        else:
-            kind = "resume"
-            self._conversation = [*await self.conversation(), *new]
-            call = self.harness.resume(ctx, self.runtime, self._conversation)
-        started = time.monotonic()
-        try:
-            result = await asyncio.wait_for(call, timeout=remaining)
-        except asyncio.TimeoutError:
-            self._account(kind, time.monotonic() - started, None, timed_out=True)
-            raise PhaseTimeoutError(f"the agent budget of {self.budget:g}s ran out") from None
-        except BaseException:
-            self._account(kind, time.monotonic() - started, None)
-            raise
-        self._account(kind, time.monotonic() - started, result.exit_code, result.timed_out)
-        self.results.append(result)
-        return result
+                prompt = [Message.model_validate(m) for m in self.harness.resolve_prompt(ctx.data)]
+                ctx = with_conversation(ctx, [*prompt, *new])
+            return await self.harness.launch(ctx, self.runtime)
+        transcript = await self.harness.read_transcript(self.runtime)
+        history = transcript if transcript is not None else list(self.history())
+        return await self.harness.resume(ctx, self.runtime, [*history, *new])
 
-    def _account(
-        self,
-        kind: Literal["launch", "resume"],
-        duration: float,
-        code: int | None,
-        timed_out: bool = False,
-    ) -> None:
-        self.agent_time += duration
-        self.segments.append(
-            Segment(
-                index=len(self.segments),
-                kind=kind,
-                duration=duration,
-                exit_code=code,
-                timed_out=timed_out,
-            )
-        )
-
-
-async def next_user_turn(user_turns: UserTurns, session: HarnessSession) -> list[Message] | None:
-    """Ask the user source for its next turn (untimed); None when the user is done."""
-    if isinstance(user_turns, AsyncIterator):
-        try:
-            turn: UserTurn = await anext(user_turns)
-        except StopAsyncIteration:
-            return None
-    else:
-        produced = user_turns(session)
-        turn = await produced if inspect.isawaitable(produced) else produced
-    return user_messages(turn)
+    async def close(self) -> None:
+        """End whatever the session still runs (always called, also after a failure)."""
 
 
 async def run_segments(
-    harness: Harness,
+    task: Task[Any],
+    trace: Trace,
+    session: AgentSession,
     ctx: LaunchContext,
-    runtime: Runtime,
-    user_turns: UserTurns | None = None,
     *,
-    budget: float | None = None,
-    history: Callable[[], Sequence[Message]] | None = None,
-    stopped: Callable[[], bool] | None = None,
-    max_segments: int = 100,
-) -> HarnessSession:
-    """Launch, then resume with each user turn until the user is done, a segment fails, a limit
-    stopped the rollout (``stopped()``), or ``max_segments`` ran. When the task has no prompt
-    the user speaks first. Returns the session: its results, segments and agent time; the
-    caller classifies the last result with :func:`vfray.harness.classify_exit`.
+    budget: float,
+    user_deadline: float,
+    stop_grace: float,
+    interrupt: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[ProgramResult | None, float]:
+    """Run segment 1, then one more per message the task supplies, until it supplies none, a
+    segment fails, the interception stopped the rollout, or the agent budget (charged only
+    while a segment runs) is spent. Returns the last segment's result (None: out of budget)
+    and the agent seconds spent. Each segment's span is kept in ``trace.segments``; the
+    task is asked for its next message (untimed for the agent) only between segments.
+    ``interrupt`` (the box's SIGTERM) is what a refused call sends the program first."""
+    spent = 0.0
+    message: str | None = None
+    if task.data.prompt is None:  # the user speaks first
+        message = await _next_message(task, trace, user_deadline)
+        if message is None:
+            raise TaskError("the task has no prompt and next_message gave none")
+    result: ProgramResult | None = None
+    for _ in range(MAX_SEGMENTS):
+        remaining = budget - spent
+        span = PhaseTiming(start=time.time())
+        trace.segments.append(span)
+        started = time.monotonic()
+        try:
+            # In this process the session records into ``trace`` itself, so a refusal shows
+            # here at once; a remote session's copy does not, and its program ends on its own.
+            program = run_until_stopped(
+                session.segment(ctx.model_copy(update={"timeout": remaining}), message),
+                lambda: trace.stop_condition is not None,
+                stop_grace,
+                interrupt,
+            )
+            result = await asyncio.wait_for(program, timeout=remaining)
+        except asyncio.TimeoutError:
+            log.info("agent phase of %s hit its %gs budget", task.key[:12], budget)
+            return None, spent + time.monotonic() - started
+        finally:
+            spent += time.monotonic() - started
+            span.end = time.time()
+        if not result.ok or trace.stop_condition is not None:
+            break
+        message = await _next_message(task, trace, user_deadline)
+        if message is None:
+            break
+    else:
+        trace.notes.append(f"the exchange ended after {MAX_SEGMENTS} segments")
+    return result, spent
 
-    Raises :class:`PhaseTimeoutError` when the cumulative budget runs out mid-segment.
-    """
-    session = HarnessSession(harness, ctx, runtime, budget=budget, history=history)
-    first: list[Message] | None = None
-    if ctx.data.prompt is None and user_turns is not None:
-        first = await next_user_turn(user_turns, session)
-        if first is None:
-            return session
-    result = await session.turn(first)
-    while user_turns is not None and len(session.segments) < max_segments:
-        if not result.ok or (stopped is not None and stopped()):
-            break
-        turn = await next_user_turn(user_turns, session)
-        if turn is None:
-            break
-        result = await session.turn(turn)
-    return session
+
+async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str | None:
+    """The task's next user message (under its own deadline, not the agent's)."""
+    try:
+        message = await asyncio.wait_for(call_maybe_async(task.next_message, trace), deadline)
+    except asyncio.TimeoutError:
+        raise TaskError(f"next_message did not answer within {deadline:g}s") from None
+    except Exception as exc:
+        raise TaskError(f"next_message failed: {type(exc).__name__}: {exc}") from exc
+    if message is not None and not isinstance(message, str):
+        raise TaskError(f"next_message must return a str or None, got {type(message).__name__}")
+    return message

@@ -111,9 +111,7 @@ def network_env(base: Mapping[str, str], *, host_paths: bool = True) -> dict[str
         (path for path in CA_BUNDLES if os.path.isfile(path)), None
     )
     if bundle:
-        env.update(
-            SSL_CERT_FILE=bundle, NODE_EXTRA_CA_CERTS=bundle, REQUESTS_CA_BUNDLE=bundle
-        )
+        env.update(SSL_CERT_FILE=bundle, NODE_EXTRA_CA_CERTS=bundle, REQUESTS_CA_BUNDLE=bundle)
     if base.get("SSL_CERT_DIR"):
         env["SSL_CERT_DIR"] = base["SSL_CERT_DIR"]
     return env

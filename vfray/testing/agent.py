@@ -47,7 +47,14 @@ def plan(conv: Conversation) -> list[str]:
     """The shell commands the task asks for, from the newest user message that names any:
     ``write "TEXT" to PATH`` becomes a write then a ``cat`` that checks it; ``run: COMMAND``
     (to the end of its line) runs as given."""
-    for text in reversed(conv.user_texts):
+    return _newest_plan(conv)[0]
+
+
+def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
+    """:func:`plan`, and how many actions the assistant took since the message that named it
+    (a later user turn, in a resumed session, starts a plan of its own)."""
+    for index in range(len(conv.user_texts) - 1, -1, -1):
+        text = conv.user_texts[index]
         steps: list[str] = []
         for match in _STEP.finditer(text):
             if match.group("run"):
@@ -57,41 +64,69 @@ def plan(conv: Conversation) -> list[str]:
                 steps.append(f"printf '%s\\n' {shlex.quote(match.group('text'))} > {path}")
                 steps.append(f"cat {path}")
         if steps:
-            return steps
-    return []
+            before = conv.user_actions[index] if index < len(conv.user_actions) else 0
+            return steps, conv.actions_taken - before
+    return [], conv.actions_taken
 
 
 def find_shell(tools: list[dict[str, Any]]) -> ShellTool | None:
     """The preferred shell tool among ``tools`` (any dialect's schemas), with its argument name
-    read from the schema's properties."""
-    found: dict[str, dict[str, Any]] = {}
+    read from the schema's properties. A tool served over MCP counts under its own name
+    (``mcp__acp__Bash`` is a ``Bash``: Claude Code's ACP adapter offers its shell so), after an
+    unprefixed one."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
     for tool in tools:
         function = tool.get("function")
         spec = function if isinstance(function, dict) else tool
         name = spec.get("name")
-        if isinstance(name, str) and name in SHELL_TOOLS:
+        if not isinstance(name, str):
+            continue
+        base = name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
+        if base in SHELL_TOOLS and (base not in found or base == name):
             schema = spec.get("parameters") or spec.get("input_schema") or {}
-            found[name] = schema if isinstance(schema, dict) else {}
-    for name in SHELL_TOOLS:
-        if name in found:
-            properties = found[name].get("properties") or {}
+            found[base] = (name, schema if isinstance(schema, dict) else {})
+    for base in SHELL_TOOLS:
+        if base in found:
+            name, schema = found[base]
+            properties = schema.get("properties") or {}
             argument = next((a for a in _ARGUMENTS if a in properties), None)
             if argument is None:
-                required = found[name].get("required") or []
+                required = schema.get("required") or []
                 argument = required[0] if required else "command"
             kind = properties.get(argument, {}) if isinstance(properties, dict) else {}
-            return ShellTool(name, argument, argv=kind.get("type") == "array")
+            extra = _required_defaults(schema, argument)
+            return ShellTool(name, argument, argv=kind.get("type") == "array", extra=extra)
     return None
+
+
+def _required_defaults(schema: dict[str, Any], argument: str) -> tuple[tuple[str, Any], ...]:
+    """A plain value for each other required argument: numbers are timeouts in the shells seen
+    (milliseconds in Claude Code's ACP ``Bash``), so a minute's worth, within any maximum."""
+    properties = schema.get("properties") or {}
+    values: list[tuple[str, Any]] = []
+    for name in schema.get("required") or []:
+        spec = properties.get(name) if isinstance(properties, dict) else None
+        if name == argument or not isinstance(spec, dict):
+            continue
+        kind = spec.get("type")
+        if kind in ("number", "integer"):
+            maximum = spec.get("maximum")
+            values.append((name, 60000 if maximum is None else min(60000, maximum)))
+        elif kind == "boolean":
+            values.append((name, False))
+        elif kind == "string":
+            values.append((name, "a step of the plan"))
+    return tuple(values)
 
 
 def decide_agent(conv: Conversation) -> Decision:
     """The next action of the plan, then the submit command or the final answer."""
-    steps = plan(conv)
+    steps, taken = _newest_plan(conv)
     submits = any(_SUBMIT_MARKER in text for text in conv.texts)
     if submits:
         steps = [*steps, SUBMIT_COMMAND]
-    if conv.actions_taken < len(steps):
-        return _act(conv, steps[conv.actions_taken])
+    if taken < len(steps):
+        return _act(conv, steps[taken])
     if not steps:
         return Decision(text="There is nothing to do: the task names no step I can take.")
     last = (conv.tool_output or "").strip()
@@ -104,4 +139,4 @@ def _act(conv: Conversation, command: str) -> Decision:
         fence = _TEXT_FENCE if any(_TEXT_FENCE in text for text in conv.texts) else "bash"
         return Decision(text=f"Running the next step.\n\n```{fence}\n{command}\n```")
     value: object = ["bash", "-lc", command] if shell.argv else command
-    return Decision(tool_call=(shell.name, {shell.argument: value}))
+    return Decision(tool_call=(shell.name, {**dict(shell.extra), shell.argument: value}))

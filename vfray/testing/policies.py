@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent")
 """Names accepted by ``ScriptedModel(policy=...)``."""
@@ -66,6 +67,8 @@ class Conversation:
     """The request asked for logprobs / token ids (the ``tokens`` policy always returns them)."""
     user_texts: tuple[str, ...] = ()
     """Texts of every user message, oldest first (tool results excluded)."""
+    user_actions: tuple[int, ...] = ()
+    """For each of ``user_texts``, how many actions the assistant had taken before it."""
     shell: ShellTool | None = None
     """The shell-like tool the request offers, read from its schemas (the ``agent`` policy)."""
     actions_taken: int = 0
@@ -81,6 +84,8 @@ class ShellTool:
     name: str
     argument: str = "command"
     argv: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()
+    """Values for the schema's other required arguments (e.g. a ``timeout``)."""
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ def _common(
     max_tokens: int | None,
     *,
     user_texts: list[str],
+    user_actions: list[int],
     actions: int,
 ) -> Request:
     stream = _typed(body, "stream", bool, "a boolean") or False
@@ -128,6 +129,7 @@ def _common(
             body.get("logprobs") or body.get("return_token_ids") or body.get("top_logprobs")
         ),
         user_texts=tuple(user_texts),
+        user_actions=tuple(user_actions),
         shell=find_shell(_objects(body, "tools", required=False)),
         actions_taken=actions,
     )
@@ -141,6 +143,7 @@ def parse_chat(body: Json) -> Request:
         raise BadRequest("the scripted model supports only n=1", "n")
     texts, last_user, tool_output = [], "", None
     user_texts: list[str] = []
+    user_actions: list[int] = []
     actions = 0
     for i, message in enumerate(messages):
         role = message.get("role")
@@ -157,6 +160,7 @@ def parse_chat(body: Json) -> Request:
         if role == "user":
             last_user = text
             user_texts.append(text)
+            user_actions.append(actions)
         if role == "assistant" and (message.get("tool_calls") or _has_fence(text)):
             actions += 1
         tool_output = text if role in ("tool", "function") else None
@@ -167,6 +171,7 @@ def parse_chat(body: Json) -> Request:
         tool_output,
         _max_tokens(body, "max_completion_tokens", "max_tokens"),
         user_texts=user_texts,
+        user_actions=user_actions,
         actions=actions,
     )
 
@@ -186,6 +191,7 @@ def parse_responses(body: Json) -> Request:
         items = _objects(body, "input", required=True)
     last_user, tool_output = "", None
     user_texts: list[str] = []
+    user_actions: list[int] = []
     actions = 0
     for i, item in enumerate(items):
         kind = item.get("type", "message")
@@ -200,6 +206,7 @@ def parse_responses(body: Json) -> Request:
             if item["role"] == "user":
                 last_user = text
                 user_texts.append(text)
+                user_actions.append(actions)
             elif item["role"] == "assistant" and _has_fence(text):
                 actions += 1
         elif kind == "function_call_output":
@@ -217,6 +224,7 @@ def parse_responses(body: Json) -> Request:
         tool_output,
         _max_tokens(body, "max_output_tokens"),
         user_texts=user_texts,
+        user_actions=user_actions,
         actions=actions,
     )
 
@@ -229,6 +237,7 @@ def parse_anthropic(body: Json) -> Request:
     texts = [_text(body.get("system"), "system")]
     last_user, tool_output = "", None
     user_texts: list[str] = []
+    user_actions: list[int] = []
     actions = 0
     for i, message in enumerate(messages):
         role = message.get("role")
@@ -258,6 +267,7 @@ def parse_anthropic(body: Json) -> Request:
         if role == "user" and not results:
             last_user = text
             user_texts.append(text)
+            user_actions.append(actions)
     return _common(
         body,
         texts,
@@ -265,5 +275,6 @@ def parse_anthropic(body: Json) -> Request:
         tool_output,
         max_tokens,
         user_texts=user_texts,
+        user_actions=user_actions,
         actions=actions,
     )

@@ -37,7 +37,7 @@ def _typed_floats_finite(trace: Trace) -> bool:
     total += sum(r.value for r in trace.rewards.values() if r.value is not None)
     total += sum(r.weight for r in trace.rewards.values())
     total += sum(v for v in trace.metrics.values() if v is not None)
-    for timing in trace.timing.values():
+    for timing in [*trace.timing.values(), *trace.segments]:
         total += timing.start + (timing.end or 0.0)
     for call in trace.calls:
         total += call.started_at + call.ended_at

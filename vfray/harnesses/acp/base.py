@@ -1,0 +1,275 @@
+"""The ACP harness base: one live agent process per rollout, spoken to over stdio with the Agent
+Client Protocol. Segment 1 starts the process, opens an ACP session in the box's work dir and
+sends the task's prompt; each later segment is a new ``session/prompt`` on the same session, so
+the agent resumes with its whole context. The ACP transcript is kept as a rollout artifact.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from vfray.errors import ConfigError, HarnessError, SandboxError
+from vfray.harness import HarnessConfig, LaunchContext
+from vfray.harnesses._agent import AGENT_DIR, AgentHarnessConfig, ProvisionedHarness, prompt_text
+from vfray.harnesses.session import AgentSession
+from vfray.provision import InstalledTool
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.live import LiveProcess
+from vfray.trace import Message
+
+TRANSCRIPT_PATH = f"{AGENT_DIR}/acp-transcript.jsonl"
+"""Where the session's ACP transcript is written in the box when it closes (then kept)."""
+STDERR_TAIL = 16 * 1024
+"""Bytes of the agent's stderr kept for a failure's message."""
+CLEAN_STOPS = ("end_turn", "max_tokens", "max_turn_requests", "refusal")
+"""Stop reasons of a prompt turn that the agent ended itself (the segment ended cleanly)."""
+
+
+def _acp() -> Any:
+    try:
+        import acp
+    except ImportError:
+        raise ConfigError(
+            "the ACP harnesses need the Agent Client Protocol SDK: pip install 'vfray[acp]'"
+        ) from None
+    return acp
+
+
+class AcpHarnessConfig(AgentHarnessConfig):
+    """Options every ACP harness takes."""
+
+    stop_grace: float = 3.0
+    """Seconds the agent process gets to exit after SIGTERM when the session closes."""
+
+
+class AcpHarness(ProvisionedHarness):
+    """A live-session harness: subclasses give the tool to provision, the agent's command line
+    and its environment (:meth:`agent_argv`, :meth:`agent_env`)."""
+
+    config_type: ClassVar[type[HarnessConfig]] = AcpHarnessConfig
+    config: AcpHarnessConfig
+    ARTIFACTS = (TRANSCRIPT_PATH,)
+    SUPPORTS_RESUME = True
+    APPENDS_SYSTEM_PROMPT = False
+
+    @abc.abstractmethod
+    def agent_argv(self, tool: InstalledTool) -> list[str]:
+        """The agent's command line (it speaks ACP on its stdin/stdout)."""
+
+    @abc.abstractmethod
+    async def agent_env(
+        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool, workdir: str
+    ) -> dict[str, str]:
+        """The agent's environment; ``workdir`` is the box's absolute work dir, under which
+        config files it needs may be written."""
+
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        _acp()  # a missing SDK is a config error, before any rollout starts
+        super().__init__(config)
+
+    def open_session(
+        self, runtime: Runtime, history: Callable[[], Sequence[Message]]
+    ) -> AgentSession:
+        return AcpSession(self, runtime, history)
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        """A one-segment session: the prompt, then the process is stopped."""
+        session = AcpSession(self, runtime, list)
+        try:
+            return await session.segment(ctx, None)
+        finally:
+            await session.close()
+
+
+class _Pipe:
+    """An ACP message transport over a live process's stdin and stdout (newline-delimited
+    JSON, lines of any length)."""
+
+    def __init__(self, process: LiveProcess) -> None:
+        self.process = process
+        self._buffer = bytearray()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.process.stdin.write(json.dumps(message, ensure_ascii=False).encode() + b"\n")
+        await self.process.stdin.drain()
+
+    async def receive(self) -> dict[str, Any] | None:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                chunk = await self.process.stdout.read(65536)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+                continue
+            line = bytes(self._buffer[:end]).strip()
+            del self._buffer[: end + 1]
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # a stray log line on stdout is not a message
+            if isinstance(message, dict):
+                return message
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.stdin.close()
+
+
+class AcpSession(AgentSession):
+    """One agent process and its ACP session, across the rollout's segments."""
+
+    harness: AcpHarness
+
+    def __init__(
+        self, harness: AcpHarness, runtime: Runtime, history: Callable[[], Sequence[Message]]
+    ) -> None:
+        super().__init__(harness, runtime, history)
+        from vfray.harnesses.acp._client import BoxClient, Transcript
+
+        self.transcript = Transcript()
+        self.client = BoxClient(runtime, self.transcript)
+        self.process: LiveProcess | None = None
+        self.connection: Any = None
+        self.session_id: str | None = None
+        self._stderr = bytearray()
+        self._stderr_reader: asyncio.Future[None] | None = None
+
+    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+        """Start the agent on the first segment, then send the segment's prompt. An agent that
+        dies or breaks the protocol is a failed program (its exit status and stderr), like a
+        one-shot harness's, and the rollout goes on to keep its transcript."""
+        self.segments += 1
+        started = asyncio.get_running_loop().time()
+        try:
+            if self.process is None:
+                await self._start(ctx)
+                text = prompt_text(self.harness.resolve_prompt(ctx.data))
+                if message is not None:
+                    text = f"{text}\n\n{message}" if text else message
+            else:
+                text = message or ""
+            return await self._prompt(text, started)
+        except HarnessError as exc:
+            self.transcript.add("error", message=str(exc))
+            code = self.process.returncode if self.process is not None else None
+            return self._result(code or 1, str(exc), started)
+
+    async def _start(self, ctx: LaunchContext) -> None:
+        acp = _acp()
+        tool = await self.harness.installed()
+        found = await self.runtime.run(["/bin/sh", "-c", "pwd"])
+        workdir = found.stdout.strip()
+        if not found.ok or not workdir.startswith("/"):
+            raise SandboxError(f"cannot find the box's work dir: {found.stderr.strip()}")
+        env = await self.harness.agent_env(ctx, self.runtime, tool, workdir)
+        argv = [*self.harness.agent_argv(tool), *self.harness.config.extra_args]
+        self.process = await self.runtime.open_process(argv, env=env)
+        self.transcript.add("process", argv=argv, pid=self.process.pid)
+        self._stderr_reader = asyncio.ensure_future(self._drain_stderr(self.process))
+        self.connection = acp.connect_to_agent(self.client, _Pipe(self.process))
+        schema = acp.schema
+        capabilities = schema.ClientCapabilities(
+            fs=schema.FileSystemCapabilities(read_text_file=True, write_text_file=True),
+            terminal=True,
+        )
+        init = await self._call(
+            self.connection.initialize(
+                protocol_version=acp.PROTOCOL_VERSION,
+                client_capabilities=capabilities,
+                client_info=schema.Implementation(name="vfray", version="0"),
+            )
+        )
+        self.transcript.add("initialize", response=init)
+        session = await self._call(self.connection.new_session(cwd=workdir, mcp_servers=[]))
+        self.session_id = session.session_id
+        self.transcript.add("new_session", cwd=workdir, response=session)
+
+    async def _prompt(self, text: str, started: float) -> ProgramResult:
+        acp = _acp()
+        self.transcript.add("prompt", text=text)
+        response = await self._call(
+            self.connection.prompt(session_id=self.session_id, prompt=[acp.text_block(text)])
+        )
+        self.transcript.add("prompt_response", response=response)
+        reason = str(getattr(response.stop_reason, "value", response.stop_reason))
+        if reason in CLEAN_STOPS:
+            return self._result(0, f"stop reason: {reason}", started)
+        message = f"the agent's turn ended with stop reason {reason!r}"
+        return self._result(1, f"{message}\n{self._tail()}".strip(), started)
+
+    async def _call(self, request: Any) -> Any:
+        """Await one ACP request, or the agent process's exit, whichever comes first."""
+        assert self.process is not None
+        call = asyncio.ensure_future(request)
+        exited = asyncio.ensure_future(self.process.wait())
+        try:
+            await asyncio.wait({call, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+            raise await self._gone()
+        try:
+            return call.result()
+        except Exception as exc:
+            acp = _acp()
+            if isinstance(exc, acp.RequestError):
+                detail = f" {exc.data}" if exc.data else ""
+                raise HarnessError(f"the ACP agent answered an error: {exc}{detail}") from exc
+            if isinstance(exc, ConnectionError):
+                raise await self._gone() from exc
+            raise
+
+    async def _gone(self) -> HarnessError:
+        """The error for an agent whose stdout closed: its exit status (when it exits within
+        a moment) and the tail of its stderr."""
+        assert self.process is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.process.wait(), 2.0)
+        if self._stderr_reader is not None:
+            await asyncio.wait({self._stderr_reader}, timeout=1.0)
+        code = self.process.returncode
+        how = "closed its output" if code is None else f"exited ({code})"
+        return HarnessError(f"the ACP agent {how} mid-request: {self._tail()}")
+
+    def _result(self, code: int, message: str, started: float) -> ProgramResult:
+        duration = asyncio.get_running_loop().time() - started
+        return ProgramResult(exit_code=code, stderr=message, duration=duration)
+
+    async def _drain_stderr(self, process: LiveProcess) -> None:
+        with contextlib.suppress(Exception):
+            while chunk := await process.stderr.read(65536):
+                self._stderr += chunk
+                if len(self._stderr) > STDERR_TAIL:
+                    del self._stderr[: len(self._stderr) - STDERR_TAIL]
+
+    def _tail(self) -> str:
+        return self._stderr.decode("utf-8", errors="replace").strip()[-4000:]
+
+    async def close(self) -> None:
+        """Stop the agent and its terminals, then write the transcript into the box."""
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.connection.close(), 2.0)
+        await self.client.close()
+        if self.process is not None:
+            with contextlib.suppress(Exception):
+                code = await self.process.stop(self.harness.config.stop_grace)
+                self.transcript.add("process_exit", pid=self.process.pid, status=code)
+        if self._stderr_reader is not None:
+            self._stderr_reader.cancel()
+        if self._stderr:
+            self.transcript.add("agent_stderr", tail=self._tail())
+        if self.transcript.lines:
+            with contextlib.suppress(SandboxError, OSError):
+                await self.runtime.write(TRANSCRIPT_PATH, self.transcript.text().encode())

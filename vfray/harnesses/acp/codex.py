@@ -1,0 +1,56 @@
+"""The ``codex-acp`` harness: Codex behind Zed's ACP adapter (npm ``@zed-industries/codex-acp``,
+a native binary), one live process per rollout in the Responses dialect against the interception
+through the same provider entry as the ``codex`` harness.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from vfray.harness import HarnessConfig, LaunchContext
+from vfray.harnesses.acp.base import AcpHarness, AcpHarnessConfig
+from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.codex import CODEX_HOME, KEY_VAR, config_toml
+from vfray.provision import InstalledTool, ToolSpec
+from vfray.runtimes.base import Runtime
+
+
+class CodexAcpConfig(AcpHarnessConfig):
+    """Options of the codex-acp harness."""
+
+    version: str = "0.16.0"
+    reasoning_effort: str | None = None
+    """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
+
+
+class CodexAcpHarness(AcpHarness):
+    """Codex as a live ACP agent, with no approvals and no sandbox of its own (the box is one)."""
+
+    id = "codex-acp"
+    config_type: ClassVar[type[HarnessConfig]] = CodexAcpConfig
+    config: CodexAcpConfig
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="codex-acp",
+            kind="npm",
+            package="@zed-industries/codex-acp",
+            version=self.config.version,
+        )
+
+    def agent_argv(self, tool: InstalledTool) -> list[str]:
+        return [tool.executable("codex-acp")]
+
+    async def agent_env(
+        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool, workdir: str
+    ) -> dict[str, str]:
+        toml = config_toml(ctx.model, openai_base_url(ctx.endpoint), self.config.reasoning_effort)
+        # Top-level keys go before the tables config_toml ends with.
+        policy = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
+        await runtime.write(f"{CODEX_HOME}/config.toml", (policy + toml).encode())
+        return {
+            "PATH": tool.path_env(),
+            "CODEX_HOME": f"{workdir}/{CODEX_HOME}",
+            KEY_VAR: ctx.secret,
+            **self.config.env,
+        }
