@@ -186,6 +186,8 @@ async def test_modal_argument_mapping() -> None:
     assert await rt.host_url("http://127.0.0.1:8000/v1?a=1") == "https://x.example/p/v1?a=1"
     with pytest.raises(ConfigError, match="public_base_url"):
         await make_runtime("modal").host_url("http://127.0.0.1:1/v1")
+    exposing = make_runtime("modal", exposed_ports=[8000])
+    assert exposing.create_options()["encrypted_ports"] == [8000]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("kind", LOCAL)

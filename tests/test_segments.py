@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from vfray.environment import InProcessBroker, LocalEnvironment
+from vfray.run.environment import InProcessBroker, LocalEnvironment
 
 import vfray as vf
 from vfray.harnesses import NullHarness
