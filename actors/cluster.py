@@ -11,6 +11,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import _local_ray
+from actors.interception_pool import PoolRef
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import SandboxHost
 from actors.sink import TraceSink
@@ -73,6 +74,7 @@ def start_hosts(
     runtime_options: dict[str, Any],
     max_concurrency: int,
     max_restarts: int = -1,
+    interception: PoolRef | None = None,
 ) -> list[Any]:
     """Create ``count`` SandboxHosts dealt round-robin over the alive nodes (soft affinity, so
     a host whose node dies restarts elsewhere). They reserve no Ray CPUs: sandbox processes are
@@ -95,6 +97,7 @@ def start_hosts(
             api_key_var=api_key_var,
             harness_options=harness_options,
             runtime_options=runtime_options,
+            interception=interception,
         )
         for i in range(count)
     ]

@@ -7,6 +7,8 @@ its sessions and its rollouts down together, so turns are never lost silently â€
 the actor die and retries those rollouts elsewhere. With the default of one host per node this is
 exactly "one endpoint per node shared by all its rollouts". Serve's own HTTP proxy measured
 ~10 ms p50 here versus ~0.5 ms for uvicorn in an actor, so direct ingress is the default anyway.
+With ``farm.interception = "serve"`` the host instead opens its sessions with its node's replica
+of the interception deployment (:mod:`actors.interception_pool`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import ray
 
+from actors.interception_pool import PoolRef, ServeBroker
 from vfray.environment import InProcessBroker
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
@@ -41,6 +44,7 @@ class SandboxHost:
         harness_options: dict[str, Any] | None = None,
         runtime_options: dict[str, Any] | None = None,
         bind_host: str | None = None,
+        interception: PoolRef | None = None,
     ) -> None:
         self.plan = plan
         # The key is read here, on the host's node, so it never travels through the driver.
@@ -53,6 +57,7 @@ class SandboxHost:
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
         # runtime's unix-socket bridge); nothing off the node has to, so nothing off it can.
         self.bind_host = bind_host or "127.0.0.1"
+        self.broker = ServeBroker(interception) if interception is not None else None
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()
@@ -61,6 +66,8 @@ class SandboxHost:
 
     async def url(self) -> str:
         """The interception endpoint (``.../v1``), started on first use."""
+        if self.broker is not None:
+            return await self.broker.url()
         async with self._lock:
             if self._url is None:
                 base = await self._stack.enter_async_context(
@@ -86,7 +93,7 @@ class SandboxHost:
                 plan=self.plan,
                 harness=self.harness,
                 runtime_options=self.runtime_options,
-                broker=InProcessBroker(self.app),
+                broker=self.broker or InProcessBroker(self.app),
                 interception_url=url,
                 rollout_index=rollout_index,
                 attempt=attempt,
@@ -105,6 +112,8 @@ class SandboxHost:
 
     async def set_policy_version(self, version: int | None) -> None:
         self.app.policy_version = version
+        if self.broker is not None:
+            await self.broker.set_policy_version(version)
 
     async def stats(self) -> dict[str, Any]:
         return {
@@ -112,8 +121,8 @@ class SandboxHost:
             "pid": os.getpid(),
             "in_flight": len(self._in_flight),
             "completed": self.completed,
-            "sessions": self.app.session_count,
-            "url": self._url,
+            "sessions": (self.broker or self.app).session_count,
+            "url": self._url if self.broker is None else await self.broker.url(),
         }
 
     async def shutdown(self) -> int:

@@ -89,6 +89,18 @@ class EnvConfig(BaseModel):
         )
 
 
+class FarmConfig(BaseModel):
+    """How the Ray backend lays the farm out on the cluster (the local backend ignores it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interception: Literal["host", "serve"] = Field(
+        "host",
+        description="where the interception runs: host (inside each SandboxHost) or serve (a "
+        "Ray Serve deployment, one replica per node)",
+    )
+
+
 class EvalConfig(BaseSettings):
     """A whole evaluation run."""
 
@@ -112,6 +124,7 @@ class EvalConfig(BaseSettings):
         "ray", description="ray (a cluster, or a local Ray) or local (this process, no Ray)"
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    farm: FarmConfig = Field(default_factory=FarmConfig)
 
     @model_validator(mode="after")
     def _address_needs_ray(self) -> EvalConfig:

@@ -110,6 +110,7 @@ class Farm:
         self._started_ray = False
         self._hosts: list[Any] = []
         self._model_actor: Any = None
+        self._pool: Any = None  # the interception deployment (farm.interception = "serve")
         self._local_run: LocalRun | None = None  # a backend="local" run in progress
         self._closed = False
         self._streams: list[GroupStream] = []
@@ -172,6 +173,16 @@ class Farm:
         else:
             base_url = self.config.model.base_url
         count = self.num_hosts or max(1, len(cluster.alive_nodes()))
+        if self.config.farm.interception == "serve":
+            from actors.interception_pool import start_pool
+
+            self._pool = start_pool(
+                base_url=base_url,
+                model=self.config.model.name,
+                sampling=self.config.sampling.as_params(),
+                api_key_var=self.config.model.api_key_var,
+                replicas=max(1, len(cluster.alive_nodes())),
+            )
         self._hosts = cluster.start_hosts(
             count,
             self.plan,
@@ -180,6 +191,7 @@ class Farm:
             harness_options=dict(self.config.env.harness.options),
             runtime_options=dict(self.config.env.runtime.options),
             max_concurrency=self.host_concurrency,
+            interception=self._pool,
         )
         # Fail here, with the host's own error, when a host cannot come up.
         ray.get([h.url.remote() for h in self._hosts])
@@ -234,6 +246,11 @@ class Farm:
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
+        if self._pool is not None:
+            from actors.interception_pool import stop_pool
+
+            stop_pool(self._pool)
+            self._pool = None
         self._hosts = []
         self._model_actor = None
         if self._started_ray:
