@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def serve_farm(out: Path, **kw: Any) -> Farm:
     config = vf.EvalConfig()
     config.farm.interception = "serve"
+    config.farm.hosts_per_node = 2
     options: dict[str, Any] = {
         "config": config,
         "model": "scripted:arithmetic",
@@ -33,7 +34,6 @@ def serve_farm(out: Path, **kw: Any) -> Farm:
         "output_dir": str(out),
         "progress": False,
         "max_concurrent": 8,
-        "hosts": 2,
     }
     options.update(kw)
     return Farm(**options)
@@ -68,6 +68,7 @@ def test_rollouts_record_their_turns_through_the_node_replica(farm: Farm) -> Non
     assert all(row["ok"] for row in traces)
     assert all(row["num_calls"] >= 1 for row in traces)  # each turn was recorded remotely
     stats = replica_stats(farm)
+    assert len(farm.host_stats()) == 2  # farm.hosts_per_node
     assert stats["sessions"] == 0  # every session was concluded
     assert stats["pid"] not in {h["pid"] for h in farm.host_stats()}  # its own process
     # Every host on the node hands its boxes the replica's own listener (direct ingress).

@@ -90,7 +90,8 @@ class EnvConfig(BaseModel):
 
 
 class FarmConfig(BaseModel):
-    """How the Ray backend lays the farm out on the cluster (the local backend ignores it)."""
+    """How the farm runs: retries and row flushing, and on the Ray backend the layout of its
+    SandboxHosts and interception on the nodes (the local backend is one host in-process)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -99,6 +100,30 @@ class FarmConfig(BaseModel):
         description="where the interception runs: host (inside each SandboxHost) or serve (a "
         "Ray Serve deployment, one replica per node)",
     )
+    hosts: int | None = Field(
+        None, ge=1, description="SandboxHosts in all (default: per node, see hosts_per_node)"
+    )
+    hosts_per_node: int | None = Field(
+        None, ge=1, description="SandboxHosts on each node (default: from its CPUs)"
+    )
+    cpus_per_host: float = Field(
+        4.0,
+        gt=0,
+        description="by default one SandboxHost per this many CPUs of a node, at least one "
+        "(16 cores: 1 host 50.8 rollouts/s, 4 hosts 115.7)",
+    )
+    host_concurrency: int = Field(4096, ge=1, description="rollouts one SandboxHost runs at once")
+    launch_concurrency: int | None = Field(
+        None,
+        ge=0,
+        description="harness programs starting at once per host (default 8 x its CPUs; 0: "
+        "unthrottled); for runtimes that launch programs here (subprocess, bwrap)",
+    )
+    max_retries: int = Field(
+        2, ge=0, description="retries of a rollout whose host or interception failed"
+    )
+    flush_rows: int = Field(1000, ge=1, description="trace rows buffered per Parquet part")
+    flush_seconds: float = Field(5.0, gt=0, description="seconds before buffered rows are written")
 
 
 class EvalConfig(BaseSettings):
@@ -125,6 +150,13 @@ class EvalConfig(BaseSettings):
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     farm: FarmConfig = Field(default_factory=FarmConfig)
+
+    def runtime_options(self) -> dict[str, Any]:
+        """The runtime's options, with ``farm.launch_concurrency`` when it is set."""
+        options = dict(self.env.runtime.options)
+        if self.farm.launch_concurrency is not None:
+            options.setdefault("launch_concurrency", self.farm.launch_concurrency)
+        return options
 
     @model_validator(mode="after")
     def _address_needs_ray(self) -> EvalConfig:

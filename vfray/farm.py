@@ -66,11 +66,11 @@ class Farm:
         address: str | None = None,
         backend: str | None = None,
         hosts: int | None = None,
-        host_concurrency: int = 4096,
-        max_retries: int = 2,
+        host_concurrency: int | None = None,
+        max_retries: int | None = None,
         progress: bool = True,
-        flush_rows: int = 1000,
-        flush_seconds: float = 5.0,
+        flush_rows: int | None = None,
+        flush_seconds: float | None = None,
         num_cpus: int | None = None,
     ) -> None:
         cfg = (config or EvalConfig()).model_copy(deep=True)
@@ -94,17 +94,29 @@ class Farm:
             cfg.address = address
         if backend is not None:
             cfg.backend = backend  # type: ignore[assignment]  # validated just below
+        # The farm knobs live in the config tree (farm.*); these arguments override them.
+        knobs = {
+            "hosts": hosts,
+            "host_concurrency": host_concurrency,
+            "max_retries": max_retries,
+            "flush_rows": flush_rows,
+            "flush_seconds": flush_seconds,
+        }
+        for knob, value in knobs.items():
+            if value is not None:
+                setattr(cfg.farm, knob, value)
         try:
             self.config = EvalConfig.model_validate(cfg.model_dump())
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc)) from exc
         self._validate_endpoint()
-        self.num_hosts = hosts
-        self.host_concurrency = host_concurrency
-        self.max_retries = max_retries
+        layout = self.config.farm
+        self.num_hosts = layout.hosts
+        self.host_concurrency = layout.host_concurrency
+        self.max_retries = layout.max_retries
         self.progress = progress
-        self.flush_rows = flush_rows
-        self.flush_seconds = flush_seconds
+        self.flush_rows = layout.flush_rows
+        self.flush_seconds = layout.flush_seconds
         self.num_cpus = num_cpus
         self.policy_version: int | None = None
         self._started_ray = False
@@ -172,7 +184,9 @@ class Farm:
             base_url = ray.get(self._model_actor.url.remote())
         else:
             base_url = self.config.model.base_url
-        count = self.num_hosts or max(1, len(cluster.alive_nodes()))
+        placement = cluster.host_placement(
+            self.num_hosts, self.config.farm.hosts_per_node, self.config.farm.cpus_per_host
+        )
         if self.config.farm.interception == "serve":
             from actors.interception_pool import start_pool
 
@@ -184,12 +198,12 @@ class Farm:
                 replicas=max(1, len(cluster.alive_nodes())),
             )
         self._hosts = cluster.start_hosts(
-            count,
+            placement,
             self.plan,
             base_url=base_url,
             api_key_var=self.config.model.api_key_var,
             harness_options=dict(self.config.env.harness.options),
-            runtime_options=dict(self.config.env.runtime.options),
+            runtime_options=self.config.runtime_options(),
             max_concurrency=self.host_concurrency,
             interception=self._pool,
         )

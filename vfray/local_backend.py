@@ -140,7 +140,7 @@ def environment_from_config(config: EvalConfig) -> LocalEnvironment:
         harness=env.harness.id,
         harness_options=env.harness.options,
         runtime=env.runtime.type,
-        runtime_options=env.runtime.options,
+        runtime_options=config.runtime_options(),
         sampling=config.sampling.as_params(),
         limits=env.limits(),
         timeouts=env.timeouts,
