@@ -16,6 +16,7 @@ from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import SandboxHost
 from actors.sink import TraceSink
 from vfray.rollout import RolloutPlan
+from vfray.tunnels import TunnelSettings
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ def start_hosts(
     max_concurrency: int,
     max_restarts: int = -1,
     interception: PoolRef | None = None,
+    tunnel: TunnelSettings | None = None,
 ) -> list[Any]:
     """Create one SandboxHost per entry of ``placement`` on that node (soft affinity, so a host
     whose node dies restarts elsewhere; "" places it anywhere). They reserve no Ray CPUs:
@@ -124,6 +126,7 @@ def start_hosts(
             harness_options=harness_options,
             runtime_options=runtime_options,
             interception=interception,
+            tunnel=tunnel,
         )
         for node in placement
     ]

@@ -28,6 +28,7 @@ from vfray.errors import InterceptionError
 from vfray.interception import InterceptionApp, Limits, Upstream
 from vfray.serving import serve_in_loop
 from vfray.trace import Trace
+from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class InterceptionReplica:
         sampling: Mapping[str, Any],
         api_key_var: str | None = None,
         bind_host: str = "127.0.0.1",
+        tunnel: TunnelSettings | None = None,
     ) -> None:
         # The key is read here, on the replica's node, so it never travels through the driver.
         api_key = os.environ.get(api_key_var) if api_key_var else None
@@ -83,6 +85,8 @@ class InterceptionReplica:
             serve_in_loop(self.app, bind_host, 0, timeout_keep_alive=600)
         )
         self.url = root + "/v1"
+        # The node's one tunnel for boxes off the node, opened by the first one's session.
+        self.tunnel = TunnelKeeper(tunnel or TunnelSettings(), self.url)
 
     async def endpoint(self, node_id: str) -> tuple[str, str] | None:
         """(url, incarnation) when this replica is on ``node_id``, else None."""
@@ -98,15 +102,18 @@ class InterceptionReplica:
         stop_check: Callable[[Trace], Awaitable[str | None]] | None,
         sampling: Mapping[str, Any] | None,
         policy_version: int | None,
+        remote: bool = False,
     ) -> Registration | None:
-        """Open a session; None when this replica is not on ``node_id`` (nothing opened)."""
+        """Open a session; None when this replica is not on ``node_id`` (nothing opened).
+        A ``remote`` box (off the node) is handed the URL of the node's tunnel."""
         if node_id != self.node_id:
             return None
+        url = await self.tunnel.public_url(self.url) if remote else self.url
         self.app.policy_version = policy_version
         secret = self.app.register(
             trace, limits, stop_check, dict(sampling) if sampling is not None else None
         )
-        return Registration(secret, self.url, self.incarnation)
+        return Registration(secret, url, self.incarnation)
 
     async def conclude(self, node_id: str, incarnation: str, secret: str) -> Concluded:
         if node_id != self.node_id:
@@ -131,6 +138,7 @@ class InterceptionReplica:
             "incarnation": self.incarnation,
             "sessions": self.app.session_count,
             "url": self.url,
+            "tunnels_opened": self.tunnel.opened,
         }
 
     async def check_health(self) -> None:
@@ -139,6 +147,7 @@ class InterceptionReplica:
             raise RuntimeError("the interception listener is closed")
 
     async def __del__(self) -> None:
+        await self.tunnel.close()
         self.app.closing = True
         await self._stack.aclose()
         await self.app.aclose()
@@ -151,6 +160,7 @@ def start_pool(
     sampling: Mapping[str, Any],
     api_key_var: str | None,
     replicas: int,
+    tunnel: TunnelSettings | None = None,
 ) -> PoolRef:
     """Deploy the pool as its own Serve application (Serve started without an HTTP proxy when
     it is not running yet): ``replicas`` replicas, at most one per node."""
@@ -169,7 +179,7 @@ def start_pool(
         ray_actor_options={"num_cpus": 0},
         health_check_period_s=2,
     )(InterceptionReplica)
-    app = deployment.bind(base_url, model, dict(sampling), api_key_var)
+    app = deployment.bind(base_url, model, dict(sampling), api_key_var, tunnel=tunnel)
     serve.run(app, name=name, route_prefix=None, blocking=False)
     return PoolRef(name)
 
@@ -184,7 +194,7 @@ def stop_pool(pool: PoolRef) -> None:
 class ServeBroker:
     """A SandboxHost's :class:`~vfray.rollout.SessionBroker` for its node's replica."""
 
-    def __init__(self, pool: PoolRef) -> None:
+    def __init__(self, pool: PoolRef, *, remote: bool = False) -> None:
         from ray import serve
 
         self.node_id: str = ray.get_runtime_context().get_node_id()
@@ -193,6 +203,8 @@ class ServeBroker:
         handle._init(_prefer_local_routing=True)  # type: ignore[no-untyped-call]
         self.handle = handle
         self.policy_version: int | None = None
+        self.remote = remote
+        """The run's boxes are off the node: sessions get the node tunnel's URL."""
         self._endpoint: tuple[str, str] | None = None
         # Live sessions by secret: the replica incarnation (and its URL) that opened each.
         self._opened: dict[str, Registration] = {}
@@ -234,10 +246,9 @@ class ServeBroker:
         sampling: Mapping[str, Any] | None,
     ) -> str:
         reg: Registration = await self._ask(
-            "register", trace, limits, stop_check, sampling, self.policy_version
+            "register", trace, limits, stop_check, sampling, self.policy_version, self.remote
         )
         self._opened[reg.secret] = reg
-        self._endpoint = (reg.url, reg.incarnation)
         return reg.secret
 
     def endpoint(self, secret: str) -> str | None:

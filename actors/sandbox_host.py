@@ -27,9 +27,11 @@ from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
 from vfray.outcomes import RolloutOutcome
 from vfray.rollout import RolloutPlan, run_planned_rollout
+from vfray.runtimes.registry import runtime_class
 from vfray.serving import serve_in_loop
 from vfray.task import Task
 from vfray.trace import Trace
+from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 
 class SandboxHost:
@@ -45,6 +47,7 @@ class SandboxHost:
         runtime_options: dict[str, Any] | None = None,
         bind_host: str | None = None,
         interception: PoolRef | None = None,
+        tunnel: TunnelSettings | None = None,
     ) -> None:
         self.plan = plan
         # The key is read here, on the host's node, so it never travels through the driver.
@@ -57,7 +60,14 @@ class SandboxHost:
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
         # runtime's unix-socket bridge); nothing off the node has to, so nothing off it can.
         self.bind_host = bind_host or "127.0.0.1"
-        self.broker = ServeBroker(interception) if interception is not None else None
+        # Boxes off the node reach the interception through the node's tunnel: the replica's
+        # with Serve, else this host's own (opened by its first remote box).
+        self.remote = runtime_class(plan.runtime_type).REMOTE
+        self.tunnel_settings = tunnel or TunnelSettings()
+        self.tunnel: TunnelKeeper | None = None
+        self.broker = (
+            ServeBroker(interception, remote=self.remote) if interception is not None else None
+        )
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()
@@ -74,6 +84,7 @@ class SandboxHost:
                     serve_in_loop(self.app, host=self.bind_host)
                 )
                 self._url = base + "/v1"
+                self.tunnel = TunnelKeeper(self.tunnel_settings, self._url)
             return self._url
 
     async def run_rollout(
@@ -87,6 +98,8 @@ class SandboxHost:
         """Run one rollout; returns a small outcome (for the driver) and the trace (for the
         episode task) as two Ray objects when called with ``num_returns=2``."""
         url = await self.url()
+        if self.remote and self.tunnel is not None:
+            url = await self.tunnel.public_url(url)
         job = asyncio.ensure_future(
             run_planned_rollout(
                 task,
@@ -132,6 +145,8 @@ class SandboxHost:
             job.cancel()
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
+        if self.tunnel is not None:
+            await self.tunnel.close()
         await self._stack.aclose()
         with contextlib.suppress(Exception):
             await self.app.aclose()

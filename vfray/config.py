@@ -20,6 +20,7 @@ from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.retry import RetryPolicy
 from vfray.rollout import Timeouts
+from vfray.tunnels import TunnelSettings
 
 
 class ModelConfig(BaseModel):
@@ -124,6 +125,7 @@ class FarmConfig(BaseModel):
     )
     flush_rows: int = Field(1000, ge=1, description="trace rows buffered per Parquet part")
     flush_seconds: float = Field(5.0, gt=0, description="seconds before buffered rows are written")
+    tunnel: TunnelSettings = Field(default_factory=TunnelSettings)
 
 
 class EvalConfig(BaseSettings):

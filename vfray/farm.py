@@ -196,6 +196,7 @@ class Farm:
                 sampling=self.config.sampling.as_params(),
                 api_key_var=self.config.model.api_key_var,
                 replicas=max(1, len(cluster.alive_nodes())),
+                tunnel=self.config.farm.tunnel,
             )
         self._hosts = cluster.start_hosts(
             placement,
@@ -206,6 +207,7 @@ class Farm:
             runtime_options=self.config.runtime_options(),
             max_concurrency=self.host_concurrency,
             interception=self._pool,
+            tunnel=self.config.farm.tunnel,
         )
         # Fail here, with the host's own error, when a host cannot come up.
         ray.get([h.url.remote() for h in self._hosts])
