@@ -151,3 +151,38 @@ def test_remote_boxes_reach_the_interception_through_one_tunnel_per_node(
     assert len(rows) == 12 and all(r["ok"] and r["num_calls"] >= 1 for r in rows), rows[0]
     # Serve: the node's one replica owns the tunnel; host: each SandboxHost owns one.
     assert isle.accepted() - accepted == (1 if interception == "serve" else 2)
+
+
+@needs_root_net
+@pytest.mark.slow
+def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
+    isle: Island, tmp_path: Path, ray_fresh: None
+) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    try:
+        accepted = isle.accepted()
+        farm = netns_farm(isle, tmp_path, "serve")
+        farm.config.address = cluster.address
+        farm.config.farm.hosts_per_node = 1
+        with farm:
+            result = farm.run(ArithmeticTaskset(num_tasks=9), rollouts_per_task=2)
+            hosts = farm.host_stats()
+        rows = result.traces.to_pylist()
+        assert len(rows) == 18 and all(r["ok"] for r in rows)
+        assert len({h["node_id"] for h in hosts}) == 3
+        # Each node's hosts use their own node's replica (three listeners), and each replica
+        # opened one tunnel: three connections to the sshd in all.
+        assert len({h["url"] for h in hosts}) == 3
+        assert isle.accepted() - accepted == 3
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
