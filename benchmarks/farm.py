@@ -11,7 +11,7 @@ errors.
 
     python benchmarks/farm.py               # ~8 minutes on 2 cores
     python benchmarks/farm.py --quick       # ~3 minutes
-    python benchmarks/farm.py --skip-capacity --skip-cluster --hosts 1 --latencies 0  # host vs serve
+    python benchmarks/farm.py --skip-capacity --skip-cluster --hosts 1 --latencies 0  # host/serve
     python benchmarks/farm.py --tasks 200 --concurrency 256 --sessions 1000,5000,10000,15000
 """
 
