@@ -5,7 +5,6 @@ side of a veth pair, where the test's own sshd listens — and a runtime whose p
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -124,4 +123,3 @@ def island() -> Iterator[Island]:
             _sh("ip", "link", "del", host_end)
         _sh("ip", "netns", "del", ns)
         shutil.rmtree(temp, ignore_errors=True)
-        os.environ.pop("VFRAY_UNUSED", None)
