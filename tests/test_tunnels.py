@@ -176,13 +176,19 @@ def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
         with farm:
             result = farm.run(ArithmeticTaskset(num_tasks=9), rollouts_per_task=2)
             hosts = farm.host_stats()
+            from ray import serve
+
+            app = serve.status().applications[farm._pool.app_name]
+            replicas = app.deployments["Interception"].replica_states
         rows = result.traces.to_pylist()
         assert len(rows) == 18 and all(r["ok"] for r in rows)
-        assert len({h["node_id"] for h in hosts}) == 3
-        # Each node's hosts use their own node's replica (three listeners), and each replica
-        # opened one tunnel: three connections to the sshd in all.
-        assert len({h["url"] for h in hosts}) == 3
-        assert isle.accepted() - accepted == 3
+        assert replicas == {"RUNNING": 3}  # one per node (at most one per node, three nodes)
+        # Each node's hosts use their own node's replica, and each replica that served remote
+        # boxes opened one tunnel: one sshd connection per node. (Ray may place a host off its
+        # soft-affine node on a loaded machine, so count the nodes the hosts are on.)
+        nodes = {h["node_id"] for h in hosts}
+        assert len({h["url"] for h in hosts}) == len(nodes) >= 2
+        assert isle.accepted() - accepted == len(nodes)
     finally:
         ray.shutdown()
         cluster.shutdown()
