@@ -204,7 +204,7 @@ def run_farm(args: argparse.Namespace) -> None:
         if base is None:
             continue
         for (label, lat), r in results.items():
-            if lat == latency and label != "1 node, 1 host(s)":
+            if lat == latency and label != "1 node, 1 host(s)" and "," not in label[7:]:
                 print(f"  {label} vs 1 host @ {latency:g}s: {r['rate'] / base['rate']:.2f}x")
     if "serve" in modes and "host" in modes:
         for (label, lat), r in results.items():
