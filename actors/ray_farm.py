@@ -1,6 +1,7 @@
 """The farm-lifetime backend on Ray (:class:`~vfray.run.backends.FarmBackend`): connects to Ray
-(a local one on loopback when no address is given), starts the built-in model actor and the
-SandboxHosts once, and opens each run over them with a TraceSink actor of its own."""
+(a local one on loopback when no address is given), starts the built-in model actor, the
+interception deployment (``farm.interception = "serve"``) and the SandboxHosts once, and opens
+each run over them with a TraceSink actor of its own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ray
 
 from actors import cluster
 from actors.backend import RayBackend
+from actors.interception_pool import PoolRef, start_pool, stop_pool
 from actors.shipping import ship_by_value
 from vfray.run.spec import RunSpec
 from vfray.task import Task
@@ -27,6 +29,8 @@ class RayFarm:
         self.policy_version: int | None = None
         self.hosts: list[Any] = []
         self.model_actor: Any = None
+        self.pool: PoolRef | None = None
+        """The interception deployment (``farm.interception = "serve"``)."""
         self._started_ray = False
 
     def start(self) -> None:
@@ -50,15 +54,29 @@ class RayFarm:
             base_url = ray.get(self.model_actor.url.remote())
         else:
             base_url = endpoint.base_url
-        count = spec.concurrency.hosts or max(1, len(cluster.alive_nodes()))
+        layout = spec.config.farm
+        placement = cluster.host_placement(
+            spec.concurrency.hosts, layout.hosts_per_node, layout.cpus_per_host
+        )
+        if layout.interception == "serve":
+            self.pool = start_pool(
+                base_url=base_url,
+                model=endpoint.model,
+                sampling=spec.plan.sampling,
+                api_key_var=endpoint.api_key_var,
+                replicas=max(1, len(cluster.alive_nodes())),
+                tunnel=layout.tunnel,
+            )
         self.hosts = cluster.start_hosts(
-            count,
+            placement,
             spec.plan,
             base_url=base_url,
             api_key_var=endpoint.api_key_var,
             harness_options=spec.harness_config.model_dump(),
             runtime_options=spec.runtime_options.as_kwargs(),
             max_concurrency=spec.concurrency.host_concurrency,
+            interception=self.pool,
+            tunnel=layout.tunnel,
         )
         # Fail here, with the host's own error, when a host cannot come up.
         ray.get([h.url.remote() for h in self.hosts])
@@ -97,7 +115,7 @@ class RayFarm:
         pass  # close() shuts the hosts down, which cancels their rollouts
 
     def close(self) -> None:
-        if not self.hosts and self.model_actor is None:
+        if not self.hosts and self.model_actor is None and self.pool is None:
             return
         with contextlib.suppress(Exception):
             ray.get([h.shutdown.remote() for h in self.hosts], timeout=120)
@@ -108,6 +126,9 @@ class RayFarm:
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
+        if self.pool is not None:
+            stop_pool(self.pool)
+            self.pool = None
         self.hosts = []
         self.model_actor = None
         if self._started_ray:

@@ -7,6 +7,8 @@ its sessions and its rollouts down together, so turns are never lost silently â€
 the actor die and retries those rollouts elsewhere. With the default of one host per node this is
 exactly "one endpoint per node shared by all its rollouts". Serve's own HTTP proxy measured
 ~10 ms p50 here versus ~0.5 ms for uvicorn in an actor, so direct ingress is the default anyway.
+With ``farm.interception = "serve"`` the host instead opens its sessions with its node's replica
+of the interception deployment (:mod:`actors.interception_pool`).
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from typing import Any
 
 import ray
 
+from actors.interception_pool import PoolRef, ServeBroker
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
+from vfray.runtimes.registry import runtime_class
 from vfray.serving import serve_in_loop
 from vfray.trace import Trace
+from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 
 class SandboxHost:
@@ -41,6 +46,8 @@ class SandboxHost:
         harness_options: dict[str, Any] | None = None,
         runtime_options: dict[str, Any] | None = None,
         bind_host: str | None = None,
+        interception: PoolRef | None = None,
+        tunnel: TunnelSettings | None = None,
     ) -> None:
         self.plan = plan
         # The key is read here, on the host's node, so it never travels through the driver.
@@ -57,6 +64,14 @@ class SandboxHost:
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
         # runtime's unix-socket bridge); nothing off the node has to, so nothing off it can.
         self.bind_host = bind_host or "127.0.0.1"
+        # Boxes off the node reach the interception through the node's tunnel: the replica's
+        # with Serve, else this host's own (opened by its first remote box).
+        self.remote = runtime_class(plan.runtime_type).REMOTE
+        self.tunnel_settings = tunnel or TunnelSettings()
+        self.tunnel: TunnelKeeper | None = None
+        self.broker = (
+            ServeBroker(interception, remote=self.remote) if interception is not None else None
+        )
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()
@@ -65,25 +80,30 @@ class SandboxHost:
 
     async def url(self) -> str:
         """The interception endpoint (``.../v1``), started on first use."""
+        if self.broker is not None:
+            return await self.broker.url()
         async with self._lock:
             if self._url is None:
                 base = await self._stack.enter_async_context(
                     serve_in_loop(self.app, host=self.bind_host)
                 )
                 self._url = base + "/v1"
+                self.tunnel = TunnelKeeper(self.tunnel_settings, self._url)
             return self._url
 
     async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace]:
         """Run one rollout; returns a small outcome (for the driver) and the trace (for the
         episode task) as two Ray objects when called with ``num_returns=2``."""
         url = await self.url()
+        if self.remote and self.tunnel is not None:
+            url = await self.tunnel.public_url(url)
         job = asyncio.ensure_future(
             run_planned_rollout(
                 rollout.task,
                 plan=self.plan,
                 harness=self.harness,
                 runtime_options=self.runtime_options,
-                broker=InProcessBroker(self.app),
+                broker=self.broker or InProcessBroker(self.app),
                 interception_url=url,
                 rollout_index=rollout.index,
                 attempt=rollout.attempt,
@@ -102,6 +122,8 @@ class SandboxHost:
 
     async def set_policy_version(self, version: int | None) -> None:
         self.app.policy_version = version
+        if self.broker is not None:
+            await self.broker.set_policy_version(version)
 
     async def stats(self) -> dict[str, Any]:
         return {
@@ -109,8 +131,8 @@ class SandboxHost:
             "pid": os.getpid(),
             "in_flight": len(self._in_flight),
             "completed": self.completed,
-            "sessions": self.app.session_count,
-            "url": self._url,
+            "sessions": (self.broker or self.app).session_count,
+            "url": self._url if self.broker is None else await self.broker.url(),
         }
 
     async def shutdown(self) -> int:
@@ -120,6 +142,8 @@ class SandboxHost:
             job.cancel()
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
+        if self.tunnel is not None:
+            await self.tunnel.close()
         await self._stack.aclose()
         with contextlib.suppress(Exception):
             await self.app.aclose()

@@ -2,13 +2,16 @@
 
 Part 1 runs the arithmetic taskset through ``Farm`` (null harness, subprocess runtime, scripted
 model at 0 s and 2 s latency) with 1, 2 and 4 SandboxHosts on one node and 3 hosts on a 3-node
-simulated cluster, printing rollouts/s, the peak number of rollouts in flight on the hosts and
-ratios. Part 2 drives one node's interception directly (three processes: the scripted model with
-2 s latency, the interception, and this load generator), ramping concurrent sessions of one turn
-each (1k, 2k, 5k, 10k) until a stage has errors.
+simulated cluster, each with the interception in the hosts and as a Ray Serve deployment
+(``--interception host,serve``), printing rollouts/s, the peak number of rollouts in flight on
+the hosts and ratios (hosts vs 1 host, serve vs host). Part 2 drives one node's interception
+directly (three processes: the scripted model with 2 s latency, the interception, and this load
+generator), ramping concurrent sessions of one turn each (1k, 2k, 5k, 10k) until a stage has
+errors.
 
-    python benchmarks/farm.py               # ~4 minutes on 2 cores
-    python benchmarks/farm.py --quick       # ~1.5 minutes
+    python benchmarks/farm.py               # ~8 minutes on 2 cores
+    python benchmarks/farm.py --quick       # ~3 minutes
+    python benchmarks/farm.py --skip-capacity --skip-cluster --hosts 1 --latencies 0  # host/serve
     python benchmarks/farm.py --tasks 200 --concurrency 256 --sessions 1000,5000,10000,15000
 """
 
@@ -77,14 +80,24 @@ class PeakSampler:
 
 
 def farm_case(
-    hosts: int, latency: float, tasks: int, concurrency: int, address: str | None
+    hosts: int,
+    latency: float,
+    tasks: int,
+    concurrency: int,
+    address: str | None,
+    interception: str = "host",
 ) -> dict[str, Any]:
+    from vfray.config import EvalConfig
     from vfray.farm import Farm
     from vfray.tasksets.arithmetic import ArithmeticTaskset
+
+    config = EvalConfig()
+    config.farm.interception = interception  # type: ignore[assignment]
 
     with (
         tempfile.TemporaryDirectory() as out,
         Farm(
+            config=config,
             model=f"scripted:arithmetic?latency={latency:g}",
             harness="null",
             runtime="subprocess",
@@ -116,23 +129,29 @@ def farm_case(
     }
 
 
+def _tag(mode: str) -> str:
+    """The label suffix of an interception mode (none for the in-host default)."""
+    return "" if mode == "host" else f", {mode}"
+
+
 def run_farm(args: argparse.Namespace) -> None:
     import ray
 
     from actors import cluster as vcluster
 
     latencies = [float(x) for x in args.latencies.split(",")]
+    modes = args.interception.split(",")
     results: dict[tuple[str, float], dict[str, Any]] = {}
     print(f"\n== Farm: arithmetic x2, null harness, subprocess runtime, {os.cpu_count()} cores ==")
     print(
-        f"{'setup':<22}{'latency':>8}{'rollouts':>9}{'errors':>7}{'wall s':>8}"
+        f"{'setup':<30}{'latency':>8}{'rollouts':>9}{'errors':>7}{'wall s':>8}"
         f"{'rollouts/s':>11}{'peak in flight':>15}{'nodes':>6}"
     )
 
     def show(label: str, latency: float, r: dict[str, Any]) -> None:
         results[(label, latency)] = r
         print(
-            f"{label:<22}{latency:>7g}s{r['rollouts']:>9}{r['errors']:>7}{r['wall']:>8.1f}"
+            f"{label:<30}{latency:>7g}s{r['rollouts']:>9}{r['errors']:>7}{r['wall']:>8.1f}"
             f"{r['rate']:>11.1f}{r['peak']:>15}{r['nodes']:>6}",
             flush=True,
         )
@@ -142,11 +161,12 @@ def run_farm(args: argparse.Namespace) -> None:
         for latency in latencies:
             tasks = args.tasks if latency == 0 else args.tasks_slow
             for hosts in args.hosts:
-                show(
-                    f"1 node, {hosts} host(s)",
-                    latency,
-                    farm_case(hosts, latency, tasks, args.concurrency, None),
-                )
+                for mode in modes:
+                    show(
+                        f"1 node, {hosts} host(s){_tag(mode)}",
+                        latency,
+                        farm_case(hosts, latency, tasks, args.concurrency, None, mode),
+                    )
     finally:
         ray.shutdown()
 
@@ -168,11 +188,12 @@ def run_farm(args: argparse.Namespace) -> None:
             vcluster.connect(sim.address)
             for latency in latencies:
                 tasks = args.tasks if latency == 0 else args.tasks_slow
-                show(
-                    "3 nodes, 3 hosts",
-                    latency,
-                    farm_case(3, latency, tasks, args.concurrency, sim.address),
-                )
+                for mode in modes:
+                    show(
+                        f"3 nodes, 3 hosts{_tag(mode)}",
+                        latency,
+                        farm_case(3, latency, tasks, args.concurrency, sim.address, mode),
+                    )
         finally:
             ray.shutdown()
             sim.shutdown()  # type: ignore[no-untyped-call]
@@ -183,9 +204,17 @@ def run_farm(args: argparse.Namespace) -> None:
         if base is None:
             continue
         for (label, lat), r in results.items():
-            if lat == latency and label != "1 node, 1 host(s)":
+            if lat == latency and label != "1 node, 1 host(s)" and "," not in label[7:]:
                 print(f"  {label} vs 1 host @ {latency:g}s: {r['rate'] / base['rate']:.2f}x")
-    if 0.0 in latencies and 2.0 in latencies:
+    if "serve" in modes and "host" in modes:
+        for (label, lat), r in results.items():
+            host = results.get((label.removesuffix(_tag("serve")), lat))
+            if label.endswith(_tag("serve")) and host is not None:
+                print(
+                    f"  {label.removesuffix(_tag('serve'))} @ {lat:g}s: serve vs host "
+                    f"{r['rate'] / host['rate']:.2f}x"
+                )
+    if 0.0 in latencies and 2.0 in latencies and "host" in modes:
         for hosts in args.hosts:
             fast, slow = (
                 results[(f"1 node, {hosts} host(s)", 0.0)],
@@ -370,6 +399,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="Farm max_concurrent")
     parser.add_argument("--hosts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     parser.add_argument("--latencies", default="0,2", help="scripted model latencies (s)")
+    parser.add_argument(
+        "--interception", default="host,serve", help="farm.interception modes to compare"
+    )
     parser.add_argument("--sessions", default="1000,2000,5000,10000", help="capacity ramp")
     parser.add_argument("--latency", type=float, default=2.0, help="capacity: model latency")
     parser.add_argument(

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from vfray.run.environment import InProcessBroker, LocalEnvironment
-
 import vfray as vf
 from vfray.harnesses import NullHarness
 from vfray.harnesses.chat import TRANSCRIPT_PATH
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts, run_planned_rollout
+from vfray.run.environment import InProcessBroker, LocalEnvironment
 from vfray.runtimes.base import Runtime
 from vfray.trace import AgentArtifact
 

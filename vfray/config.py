@@ -20,6 +20,7 @@ from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.retry import RetryPolicy
 from vfray.rollout import Timeouts
+from vfray.tunnels import TunnelSettings
 
 
 class ModelConfig(BaseModel):
@@ -89,6 +90,44 @@ class EnvConfig(BaseModel):
         )
 
 
+class FarmConfig(BaseModel):
+    """How the farm runs: retries and row flushing, and on the Ray backend the layout of its
+    SandboxHosts and interception on the nodes (the local backend is one host in-process)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interception: Literal["host", "serve"] = Field(
+        "host",
+        description="where the interception runs: host (inside each SandboxHost) or serve (a "
+        "Ray Serve deployment, one replica per node)",
+    )
+    hosts: int | None = Field(
+        None, ge=1, description="SandboxHosts in all (default: per node, see hosts_per_node)"
+    )
+    hosts_per_node: int | None = Field(
+        None, ge=1, description="SandboxHosts on each node (default: from its CPUs)"
+    )
+    cpus_per_host: float = Field(
+        4.0,
+        gt=0,
+        description="by default one SandboxHost per this many CPUs of a node, at least one "
+        "(16 cores: 1 host 50.8 rollouts/s, 4 hosts 115.7)",
+    )
+    host_concurrency: int = Field(4096, ge=1, description="rollouts one SandboxHost runs at once")
+    launch_concurrency: int | None = Field(
+        None,
+        ge=0,
+        description="harness programs starting at once per host (default 8 x its CPUs; 0: "
+        "unthrottled); for runtimes that launch programs here (subprocess, bwrap)",
+    )
+    max_retries: int = Field(
+        2, ge=0, description="retries of a rollout whose host or interception failed"
+    )
+    flush_rows: int = Field(1000, ge=1, description="trace rows buffered per Parquet part")
+    flush_seconds: float = Field(5.0, gt=0, description="seconds before buffered rows are written")
+    tunnel: TunnelSettings = Field(default_factory=TunnelSettings)
+
+
 class EvalConfig(BaseSettings):
     """A whole evaluation run."""
 
@@ -112,6 +151,19 @@ class EvalConfig(BaseSettings):
         "ray", description="ray (a cluster, or a local Ray) or local (this process, no Ray)"
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    farm: FarmConfig = Field(default_factory=FarmConfig)
+
+    def runtime_options(self) -> dict[str, Any]:
+        """The runtime's options, with ``farm.launch_concurrency`` when it is set."""
+        options = dict(self.env.runtime.options)
+        if self.farm.launch_concurrency is not None:
+            from vfray.runtimes.registry import options_type, runtime_class
+
+            # Only runtimes that launch programs on this node (subprocess, bwrap) take it.
+            fields = options_type(runtime_class(self.env.runtime.type)).model_fields
+            if "launch_concurrency" in fields:
+                options.setdefault("launch_concurrency", self.farm.launch_concurrency)
+        return options
 
     @model_validator(mode="after")
     def _address_needs_ray(self) -> EvalConfig:

@@ -67,11 +67,11 @@ class Farm:
         address: str | None = None,
         backend: str | None = None,
         hosts: int | None = None,
-        host_concurrency: int = 4096,
-        max_retries: int = 2,
+        host_concurrency: int | None = None,
+        max_retries: int | None = None,
         progress: bool = True,
-        flush_rows: int = 1000,
-        flush_seconds: float = 5.0,
+        flush_rows: int | None = None,
+        flush_seconds: float | None = None,
         num_cpus: int | None = None,
     ) -> None:
         cfg = (config or EvalConfig()).model_copy(deep=True)

@@ -82,6 +82,11 @@ class SessionBroker(Protocol):
 
     async def conclude(self, secret: str) -> Trace: ...
 
+    def endpoint(self, secret: str) -> str | None:
+        """The URL of the interception holding the session, when it is not the rollout's
+        ``interception_url`` (a replica of a deployment answers for its own sessions)."""
+        ...
+
 
 class RolloutPlan(BaseModel):
     """Everything about a rollout other than its task, fixed for a whole run."""
@@ -232,7 +237,7 @@ async def _agent_phase(
             lambda t: check_stop(task, t, plan.scoring_overrides),
             plan.sampling,
         )
-        endpoint = await runtime.host_url(interception_url)
+        endpoint = await runtime.host_url(broker.endpoint(secret) or interception_url)
         await runtime.prepare_execution([endpoint])
         ctx = LaunchContext(
             endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline

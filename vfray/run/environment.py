@@ -60,6 +60,9 @@ class InProcessBroker:
     async def conclude(self, secret: str) -> Trace:
         return self.app.conclude(secret)
 
+    def endpoint(self, secret: str) -> str | None:
+        return None  # the rollout's own interception_url
+
 
 class LocalEnvironment:
     """An async context that owns a model endpoint (scripted or real) and an interception

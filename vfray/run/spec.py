@@ -159,16 +159,22 @@ def resolve_run(config: EvalConfig, concurrency: dict[str, Any] | None = None) -
     """Validate ``config`` (and the concurrency knobs not in it) once, into a :class:`RunSpec`:
     the endpoint and its key variable, the harness and runtime ids and options, and whether
     they can work together. Raises :class:`ConfigError` (one line) otherwise."""
+    knobs = {k: v for k, v in (concurrency or {}).items() if v is not None}
+    num_cpus = knobs.pop("num_cpus", None)
+    dumped = config.model_dump()
+    # The farm knobs live in the config tree (farm.*); the Python API's arguments override it.
+    dumped["farm"] = {**dumped.get("farm", {}), **knobs}
     try:
-        config = EvalConfig.model_validate(config.model_dump())
+        config = EvalConfig.model_validate(dumped)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from exc
     env = config.env
+    farm = config.farm
     endpoint = resolve_endpoint(config)
     harness_cls = harness_class(env.harness.id)
     harness_config = harness_cls.parse_config(env.harness.options)
     runtime_cls = runtime_class(env.runtime.type)
-    options = typed_runtime_options(env.runtime.type, env.runtime.options)
+    options = typed_runtime_options(env.runtime.type, config.runtime_options())
     # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not as
     # one failed rollout after another.
     check_compatibility(harness_cls, runtime_cls)
@@ -186,7 +192,15 @@ def resolve_run(config: EvalConfig, concurrency: dict[str, Any] | None = None) -
             timeouts=env.timeouts,
             scoring_overrides=dict(env.scoring),
         ),
-        concurrency=Concurrency(max_concurrent=config.max_concurrent, **(concurrency or {})),
+        concurrency=Concurrency(
+            max_concurrent=config.max_concurrent,
+            max_retries=farm.max_retries,
+            hosts=farm.hosts,
+            host_concurrency=farm.host_concurrency,
+            num_cpus=num_cpus,
+            flush_rows=farm.flush_rows,
+            flush_seconds=farm.flush_seconds,
+        ),
         retry=config.retry,
         backend=config.backend,
         address=config.address,

@@ -76,6 +76,9 @@ class Runtime(abc.ABC):
 
     type: ClassVar[str]
     is_container: ClassVar[bool] = False
+    REMOTE: ClassVar[bool] = False
+    """Boxes live off the node (Modal, a remote engine): they reach the interception through
+    the node's tunnel (``farm.tunnel``), whose public URL :meth:`host_url` is given."""
     isolates_network: ClassVar[bool] = False
     warn_no_isolation: ClassVar[bool] = False
     """Programs in this box can reach everything the farm process can (warned about when a

@@ -32,6 +32,7 @@ class ModalRuntime(Runtime):
 
     type = "modal"
     is_container = True
+    REMOTE = True
     isolates_network = True
 
     def __init__(
@@ -178,11 +179,15 @@ class ModalRuntime(Runtime):
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
     async def host_url(self, url: str) -> str:
-        """Map a host URL onto ``public_base_url``, keeping its path and query."""
+        """Map a host URL onto ``public_base_url``, keeping its path and query; without one,
+        ``url`` is already public (the node's tunnel) unless it is a loopback address."""
         if self.public_base_url is None:
+            if urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1"):
+                return url
             raise ConfigError(
-                "the modal runtime needs public_base_url: a public URL (tunnel or ingress) in "
-                "front of the interception endpoint, since Modal cannot reach this host"
+                "the modal runtime needs a tunnel (farm.tunnel: ssh or command) or "
+                "public_base_url: a public URL in front of the interception endpoint, since "
+                "Modal cannot reach this host"
             )
         base = urlsplit(self.public_base_url)
         parts = urlsplit(url)

@@ -1,0 +1,281 @@
+"""The interception as a Ray Serve deployment (``farm.interception = "serve"``): one replica per
+node, each serving :class:`~vfray.interception.InterceptionApp` on a listener of its own on the
+node (direct ingress: Serve's HTTP proxy measured ~10 ms p50 here, uvicorn in an actor ~0.5 ms),
+and the broker through which a node's SandboxHosts open and close sessions with their node's
+replica over a Serve handle. Serve owns the replicas' placement, health and restarts.
+
+A replica's sessions die with it. The broker tells that apart from a slow answer: every replica
+has an incarnation id, a session is concluded only by the incarnation that opened it, and a
+session whose replica is gone comes back as an :class:`~vfray.errors.InterceptionError` — which
+the driver retries, keeping the lost attempt as its own row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import ray
+
+from vfray.errors import ConfigError, InterceptionError
+from vfray.interception import InterceptionApp, Limits, Upstream
+from vfray.serving import serve_in_loop
+from vfray.trace import Trace
+from vfray.tunnels import TunnelKeeper, TunnelSettings
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT = "Interception"
+REPLICA_WAIT_S = 60.0
+"""How long a broker waits for its node's replica to (re)appear before a session is refused."""
+_RETRY_PAUSE_S = 0.2
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """What a SandboxHost needs to reach the pool: the Serve application's name."""
+
+    app_name: str
+
+
+class Registration(NamedTuple):
+    secret: str
+    url: str
+    incarnation: str
+
+
+class Concluded(NamedTuple):
+    status: Literal["ok", "elsewhere", "lost"]
+    """``elsewhere``: the call reached another node's replica (ask again); ``lost``: the replica
+    that held the session is gone."""
+    trace: Trace | None = None
+
+
+class InterceptionReplica:
+    """The deployment's callable: one interception app and its listener, in a Serve replica."""
+
+    # Serve awaits an async constructor (so the listener is up before the replica is ready).
+    async def __init__(  # type: ignore[misc]
+        self,
+        base_url: str,
+        model: str,
+        sampling: Mapping[str, Any],
+        api_key_var: str | None = None,
+        bind_host: str = "127.0.0.1",
+        tunnel: TunnelSettings | None = None,
+    ) -> None:
+        # The key is read here, on the replica's node, so it never travels through the driver.
+        api_key = os.environ.get(api_key_var) if api_key_var else None
+        if api_key_var and api_key is None:
+            raise ConfigError(
+                f"environment variable {api_key_var} (the API key) is not set on the node of "
+                "an interception replica"
+            )
+        # ``sampling`` is not imposed here: each rollout's session imposes the plan's (once).
+        del sampling
+        self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=model))
+        self.node_id: str = ray.get_runtime_context().get_node_id()
+        self.incarnation = uuid.uuid4().hex
+        self._stack = contextlib.AsyncExitStack()
+        # Loopback by default, as the in-host app: boxes on the node reach it directly or through
+        # their runtime's unix-socket bridge, boxes elsewhere through the node's tunnel.
+        root = await self._stack.enter_async_context(
+            serve_in_loop(self.app, bind_host, 0, timeout_keep_alive=600)
+        )
+        self.url = root + "/v1"
+        # The node's one tunnel for boxes off the node, opened by the first one's session.
+        self.tunnel = TunnelKeeper(tunnel or TunnelSettings(), self.url)
+
+    async def endpoint(self, node_id: str) -> tuple[str, str] | None:
+        """(url, incarnation) when this replica is on ``node_id``, else None."""
+        if node_id != self.node_id:
+            return None
+        return self.url, self.incarnation
+
+    async def register(
+        self,
+        node_id: str,
+        trace: Trace,
+        limits: Limits,
+        stop_check: Callable[[Trace], Awaitable[str | None]] | None,
+        sampling: Mapping[str, Any] | None,
+        policy_version: int | None,
+        remote: bool = False,
+    ) -> Registration | None:
+        """Open a session; None when this replica is not on ``node_id`` (nothing opened).
+        A ``remote`` box (off the node) is handed the URL of the node's tunnel."""
+        if node_id != self.node_id:
+            return None
+        url = await self.tunnel.public_url(self.url) if remote else self.url
+        self.app.policy_version = policy_version
+        secret = self.app.register(
+            trace, limits, stop_check, dict(sampling) if sampling is not None else None
+        )
+        return Registration(secret, url, self.incarnation)
+
+    async def conclude(self, node_id: str, incarnation: str, secret: str) -> Concluded:
+        if node_id != self.node_id:
+            return Concluded("elsewhere")
+        if incarnation != self.incarnation:
+            return Concluded("lost")
+        try:
+            return Concluded("ok", self.app.conclude(secret))
+        except KeyError:
+            return Concluded("lost")
+
+    async def set_policy_version(self, node_id: str, version: int | None) -> bool | None:
+        if node_id != self.node_id:
+            return None
+        self.app.policy_version = version
+        return True
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "pid": os.getpid(),
+            "incarnation": self.incarnation,
+            "sessions": self.app.session_count,
+            "url": self.url,
+            "tunnels_opened": self.tunnel.opened,
+        }
+
+    async def check_health(self) -> None:
+        """Serve restarts a replica whose listener stopped."""
+        if self.app.closing:
+            raise RuntimeError("the interception listener is closed")
+
+    async def __del__(self) -> None:
+        await self.tunnel.close()
+        self.app.closing = True
+        await self._stack.aclose()
+        await self.app.aclose()
+
+
+def start_pool(
+    *,
+    base_url: str,
+    model: str,
+    sampling: Mapping[str, Any],
+    api_key_var: str | None,
+    replicas: int,
+    tunnel: TunnelSettings | None = None,
+) -> PoolRef:
+    """Deploy the pool as its own Serve application (Serve started without an HTTP proxy when
+    it is not running yet): ``replicas`` replicas, at most one per node."""
+    from ray import serve
+    from ray.serve.config import ProxyLocation
+
+    serve.start(proxy_location=ProxyLocation.Disabled)
+    name = f"vfray-interception-{uuid.uuid4().hex[:8]}"
+    deployment = serve.deployment(
+        name=DEPLOYMENT,
+        num_replicas=replicas,
+        max_replicas_per_node=1,
+        # Session calls are tiny; a replica must never look "full" to the router, or a call
+        # would be sent to another node's replica.
+        max_ongoing_requests=100_000,
+        ray_actor_options={"num_cpus": 0},
+        health_check_period_s=2,
+    )(InterceptionReplica)
+    app = deployment.bind(base_url, model, dict(sampling), api_key_var, tunnel=tunnel)
+    serve.run(app, name=name, route_prefix=None, blocking=False)
+    return PoolRef(name)
+
+
+def stop_pool(pool: PoolRef) -> None:
+    from ray import serve
+
+    with contextlib.suppress(Exception):
+        serve.delete(pool.app_name, _blocking=True)
+
+
+class ServeBroker:
+    """A SandboxHost's :class:`~vfray.rollout.SessionBroker` for its node's replica."""
+
+    def __init__(self, pool: PoolRef, *, remote: bool = False) -> None:
+        from ray import serve
+
+        self.node_id: str = ray.get_runtime_context().get_node_id()
+        handle = serve.get_deployment_handle(DEPLOYMENT, pool.app_name)
+        # Its node's replica first (Serve's private switch; its proxies route the same way).
+        handle._init(_prefer_local_routing=True)  # type: ignore[no-untyped-call]
+        self.handle = handle
+        self.policy_version: int | None = None
+        self.remote = remote
+        """The run's boxes are off the node: sessions get the node tunnel's URL."""
+        self._endpoint: tuple[str, str] | None = None
+        # Live sessions by secret: the replica incarnation (and its URL) that opened each.
+        self._opened: dict[str, Registration] = {}
+
+    async def _ask(self, method: str, *args: Any) -> Any:
+        """Call ``method`` until this node's replica answers (not None / not elsewhere), or
+        raise InterceptionError after :data:`REPLICA_WAIT_S`."""
+        deadline = time.monotonic() + REPLICA_WAIT_S
+        while True:
+            failure = ""
+            try:
+                answer = await getattr(self.handle, method).remote(self.node_id, *args)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the replica died under the call, or is not up yet
+                answer = None
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if answer is not None and getattr(answer, "status", None) != "elsewhere":
+                return answer
+            if time.monotonic() > deadline:
+                raise InterceptionError(
+                    f"no interception replica answered on this node for {REPLICA_WAIT_S:g}s"
+                    + (f" ({failure})" if failure else "")
+                )
+            await asyncio.sleep(_RETRY_PAUSE_S)
+
+    async def url(self) -> str:
+        """The node's replica endpoint (``.../v1``) as last seen; each session is handed the
+        URL of the replica that opened it (:meth:`endpoint`)."""
+        if self._endpoint is None:
+            self._endpoint = await self._ask("endpoint")
+        return self._endpoint[0]
+
+    async def register(
+        self,
+        trace: Trace,
+        limits: Limits,
+        stop_check: Callable[[Trace], Awaitable[str | None]] | None,
+        sampling: Mapping[str, Any] | None,
+    ) -> str:
+        reg: Registration = await self._ask(
+            "register", trace, limits, stop_check, sampling, self.policy_version, self.remote
+        )
+        self._opened[reg.secret] = reg
+        return reg.secret
+
+    def endpoint(self, secret: str) -> str | None:
+        reg = self._opened.get(secret)
+        return reg.url if reg is not None else None
+
+    async def conclude(self, secret: str) -> Trace:
+        reg = self._opened.pop(secret, None)
+        if reg is None:
+            raise KeyError("unknown session")
+        done: Concluded = await self._ask("conclude", reg.incarnation, secret)
+        if done.trace is None:
+            raise InterceptionError(
+                "the node's interception replica died and took this rollout's session with it"
+            )
+        return done.trace
+
+    async def set_policy_version(self, version: int | None) -> None:
+        self.policy_version = version
+        with contextlib.suppress(InterceptionError):
+            await self._ask("set_policy_version", version)
+
+    @property
+    def session_count(self) -> int:
+        return len(self._opened)
