@@ -101,7 +101,8 @@ def island() -> Iterator[Island]:
             f"AuthorizedKeysFile {temp}/authorized_keys\nPidFile {temp}/sshd.pid\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\n"
             "StrictModes no\nGatewayPorts clientspecified\nAllowTcpForwarding remote\n"
-            "LogLevel VERBOSE\n"
+            # A session whose client was killed (the tunnel-restart test) ends within seconds.
+            "LogLevel VERBOSE\nClientAliveInterval 2\nClientAliveCountMax 2\n"
         )
         Path("/run/sshd").mkdir(exist_ok=True)
         log = temp / "sshd.log"
