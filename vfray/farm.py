@@ -126,6 +126,11 @@ class Farm:
     def _model_actor(self) -> Any:
         return getattr(self._backend, "model_actor", None)
 
+    @property
+    def _pool(self) -> Any:
+        """The interception deployment (Ray, ``farm.interception = "serve"``; for tests)."""
+        return getattr(self._backend, "pool", None)
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
