@@ -8,6 +8,7 @@ import importlib.metadata
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,16 @@ def test_runtime_options_are_typed_from_the_constructor() -> None:
         runtime_options("bwrap", {"use_cgroups": "perhaps"})
     with pytest.raises(Exception, match="frozen"):
         options.cpu_seconds = 3  # type: ignore[attr-defined]
+
+
+def test_a_runtime_taking_any_options_keeps_the_unknown_ones() -> None:
+    """A runtime whose constructor takes ``**options`` gets every option it was given."""
+    from vfray.runtimes.registry import options_type
+    from vfray.runtimes.subprocess import SubprocessRuntime
+
+    class Open(SubprocessRuntime):
+        def __init__(self, spec: Any = None, *, depth: int = 1, **options: Any) -> None:
+            super().__init__(spec)
+
+    options = options_type(Open).model_validate({"depth": 2, "endpoint": "ssh://x"})
+    assert options.as_kwargs() == {"depth": 2, "endpoint": "ssh://x"}

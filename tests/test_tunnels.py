@@ -118,12 +118,15 @@ async def test_bad_tunnel_settings_are_config_errors() -> None:
         await modal.host_url("http://127.0.0.1:1/v1")
 
 
-def netns_farm(isle: Island, out: Path, interception: str) -> vf.Farm:
+def netns_farm(
+    isle: Island, out: Path, interception: str, address: str | None = None, per_node: int = 2
+) -> vf.Farm:
     config = vf.EvalConfig()
+    config.address = address
     config.env.runtime.type = "tests.netns_box:NetnsRuntime"
     config.env.runtime.options = {"netns": isle.netns}
     config.farm.interception = interception  # type: ignore[assignment]
-    config.farm.hosts_per_node = 2
+    config.farm.hosts_per_node = per_node
     config.farm.tunnel = TunnelSettings(type="ssh", options=isle.tunnel_options())
     return vf.Farm(
         config=config,
@@ -170,9 +173,7 @@ def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
     cluster.wait_for_nodes()
     try:
         accepted = isle.accepted()
-        farm = netns_farm(isle, tmp_path, "serve")
-        farm.config.address = cluster.address
-        farm.config.farm.hosts_per_node = 1
+        farm = netns_farm(isle, tmp_path, "serve", address=cluster.address, per_node=1)
         with farm:
             result = farm.run(ArithmeticTaskset(num_tasks=9), rollouts_per_task=2)
             hosts = farm.host_stats()

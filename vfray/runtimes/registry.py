@@ -63,6 +63,15 @@ class RuntimeOptions(BaseModel):
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
+class OpenRuntimeOptions(RuntimeOptions):
+    """The options of a runtime whose constructor takes ``**options``: unknown keys kept."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", arbitrary_types_allowed=True)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {**super().as_kwargs(), **(self.model_extra or {})}
+
+
 @functools.cache
 def options_type(cls: type[Runtime]) -> type[RuntimeOptions]:
     """The :class:`RuntimeOptions` model of ``cls``: one field per keyword parameter of its
@@ -73,17 +82,16 @@ def options_type(cls: type[Runtime]) -> type[RuntimeOptions]:
         hints = {}
     fields: dict[str, Any] = {}
     params = list(inspect.signature(cls.__init__).parameters.values())[2:]
+    base: type[RuntimeOptions] = RuntimeOptions
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        fields["model_config"] = ConfigDict(frozen=True, extra="allow")
+        base = OpenRuntimeOptions  # ``**options``: whatever else it is given goes through
     for param in params:
         name = param.name
         if param.kind is not param.KEYWORD_ONLY:
             continue
         default = ... if param.default is param.empty else param.default
         fields[name] = (hints.get(name, Any), default)
-    model: type[RuntimeOptions] = create_model(
-        f"{cls.__name__}Options", __base__=RuntimeOptions, **fields
-    )
+    model: type[RuntimeOptions] = create_model(f"{cls.__name__}Options", __base__=base, **fields)
     return model
 
 
