@@ -31,7 +31,7 @@ from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
 from vfray.task import Task, TaskData, call_maybe_async
-from vfray.trace import AgentInfo, StopCondition, Trace
+from vfray.trace import AgentArtifact, AgentInfo, StopCondition, Trace
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +179,11 @@ async def execute_rollout(
         trace = await _agent_phase(
             task, trace, plan, harness, runtime, broker, interception_url, timeouts
         )
-        await _run_phase(
-            trace,
-            "finalize",
-            timeouts.finalize,
-            lambda: call_maybe_async(task.finalize, trace, runtime),
-            TaskError,
-        )
+        async def finalize() -> None:
+            await call_maybe_async(task.finalize, trace, runtime)
+            await _keep_task_artifacts(task, trace, runtime)
+
+        await _run_phase(trace, "finalize", timeouts.finalize, finalize, TaskError)
     except _PhaseFailed:
         pass
     except asyncio.CancelledError:
@@ -299,6 +297,18 @@ async def _keep_artifacts(trace: Trace, harness: Harness, runtime: Runtime) -> N
         trace.artifacts.extend(await harness.collect_artifacts(runtime))
     except Exception as exc:  # the agent's own transcript is a bonus, never a failure
         trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")
+
+
+async def _keep_task_artifacts(task: Task[Any], trace: Trace, runtime: Runtime) -> None:
+    """The files ``task.data.artifacts`` names, read from the box onto the trace."""
+    for artifact in task.data.artifacts:
+        try:
+            raw = await runtime.read(artifact.path)
+        except (SandboxError, OSError) as exc:
+            if artifact.required:
+                raise TaskError(f"required artifact {artifact.path} not in the box: {exc}") from exc
+            continue
+        trace.artifacts.append(AgentArtifact.of_bytes(artifact.path, raw))
 
 
 def _blame_provider(trace: Trace) -> ProviderError | None:

@@ -47,7 +47,8 @@ class TaskResources(BaseModel):
 
 
 class Artifact(BaseModel):
-    """A path collected from one runtime (after the agent) to be restored into another."""
+    """A file in the box kept on the trace (``trace.artifacts``, so in the run folder) after
+    ``finalize``; a ``required`` one that is missing fails the rollout's finalize phase."""
 
     model_config = ConfigDict(frozen=True)
 

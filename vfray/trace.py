@@ -130,11 +130,22 @@ class Usage(BaseModel):
         )
 
 
+ARTIFACT_LIMIT = 8 * 1024 * 1024
+"""Characters of one kept file stored on the trace (its head; longer ones are marked truncated)."""
+
+
 class AgentArtifact(BaseModel):
-    """A text file the harness kept from the box after its program ended, such as the agent's
-    own transcript (mini-swe-agent's trajectory, Codex's JSON events)."""
+    """A text file kept from the box after the agent: the harness's own transcript
+    (mini-swe-agent's trajectory, Codex's JSON events) or a path the task names in
+    ``TaskData.artifacts`` (named by that path)."""
 
     model_config = ConfigDict(frozen=True)
+
+    @classmethod
+    def of_bytes(cls, name: str, raw: bytes) -> AgentArtifact:
+        """The file's text (undecodable bytes replaced), its head when it is too long."""
+        text = raw.decode("utf-8", errors="replace")
+        return cls(name=name, content=text[:ARTIFACT_LIMIT], truncated=len(text) > ARTIFACT_LIMIT)
 
     name: str
     """The file's name, e.g. ``trajectory.json``."""

@@ -22,7 +22,6 @@ from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"
 """Folder (relative to the box's work dir) for the agent's config and transcript files."""
-ARTIFACT_LIMIT = 8 * 1024 * 1024
 """Characters of one transcript file kept on the trace (its head)."""
 HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap", "docker")
 """Runtimes whose boxes see the node's tool dir (bwrap and docker mount it read-only)."""
@@ -115,14 +114,7 @@ class ProvisionedHarness(Harness):
                 raw = await runtime.read(path)
             except (SandboxError, OSError):
                 continue  # the program died before writing it
-            text = raw.decode("utf-8", errors="replace")
-            kept.append(
-                AgentArtifact(
-                    name=os.path.basename(path),
-                    content=text[:ARTIFACT_LIMIT],
-                    truncated=len(text) > ARTIFACT_LIMIT,
-                )
-            )
+            kept.append(AgentArtifact.of_bytes(os.path.basename(path), raw))
         return kept
 
 
