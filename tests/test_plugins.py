@@ -138,3 +138,15 @@ def test_a_runtime_taking_any_options_keeps_the_unknown_ones() -> None:
 
     options = options_type(Open).model_validate({"depth": 2, "endpoint": "ssh://x"})
     assert options.as_kwargs() == {"depth": 2, "endpoint": "ssh://x"}
+
+
+def test_taskset_arguments_are_typed_from_the_constructor() -> None:
+    """Taskset arguments are checked like harness and runtime options: a misspelt or mistyped
+    one is a one-line ConfigError naming it; a string from the command line is coerced."""
+    from vfray.tasksets import load_taskset
+
+    assert len(list(load_taskset("arithmetic", {"num_tasks": "3"}).head(10))) == 3
+    with pytest.raises(ConfigError, match=r"taskset 'arithmetic': num_task: Extra inputs"):
+        load_taskset("arithmetic", {"num_task": 3})
+    with pytest.raises(ConfigError, match=r"num_tasks: Input should be a valid integer"):
+        load_taskset("arithmetic", {"num_tasks": "many"})

@@ -3,23 +3,29 @@
 A spec is ``"pkg.mod:attr"`` (an importable module) or ``"path/to/file.py:attr"`` (a file,
 loaded under a unique module name derived from its absolute path); dotted attributes such as
 ``"pkg.mod:Class.method"`` are followed. :class:`Registry` is the one lookup rule every plugin
-family (harnesses, runtimes, tasksets) shares.
+family (harnesses, runtimes, tasksets) shares, and :func:`options_model` the one way their
+options are typed from a constructor.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 import sysconfig
 import traceback
+import typing
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from vfray.errors import ConfigError
 
@@ -188,3 +194,73 @@ class Registry:
         if not self._check(obj):
             raise ConfigError(f"{name!r} is not a vfray {self.kind} ({target})")
         return obj
+
+
+class PluginOptions(BaseModel):
+    """A plugin's options, typed from its constructor's parameters (frozen; an unknown key is
+    refused). ``as_kwargs()`` gives back only the options that were set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+class OpenPluginOptions(PluginOptions):
+    """The options of a constructor that takes ``**options``: unknown keys are kept."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", arbitrary_types_allowed=True)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {**super().as_kwargs(), **(self.model_extra or {})}
+
+
+@functools.cache
+def options_model(
+    factory: Callable[..., Any],
+    *,
+    skip: int = 0,
+    keyword_only: bool = False,
+    base: type[PluginOptions] = PluginOptions,
+    open_base: type[PluginOptions] = OpenPluginOptions,
+) -> type[PluginOptions]:
+    """A :class:`PluginOptions` model with one field per parameter of ``factory`` (a class's
+    ``__init__`` or a function) after the first ``skip`` ones, with its annotation and
+    default; ``keyword_only`` takes only keyword-only parameters."""
+    init = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # an annotation that names something not importable here
+        hints = {}
+    params = list(inspect.signature(init).parameters.values())
+    if isinstance(factory, type):
+        params = params[1:]  # self
+    params = params[skip:]
+    model_base = open_base if any(p.kind is p.VAR_KEYWORD for p in params) else base
+    kinds = (
+        (inspect.Parameter.KEYWORD_ONLY,)
+        if keyword_only
+        else (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+    fields: dict[str, Any] = {
+        p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
+        for p in params
+        if p.kind in kinds
+    }
+    name = getattr(factory, "__name__", "Plugin")
+    return typing.cast(
+        "type[PluginOptions]", create_model(f"{name}Options", __base__=model_base, **fields)
+    )
+
+
+def validate_options(
+    model: type[PluginOptions], options: Mapping[str, Any] | None, what: str
+) -> PluginOptions:
+    """``options`` validated by ``model``; one-line :class:`ConfigError` naming ``what``."""
+    try:
+        return model.model_validate(dict(options or {}))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"bad options for {what}: {problems}") from None

@@ -179,6 +179,7 @@ async def execute_rollout(
         trace = await _agent_phase(
             task, trace, plan, harness, runtime, broker, interception_url, timeouts
         )
+
         async def finalize() -> None:
             await call_maybe_async(task.finalize, trace, runtime)
             await _keep_task_artifacts(task, trace, runtime)

@@ -10,17 +10,18 @@ when that runtime is asked for.
 from __future__ import annotations
 
 import builtins
-import functools
-import inspect
 import logging
-import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-
 from vfray.errors import ConfigError
-from vfray.plugins import Registry
+from vfray.plugins import (
+    OpenPluginOptions,
+    PluginOptions,
+    Registry,
+    options_model,
+    validate_options,
+)
 from vfray.runtimes.base import Runtime, RuntimeSpec
 
 if TYPE_CHECKING:
@@ -53,58 +54,31 @@ def runtime_class(type: str) -> type[Runtime]:
     return cls
 
 
-class RuntimeOptions(BaseModel):
-    """A runtime's options, typed from its constructor's keyword parameters (frozen; an
-    unknown key is refused). ``as_kwargs()`` gives back only the options that were set."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.model_fields_set}
+class RuntimeOptions(PluginOptions):
+    """A runtime's options, typed from its constructor's keyword-only parameters."""
 
 
-class OpenRuntimeOptions(RuntimeOptions):
+class OpenRuntimeOptions(OpenPluginOptions, RuntimeOptions):
     """The options of a runtime whose constructor takes ``**options``: unknown keys kept."""
 
-    model_config = ConfigDict(frozen=True, extra="allow", arbitrary_types_allowed=True)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return {**super().as_kwargs(), **(self.model_extra or {})}
+    model_config = OpenPluginOptions.model_config
 
 
-@functools.cache
 def options_type(cls: type[Runtime]) -> type[RuntimeOptions]:
-    """The :class:`RuntimeOptions` model of ``cls``: one field per keyword parameter of its
-    constructor, with its annotation and default."""
-    try:
-        hints = typing.get_type_hints(cls.__init__)
-    except Exception:  # an annotation that names something not importable here
-        hints = {}
-    fields: dict[str, Any] = {}
-    params = list(inspect.signature(cls.__init__).parameters.values())[2:]
-    base: type[RuntimeOptions] = RuntimeOptions
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        base = OpenRuntimeOptions  # ``**options``: whatever else it is given goes through
-    for param in params:
-        name = param.name
-        if param.kind is not param.KEYWORD_ONLY:
-            continue
-        default = ... if param.default is param.empty else param.default
-        fields[name] = (hints.get(name, Any), default)
-    model: type[RuntimeOptions] = create_model(f"{cls.__name__}Options", __base__=base, **fields)
+    """The :class:`RuntimeOptions` model of ``cls``: one field per keyword-only parameter of
+    its constructor (after the spec), with its annotation and default."""
+    model = options_model(
+        cls, skip=1, keyword_only=True, base=RuntimeOptions, open_base=OpenRuntimeOptions
+    )
+    assert issubclass(model, RuntimeOptions)
     return model
 
 
 def runtime_options(type: str, options: Mapping[str, Any] | None = None) -> RuntimeOptions:
     """Validate ``options`` for runtime ``type`` (ConfigError, one line, when invalid)."""
-    cls = runtime_class(type)
-    try:
-        return options_type(cls).model_validate(dict(options or {}))
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(f"bad options for runtime {type!r}: {problems}") from None
+    typed = validate_options(options_type(runtime_class(type)), options, f"runtime {type!r}")
+    assert isinstance(typed, RuntimeOptions)
+    return typed
 
 
 def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> Runtime:

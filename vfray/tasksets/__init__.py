@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vfray.errors import ConfigError
-from vfray.plugins import Registry
+from vfray.plugins import Registry, options_model, validate_options
 from vfray.scoring import HookKind, scoring_hooks
 from vfray.taskset import Taskset
 
@@ -33,8 +33,11 @@ def known_tasksets() -> dict[str, str]:
 def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
     """Build the taskset ``spec`` names, passing ``args`` to its constructor (or factory)."""
     factory = TASKSETS.load(spec)
+    # Typed from its constructor, like harness and runtime options: a misspelt or mistyped
+    # argument is one line naming it, before anything is built.
+    typed = validate_options(options_model(factory), args, f"taskset {spec!r}")
     try:
-        taskset = factory(**(args or {}))
+        taskset = factory(**typed.as_kwargs())
     except TypeError as exc:
         raise ConfigError(f"cannot build taskset {spec!r} with {args or {}}: {exc}") from exc
     if not isinstance(taskset, Taskset):
