@@ -180,8 +180,11 @@ async def test_count_tokens_is_authenticated_and_validated(icpt: Interception) -
             "/messages/count_tokens", json=COUNTED, headers={"x-api-key": secret}
         )
         get = await http.get("/messages/count_tokens", headers={"x-api-key": secret})
-    assert (missing.status_code, wrong.status_code, bad.status_code) == (401, 401, 400)
-    assert late.status_code == 409 and get.status_code == 405
+    # An unknown key and a concluded rollout get the messages route's final status (403, which
+    # Claude Code gives up on at once) and x-should-retry: false, like the messages route.
+    assert (missing.status_code, wrong.status_code, bad.status_code) == (401, 403, 400)
+    assert late.status_code == 403 and "concluded" in late.text and get.status_code == 405
+    assert late.headers["x-should-retry"] == "false"
     assert missing.json()["type"] == "error"
     assert missing.json()["error"]["type"] == "authentication_error"
     assert trace.calls == [] and trace.notes == []
