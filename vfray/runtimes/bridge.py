@@ -138,15 +138,30 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 writer.close()
 
 
-class UnixBridge:
+class _Relay:
+    """A host listener whose connections are relayed somewhere; ``close`` stops it and
+    cancels the relays in flight."""
+
+    def __init__(self) -> None:
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._conns):
+            task.cancel()
+
+
+class UnixBridge(_Relay):
     """Host side: a unix socket at ``path`` whose connections are forwarded to host:port."""
 
     def __init__(self, path: Path, host: str, port: int) -> None:
+        super().__init__()
         self.path = path
         self.host = host
         self.port = port
-        self._server: asyncio.AbstractServer | None = None
-        self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,11 +190,7 @@ class UnixBridge:
             self._conns.discard(task)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in list(self._conns):
-            task.cancel()
+        await super().close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
@@ -215,17 +226,16 @@ class BridgeSet:
         self.bridges.clear()
 
 
-class ExposedPort:
+class ExposedPort(_Relay):
     """Host side of ``Runtime.expose``: a listener on 127.0.0.1 whose connections are passed
     to box ``port`` through the first of ``sockets()`` (in-box forwarders' ``@SOCKET``s, one
     per network namespace) whose forwarder reaches it."""
 
     def __init__(self, port: int, sockets: Callable[[], list[Path]]) -> None:
+        super().__init__()
         self.port = port
         self.sockets = sockets
         self.url = ""
-        self._server: asyncio.AbstractServer | None = None
-        self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -263,10 +273,3 @@ class ExposedPort:
             with contextlib.suppress(Exception):
                 writer.close()
             self._conns.discard(task)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in list(self._conns):
-            task.cancel()

@@ -342,15 +342,17 @@ class DockerRuntime(Runtime):
             await self._start_forwarder(port)
         return url
 
-    async def _start_forwarder(self, port: int) -> None:
-        container = self._require()
-        spec = f"{port}={BRIDGE_DIR}/{port}.sock"
+    async def _run_forwarder(self, spec: str) -> None:
+        """Start the in-container forwarder (``BOX_FORWARDER``) for ``spec``, detached."""
         await blocking(
-            container.exec_run,
+            self._require().exec_run,
             [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
             detach=True,
             environment={MARKER_ENV: self.box_id},
         )
+
+    async def _start_forwarder(self, port: int) -> None:
+        await self._run_forwarder(f"{port}={BRIDGE_DIR}/{port}.sock")
         probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1).close()"
         for _ in range(100):
             if (await self.run([self.python, "-c", probe], timeout=10)).ok:
@@ -375,14 +377,7 @@ class DockerRuntime(Runtime):
         return exposed.url
 
     async def _start_exposer(self, way_in: Path) -> None:
-        container = self._require()
-        spec = f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}"
-        await blocking(
-            container.exec_run,
-            [self.python, "-I", "-S", "-c", BOX_FORWARDER, spec, "--"],
-            detach=True,
-            environment={MARKER_ENV: self.box_id},
-        )
+        await self._run_forwarder(f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}")
         for _ in range(200):
             if way_in.exists():
                 return
