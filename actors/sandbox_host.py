@@ -50,15 +50,21 @@ class SandboxHost:
         tunnel: TunnelSettings | None = None,
     ) -> None:
         self.plan = plan
-        # The key is read here, on the host's node, so it never travels through the driver.
-        api_key = os.environ.get(api_key_var) if api_key_var else None
-        if api_key_var and api_key is None:
-            raise ConfigError(
-                f"environment variable {api_key_var} (the API key) is not set on the node of "
-                "a SandboxHost"
+        # With the Serve pool the node's replica holds the upstream (and reads the key on its
+        # node); the host then needs neither an app of its own nor the key.
+        self.app: InterceptionApp | None = None
+        if interception is None:
+            # The key is read here, on the host's node, so it never travels through the driver.
+            api_key = os.environ.get(api_key_var) if api_key_var else None
+            if api_key_var and api_key is None:
+                raise ConfigError(
+                    f"environment variable {api_key_var} (the API key) is not set on the node "
+                    "of a SandboxHost"
+                )
+            # No sampling here: each rollout's session imposes the plan's sampling (once).
+            self.app = InterceptionApp(
+                Upstream(base_url=base_url, api_key=api_key, model=plan.model)
             )
-        # No sampling here: each rollout's session imposes the plan's sampling (once).
-        self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=plan.model))
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
@@ -85,7 +91,7 @@ class SandboxHost:
         async with self._lock:
             if self._url is None:
                 base = await self._stack.enter_async_context(
-                    serve_in_loop(self.app, host=self.bind_host)
+                    serve_in_loop(self._own_app(), host=self.bind_host)
                 )
                 self._url = base + "/v1"
                 self.tunnel = TunnelKeeper(self.tunnel_settings, self._url)
@@ -103,7 +109,7 @@ class SandboxHost:
                 plan=self.plan,
                 harness=self.harness,
                 runtime_options=self.runtime_options,
-                broker=self.broker or InProcessBroker(self.app),
+                broker=self.broker or InProcessBroker(self._own_app()),
                 interception_url=url,
                 rollout_index=rollout.index,
                 attempt=rollout.attempt,
@@ -120,10 +126,15 @@ class SandboxHost:
         self.completed += 1
         return RolloutOutcome.of(trace), trace
 
+    def _own_app(self) -> InterceptionApp:
+        assert self.app is not None, "a host with the Serve pool has no app of its own"
+        return self.app
+
     async def set_policy_version(self, version: int | None) -> None:
-        self.app.policy_version = version
         if self.broker is not None:
             await self.broker.set_policy_version(version)
+        else:
+            self._own_app().policy_version = version
 
     async def stats(self) -> dict[str, Any]:
         return {
@@ -131,7 +142,7 @@ class SandboxHost:
             "pid": os.getpid(),
             "in_flight": len(self._in_flight),
             "completed": self.completed,
-            "sessions": (self.broker or self.app).session_count,
+            "sessions": (self.broker or self._own_app()).session_count,
             "url": self._url if self.broker is None else await self.broker.url(),
         }
 
@@ -145,7 +156,8 @@ class SandboxHost:
         if self.tunnel is not None:
             await self.tunnel.close()
         await self._stack.aclose()
-        with contextlib.suppress(Exception):
-            await self.app.aclose()
+        if self.app is not None:
+            with contextlib.suppress(Exception):
+                await self.app.aclose()
         self._url = None
         return len(jobs)

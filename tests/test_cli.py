@@ -149,7 +149,7 @@ def test_every_rollout_failing_exits_1(tmp_path: Path, tasks_file: Path) -> None
     """A ``path/to/file.py:Class`` taskset whose every rollout fails: exit 1, table printed."""
     proc = vfray(
         "eval", f"{tasks_file}:Broken", "-r", "2", "--harness", "null", "-o", str(tmp_path),
-        "--no-progress", "-m", "scripted:echo",
+        "--no-progress", "-m", "scripted:echo", "--backend", "local",
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert "0 / 2" in proc.stdout
