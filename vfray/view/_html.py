@@ -91,7 +91,7 @@ def value(data: Any, depth: int = 0) -> str:
         if not data:
             return "<span class=dim>[]</span>"
         if all(not isinstance(v, (dict, list)) for v in data):
-            shown = ", ".join(num(v) if isinstance(v, (int, float)) else esc(v) for v in data[:200])
+            shown = ", ".join(esc(v) if isinstance(v, str) else num(v) for v in data[:200])
             return f"[{shown}{', …' if len(data) > 200 else ''}]"
         if depth >= MAX_DEPTH:
             return pre(as_json(data))
