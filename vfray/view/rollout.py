@@ -246,10 +246,11 @@ def rollout_page(base: str, api: str, trace: dict[str, Any], columns: dict[str, 
     if trace.get("notes"):
         sections.append("<section><h2>Notes</h2>" + value(trace["notes"]) + "</section>")
     sections += [
-        f"<section><h2>Task</h2>{value(task.get('data') or {})}</section>",
         f"<section id=conversation><h2>Conversation</h2>{conversation(trace)}</section>",
         f"<section><h2>Model calls</h2>{_calls(api, trace)}</section>",
         f"<section><h2>Timing</h2>{_timing(trace)}</section>",
+        "<section><details><summary>Task data</summary>"
+        f"{value(task.get('data') or {})}</details></section>",
     ]
     if artifacts:
         sections.append(f"<section id=artifacts><h2>Artifacts</h2>{artifacts}</section>")
