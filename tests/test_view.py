@@ -143,6 +143,20 @@ def test_episode_page_puts_the_group_side_by_side_with_group_rewards_and_advanta
     assert missing.status_code == 200 and "No task nope" in missing.text
 
 
+def test_retried_rollouts_show_their_last_attempt_unless_every_attempt_is_asked_for(
+    tmp_path: Path,
+) -> None:
+    run = write_run(tmp_path / "run", tasks=2)
+    retry = make_trace(0, 0)  # an ok rollout...
+    retry.rollout_index, retry.attempt = 1, 1  # ...as the errored rollout 1's retry (resume)
+    write_traces(traces_to_table([retry]), run / "traces")
+    with serve_in_thread(create_app([run])) as url, httpx.Client(base_url=url) as c:
+        assert "errored 0" in text(c.get("/run/0").text)
+        assert "4 rollouts match" in c.get("/run/0/rollouts").text
+        every = c.get("/run/0/rollouts", params={"attempts": "all", "sort": "attempt"}).text
+    assert "5 rollouts match" in every and "1 rollouts match" not in every
+
+
 def test_two_runs_compared_task_by_task(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", tasks=4)
     b = write_run(tmp_path / "b", tasks=6)

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     missing = [str(p) for p in folders if not p.is_dir()]
     if missing:
         raise ConfigError(f"no such folder: {', '.join(missing)}")
-    app = create_app(folders)
+    # Read before the URL is printed: the first page then opens at once.
+    app = create_app(folders, warm=True)
     with contextlib.ExitStack() as stack:
         try:
             url = stack.enter_context(serve_in_thread(app, args.host, args.port))

@@ -39,9 +39,13 @@ def _html(title: str, body: str, crumbs: list[tuple[str, str]], status: int = 20
     return HTMLResponse(page(title, body, crumbs=crumbs, live=live), status_code=status)
 
 
-def create_app(run_dirs: Sequence[Path]) -> Starlette:
-    """The app over these run folders (run ``i`` is served under ``/run/i``)."""
+def create_app(run_dirs: Sequence[Path], *, warm: bool = False) -> Starlette:
+    """The app over these run folders (run ``i`` is served under ``/run/i``); ``warm`` reads
+    them now (and the imports that takes) rather than on the first page asked for."""
     runs = [RunFolder(Path(p).absolute()) for p in run_dirs]
+    if warm:
+        for run in runs:
+            run.snapshot()
 
     def run_of(request: Request) -> tuple[int, RunFolder]:
         raw = str(request.path_params["run"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vfray.view._html import esc, href, kv, num, table, value
 from vfray.view.rollout import conversation
@@ -52,7 +53,7 @@ def tasks_page(base: str, snap: Snapshot) -> str:
 
 def episode_page(base: str, run: RunFolder, snap: Snapshot, key: str) -> str:
     final = snap.final
-    rows = [r for r in final.to_pylist() if r["task_key"] == key]
+    rows = final.filter(pc.equal(final.column("task_key"), key)).to_pylist() if len(final) else []
     if not rows:
         return f"<h1>No task {esc(key)}</h1><p>This run has no rollout of that task.</p>"
     rows.sort(key=lambda r: r["rollout_index"])

@@ -8,9 +8,11 @@ part, an older or newer schema) become notes shown on the page rather than excep
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,9 @@ HEAVY = frozenset({"trace_json", "messages", "task"})
 """Columns left out of the list view: transcripts, read per rollout or per search only."""
 LIGHT_SCHEMA = pa.schema([f for f in TRACE_SCHEMA if f.name not in HEAVY])
 KNOWN = frozenset(TRACE_SCHEMA.names)
+GROUPS_KEPT = 2
+"""Decoded ``trace_json`` row groups kept: a group's rollouts (an episode page) usually share
+one, and a compacted row group holds up to 64 MiB of text."""
 POSITION = ("_part", "_row")
 """Columns the viewer adds: which part file a row came from, and its row in that file."""
 
@@ -63,7 +68,10 @@ class Snapshot:
     extra_columns: list[str] = field(default_factory=list)
     """Scalar columns this vfray does not know (a newer writer's): shown as they are."""
 
-    @property
+    pages: dict[str, str] = field(default_factory=dict)
+    """Pages that depend on the snapshot only (the summary), built once per snapshot."""
+
+    @functools.cached_property
     def final(self) -> pa.Table:
         return final_rows(self.rows)
 
@@ -105,6 +113,7 @@ class RunFolder:
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int, int], Part] = {}
         self._texts: dict[tuple[str, int, int], pa.Array] = {}
+        self._groups: OrderedDict[tuple[str, int], pa.ChunkedArray] = OrderedDict()
         self._snapshot: Snapshot | None = None
 
     def snapshot(self) -> Snapshot:
@@ -191,19 +200,35 @@ class RunFolder:
 
     def trace_json(self, snap: Snapshot, part: int, row: int) -> dict[str, Any]:
         """The whole trace of one row, read from its own row group of its own part only."""
-        file = pq.ParquetFile(snap.parts[part])
+        path = snap.parts[part]
+        file = pq.ParquetFile(path)
         if "trace_json" not in file.schema_arrow.names:
             return {}
         start = 0
         for group in range(file.num_row_groups):
             size = file.metadata.row_group(group).num_rows
             if row < start + size:
-                column = file.read_row_group(group, columns=["trace_json"]).column(0)
-                text = column[row - start].as_py()
+                text = self._group(path, file, group)[row - start].as_py()
                 loaded: dict[str, Any] = json.loads(text) if text else {}
                 return loaded
             start += size
-        raise IndexError(f"row {row} is past the end of {snap.parts[part].name}")
+        raise IndexError(f"row {row} is past the end of {path.name}")
+
+    def _group(self, path: Path, file: pq.ParquetFile, group: int) -> pa.ChunkedArray:
+        # Part files are never rewritten (a compaction writes a new name), so name and row
+        # group identify the text for good.
+        key = (str(path), group)
+        with self._lock:
+            column = self._groups.get(key)
+            if column is not None:
+                self._groups.move_to_end(key)
+                return column
+        column = file.read_row_group(group, columns=["trace_json"]).column(0)
+        with self._lock:
+            self._groups[key] = column
+            while len(self._groups) > GROUPS_KEPT:
+                self._groups.popitem(last=False)
+        return column
 
     def row_values(self, snap: Snapshot, part: int, row: int) -> dict[str, Any]:
         """Every column of one row as stored (for the rollout page's column table)."""

@@ -4,7 +4,6 @@ and time per phase."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pyarrow as pa
@@ -25,14 +24,19 @@ def problem_html(snap: Snapshot) -> str:
     return f"<section class=problem><h2>Nothing to show</h2>{note(snap.problem or '')}</section>"
 
 
-def _scores(final: pa.Table, column: str) -> dict[str, list[float | None]]:
-    values: dict[str, list[float | None]] = {}
-    if column not in final.column_names:
-        return values
-    for pairs in final.column(column).to_pylist():
-        for pair in pairs or []:
-            values.setdefault(str(pair["key"]), []).append(pair["value"])
-    return values
+def _scores(final: pa.Table, column: str) -> dict[str, pa.Array]:
+    """name -> its values (nulls where unscored), without a Python object per score."""
+    if column not in final.column_names or len(final) == 0:
+        return {}
+    pairs = pc.list_flatten(final.column(column))
+    if len(pairs) == 0:
+        return {}
+    keys, values = pc.struct_field(pairs, "key"), pc.struct_field(pairs, "value")
+    return {
+        str(name): values.filter(pc.equal(keys, name))
+        for name in pc.unique(keys).to_pylist()
+        if name is not None
+    }
 
 
 def _breakdown(base: str, final: pa.Table, column: str) -> str:
@@ -41,14 +45,14 @@ def _breakdown(base: str, final: pa.Table, column: str) -> str:
         return "<p class=dim>none recorded</p>"
     rows = []
     for name, raw in sorted(scores.items()):
-        vals = [v for v in raw if v is not None and math.isfinite(v)]
-        mean = sum(vals) / len(vals) if vals else None
+        finite = raw.filter(pc.is_finite(raw))
+        vals = finite.to_pylist()
         rows.append(
             [
                 esc(name),
-                num(mean),
-                num(min(vals) if vals else None),
-                num(max(vals) if vals else None),
+                num(pc.mean(finite).as_py()),
+                num(pc.min(finite).as_py()),
+                num(pc.max(finite).as_py()),
                 num(len(vals)),
                 num(len(raw) - len(vals)),
                 histogram(vals, bins=10, width=160, height=40),
@@ -83,6 +87,14 @@ def _phases(final: pa.Table) -> str:
 
 
 def summary_page(base: str, snap: Snapshot) -> str:
+    """Built once per snapshot: it reads every row, and the run has not changed since."""
+    key = f"summary:{base}"
+    if key not in snap.pages:
+        snap.pages[key] = _summary(base, snap)
+    return snap.pages[key]
+
+
+def _summary(base: str, snap: Snapshot) -> str:
     final = snap.final
     summary: dict[str, Any] = summarize(snap.rows, snap.episodes)
     rollouts = f"{base}/rollouts"
