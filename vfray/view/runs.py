@@ -277,22 +277,26 @@ def _read_part(file: Path) -> Part:
 
 
 def _transcript_texts(file: Path) -> pa.Array:
-    """One string per row: its final branch's messages joined (for search)."""
+    """One string per row: its final branch's messages joined (for search), built by Arrow
+    kernels rather than a Python loop over every message."""
     handle = pq.ParquetFile(file)
     if "messages" not in handle.schema_arrow.names:
         return pa.nulls(handle.metadata.num_rows, pa.string())
     column = handle.read(columns=["messages"]).column(0).combine_chunks()
-    rows = handle.metadata.num_rows
-    flat = pc.list_flatten(column)
-    parents = pc.list_parent_indices(column).to_pylist()
-    out = [""] * rows
-    names = [f.name for f in flat.type]
-    fields = [n for n in ("content", "reasoning_content", "tool_calls_json") if n in names]
-    for name in fields:
-        for parent, value in zip(parents, pc.struct_field(flat, name).to_pylist(), strict=True):
-            if value:
-                out[parent] += value + "\n"
-    return pa.array(out, pa.large_string())
+    # A fresh read starts at offset 0, so the list offsets index the struct children directly.
+    offsets = column.offsets
+    values = column.values
+    names = [f.name for f in values.type]
+    joined = []
+    for name in ("content", "reasoning_content", "tool_calls_json"):
+        if name in names:
+            texts = pc.fill_null(pc.struct_field(values, name), "")
+            lists = pa.ListArray.from_arrays(offsets, texts)
+            joined.append(pc.fill_null(pc.binary_join(lists, "\n"), ""))
+    if not joined:
+        return pa.nulls(handle.metadata.num_rows, pa.string())
+    result: pa.Array = pc.binary_join_element_wise(*joined, "\n")
+    return result
 
 
 def _version_notes(snap: Snapshot, versions: set[int | None]) -> None:
