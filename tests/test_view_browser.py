@@ -16,6 +16,7 @@ import pytest
 import vfray as vf
 from vfray.serving import serve_in_thread
 from vfray.tasksets.arithmetic import ArithmeticTask, ArithmeticTaskset
+from vfray.traces import table_to_traces, write_traces
 from vfray.view import create_app
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -66,6 +67,7 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.wait import WebDriverWait
 
     driver: WebDriver = browser  # type: ignore[assignment]
     with vf.Farm(
@@ -112,5 +114,17 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
         driver.get(f"{url}/run/0/episode?task={quote(key)}")
         assert len(driver.find_elements(By.CSS_SELECTOR, "div.lane")) == 2
         driver.save_screenshot(str(shots / "episode.png"))
+
+        # The run goes on being written: the open page notices and offers a reload.
+        driver.get(f"{url}/run/0")
+        banner = driver.find_element(By.ID, "live-banner")
+        assert not banner.is_displayed()
+        more = [t.model_copy(update={"attempt": 1}) for t in table_to_traces(final.slice(0, 1))]
+        write_traces(more, result.run_dir / "traces")
+        WebDriverWait(driver, 30).until(lambda d: banner.is_displayed())
+        banner.find_element(By.TAG_NAME, "a").click()
+        WebDriverWait(driver, 30).until(
+            lambda d: "attempts (with retries) 17" in d.find_element(By.TAG_NAME, "main").text
+        )
     for name in ("summary", "rollouts-errored", "rollout", "episode"):
         assert (shots / f"{name}.png").stat().st_size > 10_000
