@@ -21,6 +21,11 @@ def final_rows(table: pa.Table) -> pa.Table:
     """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history."""
     if table.num_rows == 0:
         return table
+    # Most runs have one row per rollout: no earlier attempt to drop, and no Python loop over
+    # 10,000s of rows (the viewer and `vfray show` open large runs through here).
+    groups = table.group_by(["task_key", "rollout_index"], use_threads=False).aggregate([])
+    if groups.num_rows == table.num_rows:
+        return table
     keys = table.select(["task_key", "rollout_index", "attempt"]).to_pylist()
     best: dict[tuple[str, int], tuple[int, int]] = {}
     for row_index, row in enumerate(keys):
