@@ -25,6 +25,7 @@ from actors.interception_pool import PoolRef, ServeBroker
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
+from vfray.model_client import upstream_target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
@@ -59,6 +60,8 @@ class SandboxHost:
             )
         # No sampling here: each rollout's session imposes the plan's sampling (once).
         self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=plan.model))
+        # Where the rollouts' simulated users and judges call by default: the run's endpoint.
+        self.model_target = upstream_target(self.app.upstream)
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
         # Loopback: boxes reach the endpoint on their own node (directly, or through the
@@ -109,6 +112,7 @@ class SandboxHost:
                 attempt=rollout.attempt,
                 run_id=rollout.run_id,
                 episode_id=rollout.episode_id,
+                model_target=self.model_target,
             )
         )
         key = f"{rollout.task.key}/{rollout.index}/{rollout.attempt}/{time.monotonic_ns()}"
