@@ -16,14 +16,15 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfray.errors import ConfigError, ProviderError
-from vfray.interception.upstream import Upstream
 from vfray.trace import ErrorInfo, Message, SideCall, Trace, Usage
+
+if TYPE_CHECKING:
+    from vfray.interception.upstream import Upstream
 
 ROLE_HEADER = "x-vfray-role"
 """Sent on every side call with its kind (``user``/``judge``), so an endpoint's logs (and the
@@ -135,6 +136,8 @@ async def chat(
     :class:`Unusable`/``ValueError``. Every attempt that reached the endpoint is recorded on
     ``trace.side_calls``. Returns the reply and what ``accept`` returned; raises
     :class:`ProviderError` (the endpoint) or the last ``ValueError`` (the answer) otherwise."""
+    import httpx  # here: judges and users are declared at import, called only in rollouts
+
     what = f"{kind} {name!r}"
     target = resolve(endpoint, what)
     settings = endpoint or ModelEndpoint()
