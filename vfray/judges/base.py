@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -56,6 +56,21 @@ def json_object(text: str) -> Any:
         return json.loads(match.group())
 
 
+View = Literal["last_reply", "replies", "transcript"]
+VIEWS: tuple[View, ...] = ("last_reply", "replies", "transcript")
+
+
+def response_text(trace: Trace, view: View) -> str:
+    """What a judge grades: the agent's last reply, all its replies (a dialogue), or the
+    whole exchange with each message's role (tool calls and the system prompt left out)."""
+    if view == "last_reply":
+        return trace.last_reply or ""
+    said = [m for m in trace.messages if m.role in ("user", "assistant") and m.text.strip()]
+    if view == "replies":
+        return "\n\n".join(m.text.strip() for m in said if m.role == "assistant")
+    return "\n\n".join(f"{m.role}: {m.text.strip()}" for m in said)
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name.removesuffix("Judge")).lower() or "judge"
 
@@ -86,12 +101,16 @@ class Judge(Generic[ParsedT]):
         structured: bool = True,
         endpoint: ModelEndpoint | None = None,
         retries: int = 2,
+        view: View = "last_reply",
         weight: float = 1.0,
         priority: int = 0,
         name: str | None = None,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
+        if view not in VIEWS:
+            raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
+        self.view = view
         # Instance settings shadow the class's defaults.
         if prompt is not None:
             self.prompt = prompt
@@ -175,8 +194,9 @@ class Judge(Generic[ParsedT]):
         return await self.complete(self.build_messages(**fields), trace=trace)
 
     def fields(self, task: Task[Any], trace: Trace) -> dict[str, Any]:
-        """The template's fields for one rollout."""
-        return {**task_fields(task), "response": trace.last_reply or ""}
+        """The template's fields for one rollout: the task's data fields, ``prompt``, and
+        ``response`` (what :attr:`view` shows of the agent's conversation)."""
+        return {**task_fields(task), "response": response_text(trace, self.view)}
 
     def to_score(self, parsed: ParsedT) -> float | Mapping[str, float]:
         """The reward: a number or bool as it is, a mapping of them (several keys), or a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from vfray.judges.base import Judge
+from vfray.judges.base import Judge, View
 from vfray.model_client import ModelEndpoint
 from vfray.trace import Trace
 
@@ -49,6 +49,7 @@ class ReferenceJudge(Judge[bool]):
         prompt: str | None = None,
         endpoint: ModelEndpoint | None = None,
         retries: int = 2,
+        view: View = "last_reply",
         weight: float = 1.0,
         priority: int = 0,
         name: str | None = None,
@@ -56,7 +57,7 @@ class ReferenceJudge(Judge[bool]):
         if not all(choices) or choices[0].lower() == choices[1].lower():
             raise ValueError(f"choices needs two distinct, non-empty labels, got {choices!r}")
         super().__init__(
-            prompt, endpoint=endpoint, retries=retries, weight=weight, priority=priority,
+            prompt, endpoint=endpoint, retries=retries, view=view, weight=weight, priority=priority,
             name=name,
         )
         self.answer_field = answer_field

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vfray.judges.base import Judge
+from vfray.judges.base import Judge, View
 from vfray.model_client import ModelEndpoint
 from vfray.trace import Trace
 
@@ -70,6 +70,7 @@ class RubricJudge(Judge[Verdicts]):
         structured: bool = True,
         endpoint: ModelEndpoint | None = None,
         retries: int = 2,
+        view: View = "last_reply",
         weight: float = 1.0,
         priority: int = 0,
         name: str | None = None,
@@ -83,7 +84,7 @@ class RubricJudge(Judge[Verdicts]):
         if sum(c.weight for c in self.criteria) <= 0:
             raise ValueError("the criteria's weights sum to 0")
         super().__init__(
-            prompt, structured=structured, endpoint=endpoint, retries=retries, weight=weight,
+            prompt, structured=structured, endpoint=endpoint, retries=retries, view=view, weight=weight,
             priority=priority, name=name,
         )
 
