@@ -55,7 +55,10 @@ class JudgedQA(vf.Taskset[QATask]):
             task_type = type(
                 "ConfiguredQATask",
                 (QATask,),
-                {"correct": ReferenceJudge(endpoint=self.judge, name="correct"), "__module__": __name__},
+                {
+                    "correct": ReferenceJudge(endpoint=self.judge, name="correct"),
+                    "__module__": __name__,
+                },
             )
         for index, (question, answer) in enumerate(QUESTIONS):
             yield task_type(Question(prompt=question, answer=answer), key=f"qa-{index}")

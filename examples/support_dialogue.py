@@ -82,7 +82,9 @@ class SupportTask(vf.Task[Ticket]):
         return sum(1 for reply in said if "###DONE###" not in reply)
 
 
-def make_ticket(index: int, customer: str, order: str, issue: str, script: tuple[str, ...]) -> SupportTask:
+def make_ticket(
+    index: int, customer: str, order: str, issue: str, script: tuple[str, ...]
+) -> SupportTask:
     data = Ticket(
         prompt=None,
         system_prompt=AGENT_PROMPT,

@@ -74,7 +74,8 @@ async def test_an_empty_reply_scores_zero_without_a_call() -> None:
             return True  # refuses the first call: no reply at all
 
     trace = await vf.run_rollout(
-        Silent(Answer(prompt="What is 1 + 1?", answer="2")), model="scripted:arithmetic",
+        Silent(Answer(prompt="What is 1 + 1?", answer="2")),
+        model="scripted:arithmetic",
         harness="null",
     )
     assert trace.rewards["correct"].value == 0.0 and trace.side_calls == []
@@ -91,7 +92,8 @@ async def test_a_judge_whose_answer_does_not_parse_leaves_none_and_a_judge_error
         )
 
     trace = await vf.run_rollout(
-        Strict(Answer(prompt="What is 2 + 2?", answer="4")), model="scripted:arithmetic",
+        Strict(Answer(prompt="What is 2 + 2?", answer="4")),
+        model="scripted:arithmetic",
         harness="null",
     )
     record = trace.rewards["correct"]
@@ -113,7 +115,8 @@ async def test_a_judge_whose_endpoint_is_down_is_a_judge_error(tmp_path: Path) -
         )
 
     trace = await vf.run_rollout(
-        Elsewhere(Answer(prompt="What is 2 + 2?", answer="4")), model="scripted:arithmetic",
+        Elsewhere(Answer(prompt="What is 2 + 2?", answer="4")),
+        model="scripted:arithmetic",
         harness="null",
     )
     record = trace.rewards["correct"]
@@ -143,7 +146,7 @@ async def test_a_rubric_judge_asks_for_its_schema_and_weighs_the_verdicts() -> N
     (judged,) = [r for r in model.history if r.headers.get("x-vfray-role") == "judge"]
     schema = judged.body["response_format"]["json_schema"]
     assert schema["name"] == "Verdicts" and "verdicts" in schema["schema"]["properties"]
-    assert "- polite: says \"please\"" in trace.side_calls[0].messages[-1].text
+    assert '- polite: says "please"' in trace.side_calls[0].messages[-1].text
 
 
 async def test_a_judge_on_its_own_endpoint_and_model() -> None:
@@ -154,7 +157,8 @@ async def test_a_judge_on_its_own_endpoint_and_model() -> None:
             correct = ReferenceJudge(endpoint=vf.ModelEndpoint(base_url=judge_url, model="big"))
 
         trace = await vf.run_rollout(
-            Own(Answer(prompt="What is 3 + 4?", answer="7")), model="scripted:arithmetic",
+            Own(Answer(prompt="What is 3 + 4?", answer="7")),
+            model="scripted:arithmetic",
             harness="null",
         )
     assert trace.rewards["correct"].value == 1.0

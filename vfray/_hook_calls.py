@@ -126,7 +126,7 @@ async def _invoke(
         try:
             # A hook object (a vf.Judge) is async through its __call__.
             is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-                getattr(fn, "__call__", None)
+                type(fn).__call__
             )
             if is_async or not offload:
                 result = fn(**kwargs)

@@ -173,9 +173,14 @@ def declared_user(cls: type) -> tuple[str, Any] | None:
     if inspect.isfunction(raw):
         params = list(inspect.signature(raw).parameters.values())[1:]
         for p in params:
-            if p.name not in INJECTABLE and p.default is p.empty and p.kind not in (
-                p.VAR_POSITIONAL,
-                p.VAR_KEYWORD,
+            if (
+                p.name not in INJECTABLE
+                and p.default is p.empty
+                and p.kind
+                not in (
+                    p.VAR_POSITIONAL,
+                    p.VAR_KEYWORD,
+                )
             ):
                 raise ConfigError(
                     f"{cls.__qualname__}.{name}: parameter {p.name!r} cannot be injected; a "
@@ -186,7 +191,8 @@ def declared_user(cls: type) -> tuple[str, Any] | None:
 
 def task_user(task: Task[Any]) -> TaskUser:
     """The user of ``task``: its declared one, else its ``next_message``."""
-    declared = declared_user(type(task))
+    cls: type = type(task)
+    declared = declared_user(cls)
     if declared is None:
 
         async def next_message(trace: Trace) -> Any:

@@ -1,9 +1,10 @@
 """One rollout's agent program across its segments: the launch, then one resume per user message.
 
 :func:`run_segments` is the rollout's agent loop (segment 1, then one more per message the task's
-user (:mod:`vfray.users`; else its ``next_message``) supplies, under one agent budget that waiting for the user does not burn), over
-an :class:`AgentSession`: by default one that relaunches the program on the conversation so far;
-a live-session harness (ACP) gives its own, which keeps one process and session.
+user (:mod:`vfray.users`, else its ``next_message``) supplies, under one agent budget that
+waiting for the user does not burn), over an :class:`AgentSession`: by default one that
+relaunches the program on the conversation so far; a live-session harness (ACP) gives its own,
+which keeps one process and session.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -87,9 +87,10 @@ class Judge(Generic[ParsedT]):
     answer into the reward. ``endpoint`` defaults to the rollout's model endpoint.
     """
 
-    prompt: ClassVar[str | None] = None
-    system_prompt: ClassVar[str | None] = None
-    schema: ClassVar[type[BaseModel] | None] = None
+    # Defaults a subclass may set; the constructor's arguments shadow them per instance.
+    prompt: str | None = None
+    system_prompt: str | None = None
+    schema: type[BaseModel] | None = None
 
     def __init__(
         self,
@@ -111,7 +112,6 @@ class Judge(Generic[ParsedT]):
         if view not in VIEWS:
             raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
         self.view = view
-        # Instance settings shadow the class's defaults.
         if prompt is not None:
             self.prompt = prompt
         if system_prompt is not None:
@@ -160,7 +160,10 @@ class Judge(Generic[ParsedT]):
         return {
             "response_format": {
                 "type": "json_schema",
-                "json_schema": {"name": self.schema.__name__, "schema": self.schema.model_json_schema()},
+                "json_schema": {
+                    "name": self.schema.__name__,
+                    "schema": self.schema.model_json_schema(),
+                },
             }
         }
 
@@ -189,7 +192,9 @@ class Judge(Generic[ParsedT]):
             ) from exc
         return JudgeResponse(reply.text, parsed, reply.usage, reply.attempts)
 
-    async def evaluate(self, *, trace: Trace | None = None, **fields: Any) -> JudgeResponse[ParsedT]:
+    async def evaluate(
+        self, *, trace: Trace | None = None, **fields: Any
+    ) -> JudgeResponse[ParsedT]:
         """Fill the template with ``fields`` and ask."""
         return await self.complete(self.build_messages(**fields), trace=trace)
 
@@ -204,8 +209,8 @@ class Judge(Generic[ParsedT]):
         value: Any = parsed
         if isinstance(value, BaseModel) and hasattr(value, "score"):
             value = value.score
-        if isinstance(value, bool | int | float) or isinstance(value, Mapping):
-            return value  # type: ignore[return-value]
+        if isinstance(value, bool | int | float | Mapping):
+            return value
         raise JudgeError(
             f"judge {self.reward_name!r}: cannot score a {type(value).__name__}; "
             "override to_score or parse"

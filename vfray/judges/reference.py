@@ -57,7 +57,12 @@ class ReferenceJudge(Judge[bool]):
         if not all(choices) or choices[0].lower() == choices[1].lower():
             raise ValueError(f"choices needs two distinct, non-empty labels, got {choices!r}")
         super().__init__(
-            prompt, endpoint=endpoint, retries=retries, view=view, weight=weight, priority=priority,
+            prompt,
+            endpoint=endpoint,
+            retries=retries,
+            view=view,
+            weight=weight,
+            priority=priority,
             name=name,
         )
         self.answer_field = answer_field
@@ -71,7 +76,9 @@ class ReferenceJudge(Judge[bool]):
                 return True
             if word == negative:
                 return False
-        raise ValueError(f"the verdict is neither {self.choices[0]!r} nor {self.choices[1]!r}: {text[:200]!r}")
+        raise ValueError(
+            f"the verdict is neither {self.choices[0]!r} nor {self.choices[1]!r}: {text[:200]!r}"
+        )
 
     def fields(self, task: Task[Any], trace: Trace) -> dict[str, Any]:
         answer = getattr(task.data, self.answer_field, None)

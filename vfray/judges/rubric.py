@@ -84,8 +84,14 @@ class RubricJudge(Judge[Verdicts]):
         if sum(c.weight for c in self.criteria) <= 0:
             raise ValueError("the criteria's weights sum to 0")
         super().__init__(
-            prompt, structured=structured, endpoint=endpoint, retries=retries, view=view, weight=weight,
-            priority=priority, name=name,
+            prompt,
+            structured=structured,
+            endpoint=endpoint,
+            retries=retries,
+            view=view,
+            weight=weight,
+            priority=priority,
+            name=name,
         )
 
     def parse(self, text: str) -> Verdicts:

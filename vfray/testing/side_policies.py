@@ -92,8 +92,10 @@ def _judge(prompt: str) -> str:
             name, description = match.group(1).strip(), match.group(2)
             phrases = _QUOTED.findall(description)
             ok = all(p.lower() in response.lower() for p in phrases)
-            reason = "the response says " + ", ".join(repr(p) for p in phrases) if ok else (
-                "the response does not say all of " + ", ".join(repr(p) for p in phrases)
+            reason = (
+                "the response says " + ", ".join(repr(p) for p in phrases)
+                if ok
+                else ("the response does not say all of " + ", ".join(repr(p) for p in phrases))
             )
             verdicts.append({"name": name, "reason": reason, "verdict": "yes" if ok else "no"})
         return json.dumps({"verdicts": verdicts})
