@@ -19,7 +19,9 @@ from vfray.errors import ConfigError, IncompatibleError
 from vfray.farm import Farm
 from vfray.interception import Limits
 from vfray.plugins import load_object
-from vfray.run.environment import LocalEnvironment
+from vfray.model_client import upstream_target
+from vfray.rollout import run_planned_rollout
+from vfray.run.environment import InProcessBroker, LocalEnvironment
 from vfray.testing.scripted import ScriptedModel, scripted_server
 from vfray.traces import to_samples, write_traces
 from vfray.traces.convert import table_to_traces, traces_to_table
@@ -305,3 +307,46 @@ def test_users_on_ray(tmp_path: Path, interception: str) -> None:
         result = farm.run(support_tasks())
     traces = table_to_traces(result.final_traces)
     check_support(traces)
+
+
+class CopyingBroker(InProcessBroker):
+    """Records into a copy of the trace, as the node's interception deployment (serve) does
+    in another process: the rollout's own trace never sees the calls."""
+
+    async def register(self, trace: vf.Trace, *args: Any) -> str:
+        return await super().register(vf.Trace.model_validate_json(trace.model_dump_json()), *args)
+
+
+async def test_the_user_sees_the_calls_a_broker_in_another_process_recorded() -> None:
+    # Before the snapshot, the user of a serve-mode rollout saw no calls at all ([0, 0, 0]).
+    task = Scripted(vf.TaskData(prompt=None), ["one", "two"])
+    async with LocalEnvironment("scripted:echo", harness="null") as env:
+        trace = await run_planned_rollout(
+            task,
+            plan=env.plan,
+            harness=env.harness,
+            runtime_options={},
+            broker=CopyingBroker(env.interception.app),
+            interception_url=env.interception.url,
+        )
+    assert task.seen == [0, 1, 2]
+    assert trace.stop_condition is vf.StopCondition.USER_CLOSED and len(trace.calls) == 2
+
+
+async def test_a_simulated_users_calls_reach_the_trace_from_a_snapshot() -> None:
+    async with LocalEnvironment("scripted:echo", harness="null") as env:
+        trace = await run_planned_rollout(
+            Customer(vf.TaskData()),
+            plan=env.plan,
+            harness=env.harness,
+            runtime_options={},
+            broker=CopyingBroker(env.interception.app),
+            interception_url=env.interception.url,
+            model_target=upstream_target(env.interception.app.upstream),
+        )
+    assert trace.stop_condition is vf.StopCondition.USER_CLOSED, trace.errors
+    assert [c.reply for c in trace.side_calls] == [
+        "Hi, my mug broke.",
+        "A refund, please.",
+        "###DONE###",
+    ]

@@ -368,7 +368,8 @@ async def _live_view(broker: SessionBroker, secret: str, local: Trace) -> Trace:
     recorded = await broker.snapshot(secret)
     if recorded is local:
         return local
-    return _merge_recorded(local, recorded)
+    # A shallow copy: the merge reassigns fields, and the broker's own record stays as it is.
+    return _merge_recorded(local, recorded.model_copy())
 
 
 def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
