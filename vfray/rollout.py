@@ -52,7 +52,7 @@ class Timeouts(BaseModel):
     setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
     agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")
     user: float = Field(
-        600.0, gt=0, description="seconds the task's next_message may take (not agent time)"
+        600.0, gt=0, description="seconds the task's user may take per message (not agent time)"
     )
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
