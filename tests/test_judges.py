@@ -261,3 +261,42 @@ def test_judged_qa_on_ray(tmp_path: Path) -> None:
     traces = table_to_traces(result.final_traces)
     assert sorted(t.rewards["correct"].value or 0 for t in traces) == [1.0] * 4
     assert all(t.side_calls[0].kind == "judge" and t.side_usage.input_tokens for t in traces)
+
+
+def test_the_scripted_model_answers_as_user_or_judge_by_request() -> None:
+    import httpx
+
+    model = ScriptedModel("arithmetic")
+    with scripted_server(model) as url:
+
+        def ask(messages: list[dict[str, str]], **headers: str) -> httpx.Response:
+            body = {"model": "m", "messages": messages}
+            return httpx.post(f"{url}/chat/completions", json=body, headers=headers)
+
+        def text(response: httpx.Response) -> str:
+            assert response.status_code == 200, response.text
+            return str(response.json()["choices"][0]["message"]["content"])
+
+        persona = {"role": "system", "content": "Be brief.\n> first\n> second"}
+        said = [persona, {"role": "user", "content": "go"}]
+        assert text(ask(said, **{"x-vfray-role": "user"})) == "first"
+        later = [
+            *said,
+            {"role": "assistant", "content": "first"},
+            {"role": "user", "content": "ok"},
+        ]
+        assert text(ask(later, **{"x-vfray-role": "user"})) == "second"
+        done = [
+            *later,
+            {"role": "assistant", "content": "second"},
+            {"role": "user", "content": "k"},
+        ]
+        assert text(ask(done, **{"x-vfray-role": "user"})) == "###DONE###"
+        grade = "Reference answer:\n```\n42\n```\nResponse:\n```\nIt is 42.\n```"
+        assert text(ask([{"role": "user", "content": grade}], **{"x-vfray-role": "judge"})) == "yes"
+        # No role: the server's own policy; an explicit policy header wins; a bad one is a 400.
+        assert text(ask([{"role": "user", "content": "What is 2 + 3?"}])) == "5"
+        echo = ask([{"role": "user", "content": "What is 2 + 3?"}], **{"x-scripted-policy": "echo"})
+        assert text(echo) == "What is 2 + 3?"
+        bad = ask([{"role": "user", "content": "x"}], **{"x-scripted-policy": "oracle"})
+        assert bad.status_code == 400 and "x-scripted-policy" in bad.text
