@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 import vfray as vf
-from vfray.errors import ConfigError, JudgeError
+from vfray.errors import JudgeError
 from vfray.farm import Farm
 from vfray.judges import Judge, ReferenceJudge, RubricJudge
 from vfray.plugins import load_object
@@ -191,7 +191,7 @@ PLUGGED = Judge(
 
 async def test_a_judge_outside_a_rollout_needs_an_endpoint() -> None:
     judge: Judge[Any] = Judge("Is {response} fine?")
-    with pytest.raises(ConfigError, match="has no model endpoint"):
+    with pytest.raises(JudgeError, match="ConfigError: judge 'judge' has no model endpoint"):
         await judge.evaluate(response="x")
     with pytest.raises(ValueError, match="distinct"):
         ReferenceJudge(choices=("yes", "YES"))

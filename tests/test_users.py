@@ -18,8 +18,8 @@ import vfray as vf
 from vfray.errors import ConfigError, IncompatibleError
 from vfray.farm import Farm
 from vfray.interception import Limits
-from vfray.plugins import load_object
 from vfray.model_client import upstream_target
+from vfray.plugins import load_object
 from vfray.rollout import run_planned_rollout
 from vfray.run.environment import InProcessBroker, LocalEnvironment
 from vfray.testing.scripted import ScriptedModel, scripted_server

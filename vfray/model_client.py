@@ -183,9 +183,12 @@ async def chat(
                 continue
             try:
                 accepted = accept(text) if accept is not None else text
-            except (Unusable, ValueError) as exc:
-                failure = exc
+            except Exception as exc:
+                # Recorded whatever it is: the attempt was billed. Only these are asked again.
                 _record(trace, kind, name, target, messages, text, usage, started, exc)
+                if not isinstance(exc, Unusable | ValueError):
+                    raise
+                failure = exc
                 continue
             _record(trace, kind, name, target, messages, text, usage, started, None)
             return Reply(text, usage, attempt + 1), accepted

@@ -190,6 +190,10 @@ class Judge(Generic[ParsedT]):
                 f"judge {self.reward_name!r} got no usable answer in {tries} "
                 f"attempt{'s' if tries > 1 else ''}: {type(exc).__name__}: {exc}"
             ) from exc
+        except Exception as exc:  # no endpoint, a parser that broke: still the judge's failure
+            raise JudgeError(
+                f"judge {self.reward_name!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         return JudgeResponse(reply.text, parsed, reply.usage, reply.attempts)
 
     async def evaluate(
