@@ -11,16 +11,13 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from vfray._hook_calls import run_in_hook_thread
 from vfray.errors import ConfigError
 from vfray.model_client import ModelEndpoint, chat
-from vfray.task import call_maybe_async
+from vfray.task import Task, call_maybe_async
 from vfray.trace import Message, Trace
-
-if TYPE_CHECKING:
-    from vfray.task import Task
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -163,8 +160,6 @@ def declared_user(cls: type) -> tuple[str, Any] | None:
         raise ConfigError(f"{cls.__qualname__} declares several users: {', '.join(found)}")
     if not found:
         return None
-    from vfray.task import Task
-
     name, raw = next(iter(found.items()))
     if getattr(cls, "next_message", None) is not Task.next_message:
         raise ConfigError(
