@@ -103,11 +103,12 @@ class ScriptedModel:
     :mod:`vfray.testing.policies`) or ``agent`` (drives real agent programs, see
     :mod:`vfray.testing.agent`); one request may ask for another (``x-scripted-policy``), and
     vfray's simulated users and judges get the ``user`` and ``judge`` policies
-    (:mod:`vfray.testing.side_policies`) by their ``x-vfray-role`` header. ``accuracy`` is
-    the chance an arithmetic answer is right, drawn from ``seed``, the prompt and a per-call
-    nonce (see :class:`Sampler`). ``latency`` is slept before every completion. With ``context_window`` set, a request whose prompt tokens
-    plus ``max_tokens`` exceed it is refused as a context-length error. ``count_tokens=False``
-    leaves out Anthropic's ``/v1/messages/count_tokens`` (as vLLM does).
+    (:mod:`vfray.testing.side_policies`) by their ``x-vfray-role`` header. ``accuracy`` is the
+    chance an arithmetic answer is right, drawn from ``seed``, the prompt and a per-call nonce
+    (see :class:`Sampler`). ``latency`` is slept before every completion. With
+    ``context_window`` set, a request whose prompt tokens plus ``max_tokens`` exceed it is
+    refused as a context-length error. ``count_tokens=False`` leaves out Anthropic's
+    ``/v1/messages/count_tokens`` (as vLLM does).
     """
 
     def __init__(
