@@ -130,6 +130,17 @@ class InterceptionReplica:
         except KeyError:
             return Concluded("lost")
 
+    async def snapshot(self, node_id: str, incarnation: str, secret: str) -> Concluded:
+        """The live session's trace so far (a copy reaches the caller), for its task's user."""
+        if node_id != self.node_id:
+            return Concluded("elsewhere")
+        if incarnation != self.incarnation:
+            return Concluded("lost")
+        try:
+            return Concluded("ok", self.app.snapshot(secret))
+        except KeyError:
+            return Concluded("lost")
+
     async def set_policy_version(self, node_id: str, version: int | None) -> bool | None:
         if node_id != self.node_id:
             return None
@@ -270,6 +281,17 @@ class ServeBroker:
                 "the node's interception replica died and took this rollout's session with it"
             )
         return done.trace
+
+    async def snapshot(self, secret: str) -> Trace:
+        reg = self._opened.get(secret)
+        if reg is None:
+            raise KeyError("unknown session")
+        seen: Concluded = await self._ask("snapshot", reg.incarnation, secret)
+        if seen.trace is None:
+            raise InterceptionError(
+                "the node's interception replica died and took this rollout's session with it"
+            )
+        return seen.trace
 
     async def set_policy_version(self, version: int | None) -> None:
         self.policy_version = version

@@ -25,6 +25,7 @@ from actors.interception_pool import PoolRef, ServeBroker
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
+from vfray.model_client import Target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
@@ -50,17 +51,19 @@ class SandboxHost:
         tunnel: TunnelSettings | None = None,
     ) -> None:
         self.plan = plan
-        # With the Serve pool the node's replica holds the upstream (and reads the key on its
-        # node); the host then needs neither an app of its own nor the key.
+        # The key is read here, on the host's node, so it never travels through the driver (the
+        # host needs it with the Serve pool too: users and judges call the model from here).
+        api_key = os.environ.get(api_key_var) if api_key_var else None
+        if api_key_var and api_key is None:
+            raise ConfigError(
+                f"environment variable {api_key_var} (the API key) is not set on the node of "
+                "a SandboxHost"
+            )
+        # Where the rollouts' simulated users and judges call by default: the run's endpoint.
+        self.model_target = Target(base_url, plan.model, api_key)
+        # With the Serve pool the node's replica holds the upstream; the host has no app then.
         self.app: InterceptionApp | None = None
         if interception is None:
-            # The key is read here, on the host's node, so it never travels through the driver.
-            api_key = os.environ.get(api_key_var) if api_key_var else None
-            if api_key_var and api_key is None:
-                raise ConfigError(
-                    f"environment variable {api_key_var} (the API key) is not set on the node "
-                    "of a SandboxHost"
-                )
             # No sampling here: each rollout's session imposes the plan's sampling (once).
             self.app = InterceptionApp(
                 Upstream(base_url=base_url, api_key=api_key, model=plan.model)
@@ -115,6 +118,7 @@ class SandboxHost:
                 attempt=rollout.attempt,
                 run_id=rollout.run_id,
                 episode_id=rollout.episode_id,
+                model_target=self.model_target,
             )
         )
         key = f"{rollout.task.key}/{rollout.index}/{rollout.attempt}/{time.monotonic_ns()}"

@@ -19,12 +19,15 @@ from vfray.errors import (
     VfrayError,
 )
 from vfray.harness import Harness, HarnessConfig
+from vfray.judges import Judge
+from vfray.model_client import ModelEndpoint
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
 from vfray.task import Task, TaskData
 from vfray.taskset import Taskset
 from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
+from vfray.users import SimulatedUser, user
 
 if TYPE_CHECKING:
     from vfray.config import EvalConfig
@@ -45,13 +48,16 @@ __all__ = [
     "HarnessConfig",
     "HarnessError",
     "InterceptionError",
+    "Judge",
     "LocalEnvironment",
     "Message",
     "ModelCall",
+    "ModelEndpoint",
     "ProviderError",
     "RunResult",
     "Runtime",
     "SandboxError",
+    "SimulatedUser",
     "StopCondition",
     "Task",
     "TaskData",
@@ -70,6 +76,7 @@ __all__ = [
     "run_rollout",
     "stop",
     "to_samples",
+    "user",
     "write_traces",
 ]
 

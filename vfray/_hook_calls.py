@@ -124,7 +124,11 @@ async def _invoke(
 
     async def call() -> Any:
         try:
-            if inspect.iscoroutinefunction(fn) or not offload:
+            # A hook object (a vf.Judge) is async through its __call__.
+            is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                type(fn).__call__
+            )
+            if is_async or not offload:
                 result = fn(**kwargs)
             else:
                 # A blocking sync hook must not stall the event loop other rollouts share, nor

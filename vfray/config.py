@@ -76,6 +76,9 @@ class EnvConfig(BaseModel):
     max_input_tokens: int | None = Field(None, description="prompt tokens of one call")
     max_output_tokens: int | None = Field(None, description="completion tokens per rollout")
     max_total_tokens: int | None = Field(None, description="all tokens per rollout")
+    max_user_turns: int | None = Field(
+        None, description="user messages per rollout (a task's user or next_message)"
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts)
     scoring: dict[str, str] = Field(
         default_factory=dict, description="hook name -> 'pkg.mod:fn' or 'file.py:fn'"
@@ -87,6 +90,7 @@ class EnvConfig(BaseModel):
             max_input_tokens=self.max_input_tokens,
             max_output_tokens=self.max_output_tokens,
             max_total_tokens=self.max_total_tokens,
+            max_user_turns=self.max_user_turns,
         )
 
 

@@ -11,6 +11,7 @@
     │   └── SinkError          rows could not be written to the run folder; the run stops
     └── RolloutError           anything that fails one rollout; recorded on its trace as data
         ├── TaskError          the task's own code failed (setup, finalize, validate, a score hook)
+        │   └── JudgeError     a judge's model gave no usable verdict (after its retries)
         ├── HarnessError       the agent program crashed or misbehaved
         ├── SandboxError       the box died or could not be started
         ├── ProviderError      the model endpoint failed (after the SDK's retries)
@@ -80,6 +81,11 @@ class TaskError(RolloutError):
     """The task's own code (setup, finalize, validate or scoring) raised."""
 
 
+class JudgeError(TaskError):
+    """A judge (a reward computed by a model) got no usable verdict: its endpoint failed or
+    its answers did not parse, after its retries."""
+
+
 class HarnessError(RolloutError):
     """The harness program exited badly or broke the harness contract."""
 
@@ -109,6 +115,7 @@ ROLLOUT_ERROR_TYPES: dict[str, type[RolloutError]] = {
     for cls in (
         RolloutError,
         TaskError,
+        JudgeError,
         HarnessError,
         SandboxError,
         ProviderError,

@@ -27,6 +27,7 @@ from vfray.errors import (
 from vfray.harness import Harness, LaunchContext, classify_exit
 from vfray.harnesses.session import run_segments
 from vfray.interception.limits import Limits
+from vfray.model_client import Target, rollout_target
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
@@ -51,7 +52,7 @@ class Timeouts(BaseModel):
     setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
     agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")
     user: float = Field(
-        600.0, gt=0, description="seconds the task's next_message may take (not agent time)"
+        600.0, gt=0, description="seconds the task's user may take per message (not agent time)"
     )
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
@@ -81,6 +82,11 @@ class SessionBroker(Protocol):
     ) -> str: ...
 
     async def conclude(self, secret: str) -> Trace: ...
+
+    async def snapshot(self, secret: str) -> Trace:
+        """The session's trace as recorded so far (in this process: the live object; across
+        processes: a copy), for the task's user between segments."""
+        ...
 
     def endpoint(self, secret: str) -> str | None:
         """The URL of the interception holding the session, when it is not the rollout's
@@ -143,9 +149,40 @@ async def execute_rollout(
     attempt: int = 0,
     run_id: str | None = None,
     episode_id: str | None = None,
+    model_target: Target | None = None,
 ) -> Trace:
     """Run one rollout of ``task`` to a scored :class:`Trace`; never raises for rollout
-    failures (they are on the trace), only re-raises cancellation after tearing down."""
+    failures (they are on the trace), only re-raises cancellation after tearing down.
+    ``model_target`` is the rollout's model endpoint, where its simulated user and judges
+    call by default."""
+    with rollout_target(model_target):
+        return await _execute(
+            task,
+            plan=plan,
+            harness=harness,
+            runtime=runtime,
+            broker=broker,
+            interception_url=interception_url,
+            rollout_index=rollout_index,
+            attempt=attempt,
+            run_id=run_id,
+            episode_id=episode_id,
+        )
+
+
+async def _execute(
+    task: Task[Any],
+    *,
+    plan: RolloutPlan,
+    harness: Harness,
+    runtime: Runtime,
+    broker: SessionBroker,
+    interception_url: str,
+    rollout_index: int,
+    attempt: int,
+    run_id: str | None,
+    episode_id: str | None,
+) -> Trace:
     timeouts = plan.timeouts.for_task(task.data)
     trace = Trace(
         task=task.record(),
@@ -236,6 +273,7 @@ async def _agent_phase(
             lambda t: check_stop(task, t, plan.scoring_overrides),
             plan.sampling,
         )
+        live = secret
         endpoint = await runtime.host_url(broker.endpoint(secret) or interception_url)
         await runtime.prepare_execution([endpoint])
         ctx = LaunchContext(
@@ -252,6 +290,8 @@ async def _agent_phase(
                 user_deadline=timeouts.user,
                 stop_grace=timeouts.stop_grace,
                 interrupt=runtime.interrupt,
+                view=lambda: _live_view(broker, live, trace),
+                max_user_turns=plan.limits.max_user_turns,
             )
         finally:
             await session.close()
@@ -322,11 +362,25 @@ def _blame_provider(trace: Trace) -> ProviderError | None:
     return None
 
 
-def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
-    """The broker's trace holds the calls; keep the phases and errors the rollout recorded.
-    In-process both are the same object; across processes the broker's copy is newer."""
+async def _live_view(broker: SessionBroker, secret: str, local: Trace) -> Trace:
+    """The trace as the task's user should see it mid-rollout: the broker's record of the
+    calls, with what the rollout itself recorded merged in (a copy when they differ)."""
+    recorded = await broker.snapshot(secret)
     if recorded is local:
         return local
+    # A shallow copy: the merge reassigns fields, and the broker's own record stays as it is.
+    return _merge_recorded(local, recorded.model_copy())
+
+
+def _merge_recorded(local: Trace, recorded: Trace) -> Trace:
+    """The broker's trace holds the calls; keep the phases, errors, side calls and the
+    user's ending the rollout recorded. In-process both are the same object; across
+    processes the broker's copy is newer."""
+    if recorded is local:
+        return local
+    if recorded.stop_condition is None:
+        recorded.stop_condition = local.stop_condition
+    recorded.side_calls = [*local.side_calls, *recorded.side_calls]
     recorded.timing = {**recorded.timing, **local.timing}
     recorded.segments = local.segments
     recorded.artifacts = [*local.artifacts, *recorded.artifacts]
@@ -364,6 +418,7 @@ async def run_planned_rollout(
     attempt: int = 0,
     run_id: str | None = None,
     episode_id: str | None = None,
+    model_target: Target | None = None,
 ) -> Trace:
     """Build the task's box from ``plan`` and run one rollout in it: the one entry point the
     in-process environment and the farm's SandboxHost share."""
@@ -381,4 +436,5 @@ async def run_planned_rollout(
         attempt=attempt,
         run_id=run_id,
         episode_id=episode_id,
+        model_target=model_target,
     )

@@ -153,6 +153,8 @@ def _unwrap(raw: Any) -> tuple[Callable[..., Any] | None, bool]:
         return raw.__func__, True
     if inspect.isfunction(raw):
         return raw, True
+    if callable(raw) and isinstance(getattr(raw, HOOK_ATTR, None), HookSpec):
+        return raw, False  # an object that is a hook itself (a vf.Judge), called as it is
     return None, False
 
 

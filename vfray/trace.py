@@ -82,6 +82,7 @@ class StopCondition(str, Enum):
     MAX_INPUT_TOKENS = "max_input_tokens"
     MAX_OUTPUT_TOKENS = "max_output_tokens"
     MAX_TOTAL_TOKENS = "max_total_tokens"
+    MAX_USER_TURNS = "max_user_turns"
     CONTEXT_LENGTH = "context_length"
     TIMEOUT = "timeout"
     ERROR = "error"
@@ -105,6 +106,7 @@ _TRUNCATED = frozenset(
         StopCondition.MAX_INPUT_TOKENS,
         StopCondition.MAX_OUTPUT_TOKENS,
         StopCondition.MAX_TOTAL_TOKENS,
+        StopCondition.MAX_USER_TURNS,
         StopCondition.CONTEXT_LENGTH,
         StopCondition.TIMEOUT,
     }
@@ -199,6 +201,28 @@ class ModelCall(BaseModel):
         return max(0.0, self.ended_at - self.started_at)
 
 
+class SideCall(BaseModel):
+    """One model call vfray made itself for the rollout, not the agent's: a simulated user's
+    turn or a judge's verdict. Kept in ``Trace.side_calls``, apart from ``calls``, so it never
+    counts against the agent's limits nor lands in a training sample."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    """``user`` or ``judge``."""
+    name: str
+    """The user's or judge's name (a judge's is its reward key)."""
+    model: str = ""
+    messages: list[Message] = Field(default_factory=list)
+    """The request's messages, in order."""
+    reply: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    error: ErrorInfo | None = None
+    """Why this attempt gave nothing usable (the endpoint failed, the answer did not parse)."""
+
+
 class Branch(BaseModel):
     """One linear, append-only context: message ids in order, and the calls that grew it."""
 
@@ -285,6 +309,8 @@ class Trace(BaseModel):
     segments: list[PhaseTiming] = Field(default_factory=list)
     """Wall-clock span of each run of the agent inside the agent phase: the launch, then one per
     user message it resumed on (the calls between a span's ends are that segment's turns)."""
+    side_calls: list[SideCall] = Field(default_factory=list)
+    """Calls of the rollout's simulated user and judges, in order (never the agent's)."""
     created_at: float = Field(default_factory=time.time)
 
     # -- derived views -------------------------------------------------------------------
@@ -305,6 +331,14 @@ class Trace(BaseModel):
     def usage(self) -> Usage:
         total = Usage()
         for call in self.calls:
+            total = total + call.usage
+        return total
+
+    @property
+    def side_usage(self) -> Usage:
+        """Tokens of the side calls (simulated user, judges): spent, but not by the agent."""
+        total = Usage()
+        for call in self.side_calls:
             total = total + call.usage
         return total
 

@@ -1,9 +1,10 @@
 """One rollout's agent program across its segments: the launch, then one resume per user message.
 
 :func:`run_segments` is the rollout's agent loop (segment 1, then one more per message the task's
-``next_message`` supplies, under one agent budget that waiting for the user does not burn), over
-an :class:`AgentSession`: by default one that relaunches the program on the conversation so far;
-a live-session harness (ACP) gives its own, which keeps one process and session.
+user (:mod:`vfray.users`, else its ``next_message``) supplies, under one agent budget that
+waiting for the user does not burn), over an :class:`AgentSession`: by default one that
+relaunches the program on the conversation so far; a live-session harness (ACP) gives its own,
+which keeps one process and session.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from vfray.errors import TaskError
 from vfray.harness import LaunchContext, run_until_stopped, with_conversation
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.task import Task, call_maybe_async
-from vfray.trace import Message, PhaseTiming, Trace
+from vfray.task import Task
+from vfray.trace import Message, PhaseTiming, StopCondition, Trace
+from vfray.users import TaskUser, task_user
 
 if TYPE_CHECKING:
     from vfray.harness import Harness
@@ -70,19 +72,30 @@ async def run_segments(
     user_deadline: float,
     stop_grace: float,
     interrupt: Callable[[], Awaitable[None]] | None = None,
+    view: Callable[[], Awaitable[Trace]] | None = None,
+    max_user_turns: int | None = None,
 ) -> tuple[ProgramResult | None, float]:
-    """Run segment 1, then one more per message the task supplies, until it supplies none, a
-    segment fails, the interception stopped the rollout, or the agent budget (charged only
-    while a segment runs) is spent. Returns the last segment's result (None: out of budget)
-    and the agent seconds spent. Each segment's span is kept in ``trace.segments``; the
-    task is asked for its next message (untimed for the agent) only between segments.
-    ``interrupt`` (the box's SIGTERM) is what a refused call sends the program first."""
+    """Run segment 1, then one more per message the task's user supplies, until it supplies
+    none (a declared user: ``USER_CLOSED``), ``max_user_turns`` is reached
+    (``MAX_USER_TURNS``), a segment fails, the interception stopped the rollout, or the agent
+    budget (charged only while a segment runs) is spent. Returns the last segment's result
+    (None: out of budget) and the agent seconds spent. Each segment's span is kept in
+    ``trace.segments``; the user is asked (untimed for the agent) only between segments, and
+    sees ``view()``: the trace with the calls so far (a remote broker's snapshot merged into
+    ``trace``; its side calls are copied back). ``interrupt`` (the box's SIGTERM) is what a
+    refused call sends the program first."""
     spent = 0.0
+    user = task_user(task)
+    said = 0
+    current = view or _local(trace)
     message: str | None = None
     if task.data.prompt is None:  # the user speaks first
-        message = await _next_message(task, trace, user_deadline)
+        if max_user_turns == 0:
+            raise TaskError("the task has no prompt and max_user_turns=0 lets no user open it")
+        message = await _next_message(user, trace, await current(), user_deadline)
         if message is None:
-            raise TaskError("the task has no prompt and next_message gave none")
+            raise TaskError(f"the task has no prompt and its user ({user.name}) said nothing")
+        said += 1
     result: ProgramResult | None = None
     for _ in range(MAX_SEGMENTS):
         remaining = budget - spent
@@ -107,22 +120,44 @@ async def run_segments(
             span.end = time.time()
         if not result.ok or trace.stop_condition is not None:
             break
-        message = await _next_message(task, trace, user_deadline)
-        if message is None:
+        seen = await current()
+        if seen.stop_condition is not None:  # a remote interception refused a call
             break
+        if max_user_turns is not None and said >= max_user_turns:
+            # The user is not asked again (a simulated one would spend a call to be ignored).
+            trace.stop(StopCondition.MAX_USER_TURNS)
+            break
+        message = await _next_message(user, trace, seen, user_deadline)
+        if message is None:
+            if user.declared:
+                trace.stop(StopCondition.USER_CLOSED)
+            break
+        said += 1
     else:
         trace.notes.append(f"the exchange ended after {MAX_SEGMENTS} segments")
     return result, spent
 
 
-async def _next_message(task: Task[Any], trace: Trace, deadline: float) -> str | None:
-    """The task's next user message (under its own deadline, not the agent's)."""
+def _local(trace: Trace) -> Callable[[], Awaitable[Trace]]:
+    async def view() -> Trace:
+        return trace
+
+    return view
+
+
+async def _next_message(user: TaskUser, trace: Trace, seen: Trace, deadline: float) -> str | None:
+    """The user's next message (under its own deadline, not the agent's), asked on ``seen``;
+    the side calls it made there are kept on ``trace``."""
+    before = len(seen.side_calls)
     try:
-        message = await asyncio.wait_for(call_maybe_async(task.next_message, trace), deadline)
+        message = await asyncio.wait_for(user.ask(seen), deadline)
     except asyncio.TimeoutError:
-        raise TaskError(f"next_message did not answer within {deadline:g}s") from None
+        raise TaskError(f"{user.name} did not answer within {deadline:g}s") from None
     except Exception as exc:
-        raise TaskError(f"next_message failed: {type(exc).__name__}: {exc}") from exc
+        raise TaskError(f"{user.name} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if seen is not trace:
+            trace.side_calls.extend(seen.side_calls[before:])
     if message is not None and not isinstance(message, str):
-        raise TaskError(f"next_message must return a str or None, got {type(message).__name__}")
+        raise TaskError(f"{user.name} must return a str or None, got {type(message).__name__}")
     return message

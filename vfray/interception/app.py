@@ -150,6 +150,14 @@ class InterceptionApp:
         """Close a session and return its trace; later calls with the secret get 409."""
         return self.sessions.conclude(secret)
 
+    def snapshot(self, secret: str) -> Trace:
+        """The live session's trace (the object being recorded into). Raises KeyError if the
+        session is unknown or concluded."""
+        session = self.sessions.lookup(secret)
+        if session is None:
+            raise KeyError("unknown session")
+        return session.trace
+
     @property
     def session_count(self) -> int:
         return len(self.sessions)

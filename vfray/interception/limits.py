@@ -38,6 +38,9 @@ class Limits(BaseModel):
     max_input_tokens: int | None = Field(default=None, ge=0)
     max_output_tokens: int | None = Field(default=None, ge=0)
     max_total_tokens: int | None = Field(default=None, ge=0)
+    max_user_turns: int | None = Field(default=None, ge=0)
+    """User messages per rollout (a prompt-less task's opening one included). Not a model call
+    limit: the rollout counts them between segments (:mod:`vfray.harnesses.session`)."""
 
     def reached(self, trace: Trace) -> StopCondition | None:
         """The first limit the trace has reached, in the order of the fields, or None."""

@@ -20,6 +20,7 @@ from vfray.config import EvalConfig, format_validation_error
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import ConfigError
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
+from vfray.model_client import upstream_target
 from vfray.models.local import LocalModelServer, parse_local_model
 from vfray.rollout import Timeouts, run_planned_rollout
 from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
@@ -59,6 +60,9 @@ class InProcessBroker:
 
     async def conclude(self, secret: str) -> Trace:
         return self.app.conclude(secret)
+
+    async def snapshot(self, secret: str) -> Trace:
+        return self.app.snapshot(secret)
 
     def endpoint(self, secret: str) -> str | None:
         return None  # the rollout's own interception_url
@@ -174,6 +178,7 @@ class LocalEnvironment:
             attempt=attempt,
             run_id=run_id,
             episode_id=episode_id,
+            model_target=upstream_target(self.interception.app.upstream),
         )
 
     async def episode(self, task: Task[Any], n: int = 4, *, run_id: str | None = None) -> Episode:

@@ -22,6 +22,7 @@ from vfray.rollout import RolloutPlan
 from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
 from vfray.runtimes.registry import runtime_options as typed_runtime_options
 from vfray.scoring import validate_group_config
+from vfray.users import declared_user
 
 SCRIPTED_PREFIX = "scripted:"
 
@@ -111,8 +112,15 @@ class RunSpec(BaseModel):
         return harness_class(self.plan.harness_id)(self.harness_config)
 
     def check_task_type(self, task_cls: type, rollouts_per_task: int) -> None:
-        """Refuse a task class whose group rewards (overrides included) need more rollouts."""
+        """Refuse a task class whose group rewards (overrides included) need more rollouts,
+        whose user is malformed, or whose user needs a harness that can resume."""
         validate_group_config(task_cls, rollouts_per_task, self.scoring_overrides)
+        if declared_user(task_cls) is not None:
+            check_compatibility(
+                harness_class(self.plan.harness_id),
+                runtime_class(self.plan.runtime_type),
+                has_user=True,
+            )
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent")
-"""Names accepted by ``ScriptedModel(policy=...)``."""
+POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent", "user", "judge")
+"""Names accepted by ``ScriptedModel(policy=...)``; ``user`` and ``judge`` answer vfray's own
+side calls (:mod:`vfray.testing.side_policies`), and are picked per request by their
+``x-vfray-role`` header whatever the server's policy."""
 
 VOCAB_SIZE = 1 << 17
 _PIECE = re.compile(r"\s*\S+|\s+")
@@ -74,6 +76,10 @@ class Conversation:
     actions_taken: int = 0
     """Actions the assistant already took in this conversation: tool calls, and replies
     carrying a fenced code block (agents that parse commands out of text)."""
+    system: str = ""
+    """The system (and developer) messages' text (chat requests)."""
+    assistant_texts: tuple[str, ...] = ()
+    """Texts of the assistant messages, oldest first (chat requests)."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,10 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
         from vfray.testing.agent import decide_agent
 
         return decide_agent(conv)
+    if policy in ("user", "judge"):
+        from vfray.testing import side_policies
+
+        return side_policies.decide(policy, conv)
     raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
 
 

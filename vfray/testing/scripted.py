@@ -28,6 +28,10 @@ FAIL_HEADER = "x-scripted-fail"
 """Request header: answer with this error: an HTTP status (400-599) or ``context_length``."""
 FAIL_COUNT_HEADER = "x-scripted-fail-count"
 """Request header: fail only the first N identical requests carrying ``x-scripted-fail``."""
+POLICY_HEADER = "x-scripted-policy"
+"""Request header: answer this request with the named policy instead of the server's."""
+ROLE_HEADER = "x-vfray-role"
+"""Sent by vfray's simulated users and judges (:data:`vfray.model_client.ROLE_HEADER`)."""
 LATENCY_HEADER = "x-scripted-latency"
 """Request header: override the per-call latency (seconds); echoed on every completion."""
 
@@ -97,11 +101,14 @@ class ScriptedModel:
 
     ``policy`` is one of ``echo``, ``arithmetic``, ``bash``, ``tokens`` (see
     :mod:`vfray.testing.policies`) or ``agent`` (drives real agent programs, see
-    :mod:`vfray.testing.agent`). ``accuracy`` is the chance an arithmetic answer is right,
-    drawn from ``seed``, the prompt and a per-call nonce (see :class:`Sampler`). ``latency`` is
-    slept before every completion. With ``context_window`` set, a request whose prompt tokens
-    plus ``max_tokens`` exceed it is refused as a context-length error. ``count_tokens=False``
-    leaves out Anthropic's ``/v1/messages/count_tokens`` (as vLLM does).
+    :mod:`vfray.testing.agent`); one request may ask for another (``x-scripted-policy``), and
+    vfray's simulated users and judges get the ``user`` and ``judge`` policies
+    (:mod:`vfray.testing.side_policies`) by their ``x-vfray-role`` header. ``accuracy`` is the
+    chance an arithmetic answer is right, drawn from ``seed``, the prompt and a per-call nonce
+    (see :class:`Sampler`). ``latency`` is slept before every completion. With
+    ``context_window`` set, a request whose prompt tokens plus ``max_tokens`` exceed it is
+    refused as a context-length error. ``count_tokens=False`` leaves out Anthropic's
+    ``/v1/messages/count_tokens`` (as vLLM does).
     """
 
     def __init__(
@@ -220,9 +227,10 @@ class ScriptedModel:
         if latency:
             await asyncio.sleep(latency)
         conv = parsed.conv
-        decision = decide(self.policy, conv, self.accuracy, self._sampler)
+        policy = _request_policy(request) or self.policy
+        decision = decide(policy, conv, self.accuracy, self._sampler)
         call_id = wire.new_id("toolu_" if dialect == "anthropic" else "call_")
-        answer = reply(decision, conv, policy=self.policy, call_id=call_id)
+        answer = reply(decision, conv, policy=policy, call_id=call_id)
         self.calls += 1
         model = parsed.model or self.model_name
         headers = {LATENCY_HEADER: repr(latency)}
@@ -272,6 +280,19 @@ class ScriptedModel:
             raise _context_failure(dialect, needed, window)
         if kind is not None:
             raise _Failure(int(kind), f"scripted failure {kind} (injected)")
+
+
+def _request_policy(request: HttpRequest) -> str | None:
+    """The policy this request asks for: ``x-scripted-policy`` (a test's choice), else the
+    role vfray's own side calls declare (``x-vfray-role: user`` or ``judge``), else None
+    (the server's policy). So one server plays the agent, its simulated user and its judge."""
+    asked = request.headers.get(POLICY_HEADER)
+    if asked is not None:
+        if asked not in POLICIES:
+            raise wire.BadRequest(f"{POLICY_HEADER} must be one of {', '.join(POLICIES)}")
+        return asked
+    role = request.headers.get(ROLE_HEADER)
+    return role if role in ("user", "judge") else None
 
 
 def _failure_kind(kind: str) -> None:

@@ -114,6 +114,8 @@ def _common(
     user_texts: list[str],
     user_actions: list[int],
     actions: int,
+    system: str = "",
+    assistant_texts: tuple[str, ...] = (),
 ) -> Request:
     stream = _typed(body, "stream", bool, "a boolean") or False
     model = _typed(body, "model", str, "a string")
@@ -132,6 +134,8 @@ def _common(
         user_actions=tuple(user_actions),
         shell=find_shell(_objects(body, "tools", required=False)),
         actions_taken=actions,
+        system=system,
+        assistant_texts=assistant_texts,
     )
     return Request(conv, model, bool(stream), bool(options.get("include_usage")))
 
@@ -145,6 +149,8 @@ def parse_chat(body: Json) -> Request:
     user_texts: list[str] = []
     user_actions: list[int] = []
     actions = 0
+    system: list[str] = []
+    assistant_texts: list[str] = []
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool", "function"):
@@ -163,6 +169,10 @@ def parse_chat(body: Json) -> Request:
             user_actions.append(actions)
         if role == "assistant" and (message.get("tool_calls") or _has_fence(text)):
             actions += 1
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "assistant":
+            assistant_texts.append(text)
         tool_output = text if role in ("tool", "function") else None
     return _common(
         body,
@@ -173,6 +183,8 @@ def parse_chat(body: Json) -> Request:
         user_texts=user_texts,
         user_actions=user_actions,
         actions=actions,
+        system="\n".join(system),
+        assistant_texts=tuple(assistant_texts),
     )
 
 

@@ -1,0 +1,9 @@
+"""Judges: rewards computed by a model. :class:`Judge` (a prompt template, a schema or parser,
+retries, an endpoint that defaults to the rollout's), and the built-in :class:`ReferenceJudge`
+and :class:`RubricJudge`."""
+
+from vfray.judges.base import Judge, JudgeResponse
+from vfray.judges.reference import ReferenceJudge
+from vfray.judges.rubric import Criterion, RubricJudge
+
+__all__ = ["Criterion", "Judge", "JudgeResponse", "ReferenceJudge", "RubricJudge"]
