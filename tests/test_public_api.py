@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 INTENDED = [
+    "Agent",
     "Branch",
     "ConfigError",
     "Episode",
@@ -29,6 +30,8 @@ INTENDED = [
     "RunResult",
     "Runtime",
     "SandboxError",
+    "Seat",
+    "SeatedTask",
     "StopCondition",
     "Task",
     "TaskData",
@@ -36,6 +39,7 @@ INTENDED = [
     "Taskset",
     "TasksetError",
     "Trace",
+    "Turn",
     "VfrayError",
     "finalize_episode",
     "group_reward",

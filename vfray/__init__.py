@@ -31,11 +31,13 @@ if TYPE_CHECKING:
     from vfray.farm import Farm
     from vfray.run.environment import LocalEnvironment, run_episode, run_rollout
     from vfray.run.results import RunResult
+    from vfray.seats import Agent, Seat, SeatedTask, Turn
     from vfray.traces import read_traces, to_samples, write_traces
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "Branch",
     "ConfigError",
     "Episode",
@@ -52,6 +54,8 @@ __all__ = [
     "RunResult",
     "Runtime",
     "SandboxError",
+    "Seat",
+    "SeatedTask",
     "StopCondition",
     "Task",
     "TaskData",
@@ -59,6 +63,7 @@ __all__ = [
     "Taskset",
     "TasksetError",
     "Trace",
+    "Turn",
     "VfrayError",
     "finalize_episode",
     "group_reward",
@@ -83,6 +88,11 @@ _LAZY = {
     "to_samples": "vfray.traces",
     "write_traces": "vfray.traces",
     "run_episode": "vfray.run.environment",
+    # Seats carry interception limits, whose package pulls in the HTTP stack.
+    "Agent": "vfray.seats",
+    "Seat": "vfray.seats",
+    "SeatedTask": "vfray.seats",
+    "Turn": "vfray.seats",
     "run_rollout": "vfray.run.environment",
 }
 
