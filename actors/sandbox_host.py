@@ -28,7 +28,9 @@ from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
+from vfray.run.seating import Station, Stations, play_game
 from vfray.runtimes.registry import runtime_class
+from vfray.seats import SeatedTask
 from vfray.serving import serve_in_loop
 from vfray.trace import Trace
 from vfray.tunnels import TunnelKeeper, TunnelSettings
@@ -75,7 +77,8 @@ class SandboxHost:
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()
-        self._in_flight: dict[str, asyncio.Task[Trace]] = {}
+        self._in_flight: dict[str, asyncio.Future[Trace | list[Trace]]] = {}
+        self._seating: Stations | None = None
         self.completed = 0
 
     async def url(self) -> str:
@@ -91,34 +94,51 @@ class SandboxHost:
                 self.tunnel = TunnelKeeper(self.tunnel_settings, self._url)
             return self._url
 
-    async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace]:
-        """Run one rollout; returns a small outcome (for the driver) and the trace (for the
-        episode task) as two Ray objects when called with ``num_returns=2``."""
+    async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace | list[Trace]]:
+        """Run one rollout (a game of a seated task: one trace per seat); returns a small
+        outcome (for the driver) and the trace(s) (for the episode task) as two Ray objects
+        when called with ``num_returns=2``."""
         url = await self.url()
         if self.remote and self.tunnel is not None:
             url = await self.tunnel.public_url(url)
-        job = asyncio.ensure_future(
-            run_planned_rollout(
-                rollout.task,
-                plan=self.plan,
-                harness=self.harness,
-                runtime_options=self.runtime_options,
-                broker=self.broker or InProcessBroker(self.app),
-                interception_url=url,
-                rollout_index=rollout.index,
-                attempt=rollout.attempt,
-                run_id=rollout.run_id,
-                episode_id=rollout.episode_id,
+        ids: dict[str, Any] = {
+            "rollout_index": rollout.index,
+            "attempt": rollout.attempt,
+            "run_id": rollout.run_id,
+            "episode_id": rollout.episode_id,
+        }
+        broker = self.broker or InProcessBroker(self.app)
+        job: asyncio.Future[Trace | list[Trace]]
+        if isinstance(rollout.task, SeatedTask):
+            if self._seating is None:
+                # Seats that name their own model get an endpoint and interception here, on
+                # first use, closed with the host.
+                default = Station(self.plan, self.harness, self.runtime_options, broker, url)
+                self._seating = Stations(default)
+                self._stack.push_async_callback(self._seating.aclose)
+            job = asyncio.ensure_future(play_game(rollout.task, self._seating, **ids))
+        else:
+            job = asyncio.ensure_future(
+                run_planned_rollout(
+                    rollout.task,
+                    plan=self.plan,
+                    harness=self.harness,
+                    runtime_options=self.runtime_options,
+                    broker=broker,
+                    interception_url=url,
+                    **ids,
+                )
             )
-        )
         key = f"{rollout.task.key}/{rollout.index}/{rollout.attempt}/{time.monotonic_ns()}"
         self._in_flight[key] = job
         try:
-            trace = await job
+            done = await job
         finally:
             self._in_flight.pop(key, None)
         self.completed += 1
-        return RolloutOutcome.of(trace), trace
+        if isinstance(done, list):
+            return RolloutOutcome.of_game(done), done
+        return RolloutOutcome.of(done), done
 
     async def set_policy_version(self, version: int | None) -> None:
         self.app.policy_version = version

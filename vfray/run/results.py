@@ -18,16 +18,23 @@ from vfray.traces.schema import PHASES
 
 
 def final_rows(table: pa.Table) -> pa.Table:
-    """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history."""
+    """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history.
+    A multi-agent game's attempt has one row per seat; all of the last attempt's are kept."""
     if table.num_rows == 0:
         return table
-    keys = table.select(["task_key", "rollout_index", "attempt"]).to_pylist()
-    best: dict[tuple[str, int], tuple[int, int]] = {}
-    for row_index, row in enumerate(keys):
+    seats = "seat" in table.column_names
+    keys = table.select(
+        ["task_key", "rollout_index", "attempt", *(["seat"] if seats else [])]
+    ).to_pylist()
+    best: dict[tuple[str, int], int] = {}
+    for row in keys:
         key = (row["task_key"], row["rollout_index"])
-        if key not in best or row["attempt"] >= best[key][0]:
-            best[key] = (row["attempt"], row_index)
-    return table.take(sorted(i for _, i in best.values()))
+        best[key] = max(best.get(key, row["attempt"]), row["attempt"])
+    last: dict[tuple[str, int, str | None], int] = {}
+    for row_index, row in enumerate(keys):
+        if row["attempt"] == best[(row["task_key"], row["rollout_index"])]:
+            last[(row["task_key"], row["rollout_index"], row.get("seat"))] = row_index
+    return table.take(sorted(last.values()))
 
 
 def _mean_stderr(values: list[float]) -> tuple[float | None, float | None]:

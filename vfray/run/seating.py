@@ -149,6 +149,10 @@ class _Player:
         self.replies: asyncio.Queue[str | None] = asyncio.Queue()
         self.asked = False
         self.rollout: asyncio.Future[Trace] | None = None
+        self.ended = asyncio.Event()
+        """Set when its agent phase is over (it takes no more turns)."""
+        self.trace: Trace | None = None
+        """Its trace, once the agent phase is over."""
 
     async def next_message(self, trace: Trace) -> str | None:
         if self.asked:  # a segment just ended: its reply is this turn's
@@ -165,20 +169,37 @@ class _Player:
         assert self.rollout is not None
         self.inbox.put_nowait(message)
         reply = asyncio.ensure_future(self.replies.get())
+        ended = asyncio.ensure_future(self.ended.wait())
         try:
-            either: set[asyncio.Future[Any]] = {reply, self.rollout}
+            either: set[asyncio.Future[Any]] = {reply, ended, self.rollout}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not reply.done():
-                reply.cancel()
+            for waiter in (reply, ended):
+                if not waiter.done():
+                    waiter.cancel()
         if reply.done() and not reply.cancelled():
             return True, reply.result()
         return False, None
 
+    def why(self) -> str:
+        """What ended its rollout before its turn did."""
+        trace = self.trace
+        if trace is None and self.rollout is not None and self.rollout.done():
+            trace = self.rollout.result()
+        if trace is None:
+            return "ended"
+        err = trace.error()
+        if err is not None:
+            return f"{err.type}: {err.message}"
+        return f"stopped: {trace.stop_condition.value if trace.stop_condition else 'unknown'}"
 
-def _seat_task(task: SeatedTask[Any], seat: Seat, game: Game, player: _Player) -> SeatedTask[Any]:
+
+def _seat_task(
+    task: SeatedTask[Any], seat: Seat, game: Game, player: _Player, over: asyncio.Event
+) -> SeatedTask[Any]:
     """The task as one seat plays it: no prompt (its turns' messages are its user messages),
-    ``seat`` and ``game`` set, and the task's own identity on its trace."""
+    ``seat`` and ``game`` set, the task's own identity on its trace, and a ``finalize`` that
+    waits for the game to be over (a seat that crashed is scored knowing it did)."""
     update: dict[str, Any] = {"prompt": None}
     if seat.system_prompt is not None:
         update["system_prompt"] = seat.system_prompt
@@ -190,6 +211,14 @@ def _seat_task(task: SeatedTask[Any], seat: Seat, game: Game, player: _Player) -
     # Instance attributes shadow the methods for this copy only.
     setattr(own, "record", lambda: record)  # noqa: B010
     setattr(own, "next_message", player.next_message)  # noqa: B010
+
+    async def finalize(trace: Trace, runtime: Runtime) -> None:
+        player.trace = trace
+        player.ended.set()
+        await over.wait()
+        await call_maybe_async(task.finalize.__func__, own, trace, runtime)  # type: ignore[attr-defined]
+
+    setattr(own, "finalize", finalize)  # noqa: B010
     return own
 
 
@@ -202,13 +231,6 @@ def _failed(task: SeatedTask[Any], plan: RolloutPlan, error: Exception, **ids: A
     trace.add_error(error, "seating")
     trace.stop(StopCondition.ERROR)
     return trace
-
-
-def _why(trace: Trace) -> str:
-    err = trace.error()
-    if err is not None:
-        return f"{err.type}: {err.message}"
-    return f"stopped: {trace.stop_condition.value if trace.stop_condition else 'unknown'}"
 
 
 async def play_game(
@@ -240,6 +262,7 @@ async def play_game(
         return [_failed(task, default_plan, TaskError(str(error)), **ids)]
     by_name = {s.name: s for s in seats}
     game = Game(seats)
+    over = asyncio.Event()
     players: dict[str, _Player] = {}
     boxes: dict[str, _Box] = {}
     borrowed = {s.box for s in seats if s.box is not None}
@@ -279,7 +302,7 @@ async def play_game(
             )
         player.rollout = asyncio.ensure_future(
             execute_rollout(
-                _seat_task(task, seat, game, player),
+                _seat_task(task, seat, game, player, over),
                 plan=plan,
                 harness=station.harness,
                 runtime=runtime,
@@ -312,11 +335,11 @@ async def play_game(
                 rollouts.append(player.rollout)
             answered, reply = await player.play(turn.message)
             if not answered:
-                assert player.rollout is not None
-                game.failed[turn.seat] = _why(player.rollout.result())
+                game.failed[turn.seat] = player.why()
                 break
             game.plays.append(Play(seat=turn.seat, message=turn.message, reply=reply))
         game.over = True
+        over.set()
         for player in players.values():
             player.inbox.put_nowait(ending)
         traces = list(await asyncio.gather(*rollouts))
