@@ -228,3 +228,36 @@ def test_seated_tasks_run_on_ray(ray_local: None, tmp_path: Path) -> None:
     ) as farm:
         result = farm.run(SumDuels(n=1, rounds=2, models={"bob": WRONG}), rollouts_per_task=2)
     _check_run_folder(result.run_dir, tasks=1, games=2)
+
+
+def test_resume_plays_failed_games_again_whole_and_keeps_finished_ones(tmp_path: Path) -> None:
+    class BrokenBob(SumDuel):  # type: ignore[misc,valid-type]
+        def seats(self) -> Sequence[vf.Seat]:
+            crash = vf.Agent(name="bob", harness="null", harness_options={"python": "false"})
+            return [
+                vf.Seat(name="alice", agent=vf.Agent(name="alice")),
+                vf.Seat(name="bob", agent=crash),
+            ]
+
+    good = list(SumDuels(n=2, rounds=2).load())
+    # Same data, so the same task keys: the first task's games crash, the second's are fine.
+    first = [BrokenBob(good[0].data), good[1]]
+    with vf.Farm(
+        "scripted:arithmetic",
+        harness="null",
+        backend="local",
+        output_dir=str(tmp_path),
+        progress=False,
+    ) as farm:
+        run = farm.run(first, rollouts_per_task=2)
+        before = read_traces(run.run_dir / "traces")
+        assert before.num_rows == 8
+        again = farm.run(good, rollouts_per_task=2, resume=run.run_dir)
+    table = read_traces(again.run_dir / "traces")
+    # Only the broken task's two games were played again (both seats each), as attempt 1.
+    assert table.num_rows == 8 + 4
+    final = again.final_traces.to_pylist()
+    assert len(final) == 8
+    assert all(row["ok"] for row in final)
+    by_task = {(row["task_key"], row["attempt"]) for row in final}
+    assert by_task == {(good[0].key, 1), (good[1].key, 0)}
