@@ -5,6 +5,7 @@ with the scripted model and the real interception."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -30,6 +31,7 @@ ProposerSolver = load_object(f"{EXAMPLES}/proposer_solver.py:ProposerSolver")
 ProposeSolve = vars(sys.modules[ProposerSolver.__module__])["ProposeSolve"]
 
 WRONG = "scripted:arithmetic?accuracy=0"
+HAS_BWRAP = shutil.which("bwrap") is not None
 
 
 def _duel(models: dict[str, str] | None = None, rounds: int = 4) -> vf.SeatedTask[Any]:
@@ -41,7 +43,8 @@ def _user_texts(trace: vf.Trace) -> list[str]:
 
 
 def _children() -> set[int]:
-    """Live processes whose parent is this test process."""
+    """Live processes whose parent is this test process (but the box owner's one watchdog,
+    which lives as long as the process, by design: ``vfray/runtimes/lifeline.py``)."""
     me, out = os.getpid(), set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -51,6 +54,9 @@ def _children() -> set[int]:
         except OSError:
             continue
         if int(fields[1]) == me and fields[0] != "Z":
+            with contextlib.suppress(OSError):
+                if b"_reap" in (entry / "cmdline").read_bytes():
+                    continue
             out.add(int(entry.name))
     return out
 
@@ -111,14 +117,23 @@ class Inspect(vf.SeatedTask[vf.TaskData]):
         return (await runtime.read("answer.txt")).strip() == b"42"
 
 
-async def test_a_judge_works_in_another_seats_box_which_is_stopped_once() -> None:
-    worker, judge = await run_game(Inspect(vf.TaskData()), model="scripted:bash", harness="bash")
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        "subprocess",
+        pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
+    ],
+)
+async def test_a_judge_works_in_another_seats_box_which_is_stopped_once(runtime: str) -> None:
+    worker, judge = await run_game(
+        Inspect(vf.TaskData()), model="scripted:bash", harness="bash", runtime=runtime
+    )
     assert judge.last_reply is not None and judge.last_reply.strip() == "42"
     assert worker.reward == judge.reward == 1.0
     assert worker.ok and judge.ok, (worker.errors, judge.errors)
-    box = Path((worker.last_reply or "").strip())
-    assert box.is_absolute()
-    assert not box.exists()  # the shared box was torn down after both seats were done
+    if runtime == "subprocess":  # the box is a host dir: gone once both seats were done
+        box = Path((worker.last_reply or "").strip())
+        assert box.is_absolute() and not box.exists()
 
 
 async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process() -> None:
@@ -138,7 +153,7 @@ async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process() 
     # Alice's turn and its data are kept, and she wins by her opponent's failure.
     assert alice.ok and alice.last_reply == "1" and alice.reward == 1.0
     assert bob.reward == 0.0
-    assert _children() <= before  # the boxes' programs and watchdogs are gone
+    assert _children() <= before  # the boxes' programs are gone
 
 
 class Misplayed(SumDuel):  # type: ignore[misc,valid-type]
@@ -207,7 +222,7 @@ def test_old_trace_files_without_seat_columns_still_read(tmp_path: Path) -> None
     assert "seat" in to_samples(table).column_names
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
 async def test_proposer_and_solver_in_bwrap_boxes() -> None:
     task = ProposeSolve(ProposerSolver(n=1).load().__next__().data, proposer_model="scripted:echo")
     proposer, solver = await run_game(
