@@ -5,6 +5,7 @@ with the scripted model and the real interception."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -276,3 +277,33 @@ def test_resume_plays_failed_games_again_whole_and_keeps_finished_ones(tmp_path:
     assert all(row["ok"] for row in final)
     by_task = {(row["task_key"], row["attempt"]) for row in final}
     assert by_task == {(good[0].key, 1), (good[1].key, 0)}
+
+
+async def test_a_seat_with_a_misconfigured_agent_fails_alone_as_data() -> None:
+    class Unknown(SumDuel):  # type: ignore[misc,valid-type]
+        def seats(self) -> Sequence[vf.Seat]:
+            nope = vf.Agent(name="bob", harness="no-such-harness")
+            return [vf.Seat(name="alice"), vf.Seat(name="bob", agent=nope)]
+
+    alice, bob = await run_game(Unknown(_duel().data), model="scripted:arithmetic", harness="null")
+    assert (bob.seat, bob.agent.harness) == ("bob", "no-such-harness")
+    err = bob.error()
+    assert err is not None and err.type == "ConfigError" and err.phase == "seating"
+    assert "no-such-harness" in err.message
+    assert alice.ok and alice.last_reply == "1" and alice.reward == 1.0
+
+
+async def test_a_cancelled_game_tears_every_box_down() -> None:
+    before = _children()
+    # The model takes a minute to answer: the game is cancelled while alice's program waits.
+    async with LocalEnvironment(model="scripted:arithmetic?latency=60", harness="null") as env:
+        game = asyncio.ensure_future(env.game(_duel()))
+        for _ in range(400):  # until alice's harness program runs (its box is up)
+            if _children() - before:
+                break
+            await asyncio.sleep(0.05)
+        assert _children() - before
+        game.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await game
+        assert _children() <= before

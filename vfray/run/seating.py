@@ -222,11 +222,24 @@ def _seat_task(
     return own
 
 
-def _failed(task: SeatedTask[Any], plan: RolloutPlan, error: Exception, **ids: Any) -> Trace:
-    """The one trace of a game that could not seat anyone."""
-    trace = Trace(task=task.record(), **ids)
+def _failed(
+    task: SeatedTask[Any],
+    plan: RolloutPlan,
+    error: Exception,
+    seat: Seat | None = None,
+    **ids: Any,
+) -> Trace:
+    """The trace of a seat that could not be seated (its agent is misconfigured), or the one
+    trace of a game that could not seat anyone."""
+    trace = Trace(task=task.record(), seat=None if seat is None else seat.name, **ids)
+    agent = None if seat is None else seat.agent
     trace.agent = trace.agent.model_copy(
-        update={"harness": plan.harness_id, "runtime": plan.runtime_type, "model": plan.model}
+        update={
+            "harness": (agent and agent.harness) or plan.harness_id,
+            "runtime": (agent and agent.runtime) or plan.runtime_type,
+            "model": (agent and agent.model) or plan.model,
+            "name": agent and agent.name,
+        }
     )
     trace.add_error(error, "seating")
     trace.stop(StopCondition.ERROR)
@@ -315,6 +328,7 @@ async def play_game(
 
     ending: TaskError | None = None
     rollouts: list[asyncio.Future[Trace]] = []
+    unseated: list[Trace] = []
     try:
         while True:
             try:
@@ -330,7 +344,13 @@ async def play_game(
                 break
             player = players.get(turn.seat)
             if player is None:
-                player = players[turn.seat] = await seat_up(by_name[turn.seat])
+                try:
+                    player = players[turn.seat] = await seat_up(by_name[turn.seat])
+                except Exception as exc:  # an unknown harness or runtime, a missing key
+                    error = exc if isinstance(exc, ConfigError) else TaskError(str(exc))
+                    unseated.append(_failed(task, default_plan, error, by_name[turn.seat], **ids))
+                    game.failed[turn.seat] = f"{type(error).__name__}: {error}"
+                    break
                 assert player.rollout is not None
                 rollouts.append(player.rollout)
             answered, reply = await player.play(turn.message)
@@ -342,7 +362,7 @@ async def play_game(
         over.set()
         for player in players.values():
             player.inbox.put_nowait(ending)
-        traces = list(await asyncio.gather(*rollouts))
+        traces = [*await asyncio.gather(*rollouts), *unseated]
     except BaseException:
         for rollout in rollouts:
             rollout.cancel()
