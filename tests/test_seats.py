@@ -208,6 +208,7 @@ def test_seated_tasks_run_on_the_local_farm_backend(tmp_path: Path) -> None:
     ) as farm:
         result = farm.run(SumDuels(n=2, rounds=2, models={"bob": WRONG}), rollouts_per_task=2)
     _check_run_folder(result.run_dir, tasks=2, games=2)
+    assert result.summary()["seats"] == {"alice": 1.0, "bob": 0.0}
     table = pq.read_table(result.run_dir / "episodes")
     assert table.num_rows == 2
 

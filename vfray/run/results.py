@@ -99,7 +99,24 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
         "input_tokens": int(pc.sum(final.column("input_tokens")).as_py() or 0) if rows else 0,
         "output_tokens": int(pc.sum(final.column("output_tokens")).as_py() or 0) if rows else 0,
         "phase_seconds_mean": phases,
+        # Only a multi-agent run has this key: the mean reward of each seat.
+        **({"seats": seats} if (seats := _seat_means(final)) else {}),
     }
+
+
+def _seat_means(final: pa.Table) -> dict[str, float | None]:
+    """Mean reward per seat of a multi-agent run (empty for a run without seats)."""
+    values: dict[str, list[float]] = {}
+    if final.num_rows == 0 or "seat" not in final.column_names:
+        return {}
+    for seat, reward in zip(
+        final.column("seat").to_pylist(), final.column("reward").to_pylist(), strict=True
+    ):
+        if seat is not None:
+            bucket = values.setdefault(seat, [])
+            if reward is not None:
+                bucket.append(reward)
+    return {k: (sum(v) / len(v) if v else None) for k, v in sorted(values.items())}
 
 
 class RunResult:
