@@ -20,6 +20,7 @@ import pytest
 import vfray as vf
 from vfray.errors import ConfigError
 from vfray.plugins import load_object
+from vfray.rollout import Timeouts
 from vfray.run.environment import LocalEnvironment, run_game
 from vfray.seats import Game, check_seats
 from vfray.traces import read_traces, to_samples
@@ -308,3 +309,20 @@ async def test_a_cancelled_game_tears_every_box_down() -> None:
         with pytest.raises(asyncio.CancelledError):
             await game
         assert _children() <= before
+
+
+async def test_a_next_turn_that_hangs_ends_the_game_after_the_user_deadline() -> None:
+    class Hangs(SumDuel):  # type: ignore[misc,valid-type]
+        async def next_turn(self, game: Game) -> vf.Turn | None:
+            if not game.plays:
+                return vf.Turn(seat="alice", message="What is 1 + 1?")
+            await asyncio.Event().wait()
+            return None
+
+    async with LocalEnvironment(
+        model="scripted:arithmetic", harness="null", timeouts=Timeouts(user=0.5)
+    ) as env:
+        (alice,) = await env.game(Hangs(_duel().data))
+    err = alice.error()
+    assert err is not None and err.type == "TaskError" and "within 0.5s" in err.message
+    assert alice.last_reply == "2"

@@ -271,8 +271,7 @@ async def play_game(
     try:
         seats = check_seats(task.seats())
     except Exception as exc:
-        error = exc if isinstance(exc, ConfigError) else TaskError(f"seats() failed: {exc}")
-        return [_failed(task, default_plan, TaskError(str(error)), **ids)]
+        return [_failed(task, default_plan, TaskError(f"seats(): {exc}"), **ids)]
     by_name = {s.name: s for s in seats}
     game = Game(seats)
     over = asyncio.Event()
@@ -332,11 +331,15 @@ async def play_game(
     try:
         while True:
             try:
-                turn = await call_maybe_async(task.next_turn, game)
+                # Untimed for the agents, like a user's next message, and under the same deadline.
+                turn = await asyncio.wait_for(call_maybe_async(task.next_turn, game), timeouts.user)
                 if turn is not None and not isinstance(turn, Turn):
                     raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
                 if turn is not None and turn.seat not in by_name:
                     raise ValueError(f"no seat named {turn.seat!r}")
+            except asyncio.TimeoutError:
+                ending = TaskError(f"next_turn did not answer within {timeouts.user:g}s")
+                break
             except Exception as exc:
                 ending = TaskError(f"next_turn failed: {type(exc).__name__}: {exc}")
                 break
