@@ -28,7 +28,7 @@ from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
-from vfray.run.seating import Station, Stations, play_game
+from vfray.run.seating import Station, Stations, play_game, unseatable
 from vfray.runtimes.registry import runtime_class
 from vfray.seats import SeatedTask
 from vfray.serving import serve_in_loop
@@ -109,6 +109,18 @@ class SandboxHost:
         }
         broker = self.broker or InProcessBroker(self.app)
         job: asyncio.Future[Trace | list[Trace]]
+        if isinstance(rollout.task, SeatedTask) and self.broker is not None:
+            # A turn's reply is read from the session's trace, which only an in-process
+            # interception keeps current in this actor.
+            refused = [
+                unseatable(
+                    rollout.task,
+                    self.plan,
+                    ConfigError("seated tasks need farm.interception = 'host'"),
+                    **ids,
+                )
+            ]
+            return RolloutOutcome.of_game(refused), refused
         if isinstance(rollout.task, SeatedTask):
             if self._seating is None:
                 # Seats that name their own model get an endpoint and interception here, on

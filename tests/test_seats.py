@@ -138,7 +138,16 @@ async def test_a_judge_works_in_another_seats_box_which_is_stopped_once(runtime:
         assert box.is_absolute() and not box.exists()
 
 
-async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process() -> None:
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        "subprocess",
+        pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
+    ],
+)
+async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process(
+    runtime: str,
+) -> None:
     class Crashing(SumDuel):  # type: ignore[misc,valid-type]
         def seats(self) -> Sequence[vf.Seat]:
             crash = vf.Agent(name="broken", harness="null", harness_options={"python": "false"})
@@ -146,7 +155,9 @@ async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process() 
 
     before = _children()
     task = Crashing(_duel().data)
-    async with LocalEnvironment(model="scripted:arithmetic", harness="null") as env:
+    async with LocalEnvironment(
+        model="scripted:arithmetic", harness="null", runtime=runtime
+    ) as env:
         alice, bob = await env.game(task)
     err = bob.error()
     assert err is not None and err.type == "HarnessError" and err.phase == "agent"

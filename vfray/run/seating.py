@@ -222,7 +222,7 @@ def _seat_task(
     return own
 
 
-def _failed(
+def unseatable(
     task: SeatedTask[Any],
     plan: RolloutPlan,
     error: Exception,
@@ -271,7 +271,7 @@ async def play_game(
     try:
         seats = check_seats(task.seats())
     except Exception as exc:
-        return [_failed(task, default_plan, TaskError(f"seats(): {exc}"), **ids)]
+        return [unseatable(task, default_plan, TaskError(f"seats(): {exc}"), **ids)]
     by_name = {s.name: s for s in seats}
     game = Game(seats)
     over = asyncio.Event()
@@ -351,7 +351,9 @@ async def play_game(
                     player = players[turn.seat] = await seat_up(by_name[turn.seat])
                 except Exception as exc:  # an unknown harness or runtime, a missing key
                     error = exc if isinstance(exc, ConfigError) else TaskError(str(exc))
-                    unseated.append(_failed(task, default_plan, error, by_name[turn.seat], **ids))
+                    unseated.append(
+                        unseatable(task, default_plan, error, by_name[turn.seat], **ids)
+                    )
                     game.failed[turn.seat] = f"{type(error).__name__}: {error}"
                     break
                 assert player.rollout is not None
@@ -376,5 +378,5 @@ async def play_game(
             with contextlib.suppress(Exception):
                 await box.close()
     if not traces:
-        return [_failed(task, default_plan, ending or TaskError("no seat got a turn"), **ids)]
+        return [unseatable(task, default_plan, ending or TaskError("no seat got a turn"), **ids)]
     return traces
