@@ -127,6 +127,7 @@ class SandboxHost:
                 # first use, closed with the host.
                 default = Station(self.plan, self.harness, self.runtime_options, broker, url)
                 self._seating = Stations(default)
+                self._seating.set_policy_version(self.app.policy_version)
                 self._stack.push_async_callback(self._seating.aclose)
             job = asyncio.ensure_future(play_game(rollout.task, self._seating, **ids))
         else:
@@ -154,6 +155,8 @@ class SandboxHost:
 
     async def set_policy_version(self, version: int | None) -> None:
         self.app.policy_version = version
+        if self._seating is not None:
+            self._seating.set_policy_version(version)
         if self.broker is not None:
             await self.broker.set_policy_version(version)
 

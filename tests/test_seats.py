@@ -337,3 +337,13 @@ async def test_a_next_turn_that_hangs_ends_the_game_after_the_user_deadline() ->
     err = alice.error()
     assert err is not None and err.type == "TaskError" and "within 0.5s" in err.message
     assert alice.last_reply == "2"
+
+
+async def test_the_policy_version_is_stamped_on_every_seats_calls() -> None:
+    async with LocalEnvironment(model="scripted:arithmetic", harness="null") as env:
+        env.set_policy_version(3)
+        alice, bob = await env.game(_duel({"bob": WRONG}, rounds=2))
+        env.set_policy_version(4)
+        again = await env.game(_duel({"bob": WRONG}, rounds=2))
+    assert [c.policy_version for t in (alice, bob) for c in t.calls] == [3, 3]
+    assert [c.policy_version for t in again for c in t.calls] == [4, 4]

@@ -204,8 +204,15 @@ class LocalEnvironment:
             from vfray.run.seating import Stations
 
             self._stations = Stations(self.station())
+            self._stations.set_policy_version(self.interception.app.policy_version)
             self._stack.push_async_callback(self._stations.aclose)
         return self._stations
+
+    def set_policy_version(self, version: int | None) -> None:
+        """Stamp ``version`` on every model call from now on, seats' own endpoints included."""
+        self.interception.app.policy_version = version
+        if self._stations is not None:
+            self._stations.set_policy_version(version)
 
     async def game(
         self,

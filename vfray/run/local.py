@@ -217,7 +217,7 @@ class LocalFarm:
     def set_policy_version(self, version: int | None) -> None:
         self.policy_version = version
         if self.run is not None:
-            self.run.backend.env.interception.app.policy_version = version
+            self.run.backend.env.set_policy_version(version)
 
     def interrupt(self) -> None:
         if self.run is not None:

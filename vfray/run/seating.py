@@ -44,6 +44,14 @@ class Stations:
         self._stack = contextlib.AsyncExitStack()
         self._endpoints: dict[tuple[str | None, str | None, str | None], Any] = {}
         self._lock = asyncio.Lock()
+        self.policy_version: int | None = None
+
+    def set_policy_version(self, version: int | None) -> None:
+        """Stamp ``version`` on the calls of every seat's own endpoint too (the run's own
+        interception is stamped by its owner)."""
+        self.policy_version = version
+        for env in self._endpoints.values():
+            env.interception.app.policy_version = version
 
     async def station(self, agent: Agent) -> Station:
         base = self.default
@@ -87,6 +95,7 @@ class Stations:
                     runtime="subprocess",
                 )
                 self._endpoints[key] = await self._stack.enter_async_context(env)
+                env.interception.app.policy_version = self.policy_version
             return self._endpoints[key]
 
     async def aclose(self) -> None:
