@@ -24,10 +24,10 @@ from vfray.models.local import LocalModelServer, parse_local_model
 from vfray.rollout import Timeouts, run_planned_rollout
 from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
 from vfray.task import Task
+from vfray.trace import Trace
 
 if TYPE_CHECKING:
     from vfray.run.seating import Station, Stations
-from vfray.trace import Trace
 
 __all__ = [
     "InProcessBroker",
