@@ -13,8 +13,11 @@ from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, EpisodeRows, finish_e
 from vfray.trace import Trace
 
 
-def finish_episode_sync(job: EpisodeJob, *traces: Trace) -> tuple[EpisodeOutcome, EpisodeRows]:
-    """Body of the ``run_episode`` Ray task (Ray resolves the rollout refs into ``traces``).
+def finish_episode_sync(
+    job: EpisodeJob, *traces: Trace | list[Trace]
+) -> tuple[EpisodeOutcome, EpisodeRows]:
+    """Body of the ``run_episode`` Ray task (Ray resolves the rollout refs into ``traces``: a
+    list per game of a seated task).
 
     The rows are returned, not sent: the driver hands their ObjectRef to the sink. A blocking
     ``ray.get`` on the sink inside this task would make Ray lend its CPU to another worker,

@@ -29,7 +29,9 @@ from vfray.model_client import Target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
+from vfray.run.seating import Station, Stations, play_game, unseatable
 from vfray.runtimes.registry import runtime_class
+from vfray.seats import SeatedTask
 from vfray.serving import serve_in_loop
 from vfray.trace import Trace
 from vfray.tunnels import TunnelKeeper, TunnelSettings
@@ -84,7 +86,8 @@ class SandboxHost:
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
         self._lock = asyncio.Lock()
-        self._in_flight: dict[str, asyncio.Task[Trace]] = {}
+        self._in_flight: dict[str, asyncio.Future[Trace | list[Trace]]] = {}
+        self._seating: Stations | None = None
         self.completed = 0
 
     async def url(self) -> str:
@@ -100,41 +103,73 @@ class SandboxHost:
                 self.tunnel = TunnelKeeper(self.tunnel_settings, self._url)
             return self._url
 
-    async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace]:
-        """Run one rollout; returns a small outcome (for the driver) and the trace (for the
-        episode task) as two Ray objects when called with ``num_returns=2``."""
+    async def run_rollout(self, rollout: RolloutJob) -> tuple[RolloutOutcome, Trace | list[Trace]]:
+        """Run one rollout (a game of a seated task: one trace per seat); returns a small
+        outcome (for the driver) and the trace(s) (for the episode task) as two Ray objects
+        when called with ``num_returns=2``."""
         url = await self.url()
         if self.remote and self.tunnel is not None:
             url = await self.tunnel.public_url(url)
-        job = asyncio.ensure_future(
-            run_planned_rollout(
-                rollout.task,
-                plan=self.plan,
-                harness=self.harness,
-                runtime_options=self.runtime_options,
-                broker=self.broker or InProcessBroker(self._own_app()),
-                interception_url=url,
-                rollout_index=rollout.index,
-                attempt=rollout.attempt,
-                run_id=rollout.run_id,
-                episode_id=rollout.episode_id,
-                model_target=self.model_target,
+        ids: dict[str, Any] = {
+            "rollout_index": rollout.index,
+            "attempt": rollout.attempt,
+            "run_id": rollout.run_id,
+            "episode_id": rollout.episode_id,
+        }
+        broker = self.broker or InProcessBroker(self._own_app())
+        job: asyncio.Future[Trace | list[Trace]]
+        if isinstance(rollout.task, SeatedTask) and self.broker is not None:
+            # A turn's reply is read from the session's trace, which only an in-process
+            # interception keeps current in this actor.
+            refused = [
+                unseatable(
+                    rollout.task,
+                    self.plan,
+                    ConfigError("seated tasks need farm.interception = 'host'"),
+                    **ids,
+                )
+            ]
+            return RolloutOutcome.of_game(refused), refused
+        if isinstance(rollout.task, SeatedTask):
+            if self._seating is None:
+                # Seats that name their own model get an endpoint and interception here, on
+                # first use, closed with the host.
+                default = Station(self.plan, self.harness, self.runtime_options, broker, url)
+                self._seating = Stations(default)
+                self._seating.set_policy_version(self._own_app().policy_version)
+                self._stack.push_async_callback(self._seating.aclose)
+            job = asyncio.ensure_future(play_game(rollout.task, self._seating, **ids))
+        else:
+            job = asyncio.ensure_future(
+                run_planned_rollout(
+                    rollout.task,
+                    plan=self.plan,
+                    harness=self.harness,
+                    runtime_options=self.runtime_options,
+                    broker=broker,
+                    interception_url=url,
+                    model_target=self.model_target,
+                    **ids,
+                )
             )
-        )
         key = f"{rollout.task.key}/{rollout.index}/{rollout.attempt}/{time.monotonic_ns()}"
         self._in_flight[key] = job
         try:
-            trace = await job
+            done = await job
         finally:
             self._in_flight.pop(key, None)
         self.completed += 1
-        return RolloutOutcome.of(trace), trace
+        if isinstance(done, list):
+            return RolloutOutcome.of_game(done), done
+        return RolloutOutcome.of(done), done
 
     def _own_app(self) -> InterceptionApp:
         assert self.app is not None, "a host with the Serve pool has no app of its own"
         return self.app
 
     async def set_policy_version(self, version: int | None) -> None:
+        if self._seating is not None:
+            self._seating.set_policy_version(version)
         if self.broker is not None:
             await self.broker.set_policy_version(version)
         else:

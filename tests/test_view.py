@@ -72,8 +72,8 @@ def test_static_files_are_served_from_the_package(client: httpx.Client) -> None:
 def test_rollout_list_filters_sorts_and_searches_transcripts(client: httpx.Client) -> None:
     every = client.get("/run/0/rollouts")
     assert "12 rollouts match" in every.text and len(rollout_links(every.text)) == 12
-    # The unknown `seat` column a newer writer added is a column of the list, as it is.
-    assert ">seat<" in every.text and "seat-1" in every.text
+    # The unknown `lane` column a newer writer added is a column of the list, as it is.
+    assert ">lane<" in every.text and "lane-1" in every.text
     errored = client.get("/run/0/rollouts", params={"status": "error"})
     assert "2 rollouts match" in errored.text
     assert (

@@ -103,8 +103,8 @@ def make_trace(task: int, rollout: int, *, run_id: str = "run-synthetic") -> vf.
 def write_run(
     folder: Path, tasks: int = 6, rollouts: int = 2, *, newer_fields: bool = False
 ) -> Path:
-    """A complete run folder; ``newer_fields`` adds what a later vfray might write (a ``seat``
-    column, a ``seats`` trace field, an unknown message field)."""
+    """A complete run folder; ``newer_fields`` adds what a later vfray might write (a ``lane``
+    column, a ``lanes`` trace field, an unknown message field)."""
     traces = [make_trace(t, r) for t in range(tasks) for r in range(rollouts)]
     table = traces_to_table(traces)
     if newer_fields:
@@ -157,15 +157,15 @@ def _with_newer_fields(table: pa.Table) -> pa.Table:
     texts = []
     for text in table.column("trace_json").to_pylist():
         data = json.loads(text)
-        data["seats"] = [{"seat": "red-team", "model": "judge-mini"}]
+        data["lanes"] = [{"lane": "red-team", "model": "judge-mini"}]
         for message in data["graph"].values():
             if message["role"] == "user":
                 message["segment"] = "user-sim-1"
         texts.append(json.dumps(data))
     index = table.column_names.index("trace_json")
     table = table.set_column(index, "trace_json", pa.array(texts, pa.large_string()))
-    seats = [f"seat-{i % 2}" for i in range(table.num_rows)]
-    return table.append_column("seat", pa.array(seats, pa.string()))
+    lanes = [f"lane-{i % 2}" for i in range(table.num_rows)]
+    return table.append_column("lane", pa.array(lanes, pa.string()))
 
 
 def listing(folder: Path) -> dict[str, tuple[int, int]]:

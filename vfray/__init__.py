@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from vfray.farm import Farm
     from vfray.run.environment import LocalEnvironment, run_episode, run_rollout
     from vfray.run.results import RunResult
+    from vfray.seats import Agent, Seat, SeatedTask, Turn
     from vfray.traces import read_traces, to_samples, write_traces
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "Branch",
     "ConfigError",
     "Episode",
@@ -57,6 +59,8 @@ __all__ = [
     "RunResult",
     "Runtime",
     "SandboxError",
+    "Seat",
+    "SeatedTask",
     "SimulatedUser",
     "StopCondition",
     "Task",
@@ -65,6 +69,7 @@ __all__ = [
     "Taskset",
     "TasksetError",
     "Trace",
+    "Turn",
     "VfrayError",
     "finalize_episode",
     "group_reward",
@@ -90,6 +95,11 @@ _LAZY = {
     "to_samples": "vfray.traces",
     "write_traces": "vfray.traces",
     "run_episode": "vfray.run.environment",
+    # Seats carry interception limits, whose package pulls in the HTTP stack.
+    "Agent": "vfray.seats",
+    "Seat": "vfray.seats",
+    "SeatedTask": "vfray.seats",
+    "Turn": "vfray.seats",
     "run_rollout": "vfray.run.environment",
 }
 

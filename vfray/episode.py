@@ -55,11 +55,18 @@ class Episode(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def advantages(self) -> list[float | None]:
-        """Reward minus the group's mean reward (GRPO-style, not divided by the std)."""
-        mean = self.mean_reward
-        if mean is None:
-            return [None] * len(self.traces)
-        return [None if r is None else r - mean for r in self.rewards]
+        """Reward minus the group's mean reward (GRPO-style, not divided by the std). In a
+        multi-agent episode the group is the traces of the same seat: each seat is its own
+        policy's sample, so a proposer is not compared with a solver."""
+        means: dict[str | None, float | None] = {}
+        for seat in {t.seat for t in self.traces}:
+            scored = [t.reward for t in self.traces if t.seat == seat and t.reward is not None]
+            means[seat] = sum(scored) / len(scored) if scored else None
+        out: list[float | None] = []
+        for trace in self.traces:
+            mean = means[trace.seat]
+            out.append(None if trace.reward is None or mean is None else trace.reward - mean)
+        return out
 
     def pass_at_k(self, k: int, threshold: float = 1.0) -> float:
         """Unbiased pass@k (Chen et al., 2021): ``1 - C(n-c, k) / C(n, k)``.

@@ -106,6 +106,9 @@ class RolloutPlan(BaseModel):
     limits: Limits = Limits()
     timeouts: Timeouts = Timeouts()
     scoring_overrides: dict[str, str] = {}
+    seat: str | None = None
+    """The seat these rollouts play in a multi-agent episode (stamped on the trace)."""
+    agent_name: str | None = None
 
 
 class _PhaseFailed(Exception):
@@ -191,7 +194,9 @@ async def _execute(
             runtime=plan.runtime_type,
             model=plan.model,
             sampling=plan.sampling,
+            name=plan.agent_name,
         ),
+        seat=plan.seat,
         rollout_index=rollout_index,
         attempt=attempt,
         run_id=run_id,

@@ -262,6 +262,8 @@ class AgentInfo(BaseModel):
     runtime: str = ""
     model: str = ""
     sampling: dict[str, Any] = Field(default_factory=dict)
+    name: str | None = None
+    """The :class:`vfray.Agent`'s name when the rollout was one seat of a multi-agent episode."""
 
 
 class PhaseTiming(BaseModel):
@@ -291,6 +293,8 @@ class Trace(BaseModel):
     episode_id: str | None = None
     rollout_index: int = 0
     attempt: int = 0
+    seat: str | None = None
+    """The seat this trace played in a multi-agent episode (:mod:`vfray.seats`); None otherwise."""
     task: TaskRecord
     agent: AgentInfo = Field(default_factory=AgentInfo)
     graph: dict[str, Message] = Field(default_factory=dict)

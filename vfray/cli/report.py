@@ -40,6 +40,8 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     table.add_row(REWARD_LABEL, reward)
     for key in sorted(k for k in summary if k.startswith("pass@")):
         table.add_row(key, _fmt(summary[key]))
+    for seat, value in summary.get("seats", {}).items():
+        table.add_row(f"reward/seat {seat}", _fmt(value))
     for name, value in summary.get("rewards", {}).items():
         table.add_row(f"reward/{name}", _fmt(value))
     for name, value in summary.get("metrics", {}).items():

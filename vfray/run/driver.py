@@ -105,6 +105,11 @@ class ResumeState:
     done: dict[int, Trace] = field(default_factory=dict)
     next_attempt: dict[int, int] = field(default_factory=dict)
     rescore: bool = False
+    games: dict[int, list[Trace]] = field(default_factory=dict)
+    """A seated task's finished games by rollout index (one trace per seat, every seat ok)."""
+
+    def finished(self) -> list[Trace]:
+        return [*self.done.values(), *(t for game in self.games.values() for t in game)]
 
 
 @dataclass
@@ -249,7 +254,7 @@ class RunDriver:
         self._tasks_seen += 1
         n = self.plan.rollouts_per_task
         state = self.resume.get(task.key) or ResumeState(episode_id=new_id())
-        todo = [i for i in range(n) if i not in state.done]
+        todo = [i for i in range(n) if i not in state.done and i not in state.games]
         if not todo and not state.rescore:
             return
         if self._groups is not None:
@@ -403,7 +408,7 @@ class RunDriver:
             task=task,
             episode_id=state.episode_id,
             spec=self._spec,
-            previous=list(state.done.values()),
+            previous=state.finished(),
         )
         outcome = await self.backend.finish(job, list(handles))
         self.progress.episodes += 1

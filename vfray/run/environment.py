@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -27,7 +27,16 @@ from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
 from vfray.task import Task
 from vfray.trace import Trace
 
-__all__ = ["InProcessBroker", "LocalEnvironment", "parse_scripted_model", "run_episode"]
+if TYPE_CHECKING:
+    from vfray.run.seating import Station, Stations
+
+__all__ = [
+    "InProcessBroker",
+    "LocalEnvironment",
+    "parse_scripted_model",
+    "run_episode",
+    "run_game",
+]
 
 
 def _config(tree: dict[str, Any]) -> EvalConfig:
@@ -120,6 +129,7 @@ class LocalEnvironment:
         self.plan = spec.plan
         self._stack = contextlib.AsyncExitStack()
         self._interception: Interception | None = None
+        self._stations: Stations | None = None
 
     async def __aenter__(self) -> LocalEnvironment:
         endpoint = self.spec.endpoint
@@ -181,19 +191,89 @@ class LocalEnvironment:
             model_target=upstream_target(self.interception.app.upstream),
         )
 
-    async def episode(self, task: Task[Any], n: int = 4, *, run_id: str | None = None) -> Episode:
-        """Run ``n`` rollouts of ``task`` concurrently, then its group rewards."""
-        self.spec.check_task_type(type(task), n)
-        traces = await asyncio.gather(
-            *(self.rollout(task, rollout_index=i, run_id=run_id) for i in range(n))
+    def station(self) -> Station:
+        """This environment's own agent: its plan, harness, box options and interception."""
+        from vfray.run.seating import Station
+
+        return Station(
+            self.plan,
+            self.harness,
+            self.runtime_options,
+            InProcessBroker(self.interception.app),
+            self.interception.url,
         )
-        return await finalize_episode(task, list(traces), self.plan.scoring_overrides)
+
+    async def stations(self) -> Stations:
+        """Its own station and, opened on first use, one per other agent a seat names."""
+        if self._stations is None:
+            from vfray.run.seating import Stations
+
+            self._stations = Stations(self.station())
+            self._stations.set_policy_version(self.interception.app.policy_version)
+            self._stack.push_async_callback(self._stations.aclose)
+        return self._stations
+
+    def set_policy_version(self, version: int | None) -> None:
+        """Stamp ``version`` on every model call from now on, seats' own endpoints included."""
+        self.interception.app.policy_version = version
+        if self._stations is not None:
+            self._stations.set_policy_version(version)
+
+    async def game(
+        self,
+        task: Task[Any],
+        *,
+        rollout_index: int = 0,
+        attempt: int = 0,
+        run_id: str | None = None,
+        episode_id: str | None = None,
+    ) -> list[Trace]:
+        """Play one game of a :class:`~vfray.seats.SeatedTask`: one trace per seat."""
+        from vfray.run.seating import play_game
+        from vfray.seats import SeatedTask
+
+        if not isinstance(task, SeatedTask):
+            raise ConfigError(f"{type(task).__name__} is not a vf.SeatedTask")
+        return await play_game(
+            task,
+            await self.stations(),
+            rollout_index=rollout_index,
+            attempt=attempt,
+            run_id=run_id,
+            episode_id=episode_id,
+        )
+
+    async def episode(self, task: Task[Any], n: int = 4, *, run_id: str | None = None) -> Episode:
+        """Run ``n`` rollouts of ``task`` concurrently (``n`` games of a seated task, one trace
+        per seat each), then its group rewards."""
+        from vfray.seats import SeatedTask
+
+        self.spec.check_task_type(type(task), n)
+        if isinstance(task, SeatedTask):
+            games = await asyncio.gather(
+                *(self.game(task, rollout_index=i, run_id=run_id) for i in range(n))
+            )
+            traces = [t for game in games for t in game]
+        else:
+            traces = list(
+                await asyncio.gather(
+                    *(self.rollout(task, rollout_index=i, run_id=run_id) for i in range(n))
+                )
+            )
+        return await finalize_episode(task, traces, self.plan.scoring_overrides)
 
 
 async def run_rollout(task: Task[Any], **options: Any) -> Trace:
     """One rollout of ``task`` with a fresh :class:`LocalEnvironment` built from ``options``."""
     async with LocalEnvironment(**options) as env:
         return await env.rollout(task)
+
+
+async def run_game(task: Task[Any], **options: Any) -> list[Trace]:
+    """One game of a seated task with a fresh :class:`LocalEnvironment` (the run's defaults
+    for every seat whose :class:`~vfray.seats.Agent` leaves them open)."""
+    async with LocalEnvironment(**options) as env:
+        return await env.game(task)
 
 
 async def run_episode(task: Task[Any], n: int = 4, **options: Any) -> Episode:

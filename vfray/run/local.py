@@ -27,8 +27,10 @@ from vfray.run.outcomes import (
     RolloutJob,
     RolloutOutcome,
     finish_episode,
+    played,
 )
 from vfray.run.spec import RunSpec
+from vfray.seats import SeatedTask
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -78,14 +80,18 @@ class LocalBackend:
         # run_planned_rollout records every failure on the trace; only cancellation raises,
         # and there is no host under it that could be lost.
         self.in_flight += 1
+        ids: dict[str, Any] = {
+            "rollout_index": job.index,
+            "attempt": job.attempt,
+            "run_id": job.run_id,
+            "episode_id": job.episode_id,
+        }
         try:
-            trace = await self.env.rollout(
-                job.task,
-                rollout_index=job.index,
-                attempt=job.attempt,
-                run_id=job.run_id,
-                episode_id=job.episode_id,
-            )
+            if isinstance(job.task, SeatedTask):
+                traces = await self.env.game(job.task, **ids)
+                self.completed += 1
+                return RolloutOutcome.of_game(traces), traces
+            trace = await self.env.rollout(job.task, **ids)
         finally:
             self.in_flight -= 1
         self.completed += 1
@@ -97,7 +103,7 @@ class LocalBackend:
     async def keep_attempt(self, handle: Any) -> None:
         from vfray.traces.convert import traces_to_table
 
-        await self._sink().append(traces_to_table([handle]))
+        await self._sink().append(traces_to_table(played([handle])))
 
     async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
         outcome, (trace_rows, episode_rows) = await finish_episode(job, list(handles))
@@ -211,7 +217,7 @@ class LocalFarm:
     def set_policy_version(self, version: int | None) -> None:
         self.policy_version = version
         if self.run is not None:
-            self.run.backend.env.interception.app.policy_version = version
+            self.run.backend.env.set_policy_version(version)
 
     def interrupt(self) -> None:
         if self.run is not None:

@@ -44,6 +44,27 @@ class RolloutOutcome(BaseModel):
             output_tokens=trace.usage.output_tokens,
         )
 
+    @classmethod
+    def of_game(cls, traces: list[Trace]) -> RolloutOutcome:
+        """One game of a seated task (one trace per seat) as one rollout: ok when every seat
+        is, the first seat error's type, the seats' mean reward and summed tokens."""
+        errors = [e for e in (t.error() for t in traces) if e is not None]
+        rewards = [t.reward for t in traces if t.reward is not None]
+        stops = [t.stop_condition.value for t in traces if t.stop_condition is not None]
+        return cls(
+            ok=all(t.ok for t in traces),
+            reward=sum(rewards) / len(rewards) if rewards else None,
+            error_type=errors[0].type if errors else None,
+            stop_condition=stops[0] if stops else None,
+            input_tokens=sum(t.usage.input_tokens for t in traces),
+            output_tokens=sum(t.usage.output_tokens for t in traces),
+        )
+
+
+def played(handles: list[Trace | list[Trace]]) -> list[Trace]:
+    """The traces of finished rollouts, a seated task's games (a list per game) flattened."""
+    return [t for h in handles for t in (h if isinstance(h, list) else [h])]
+
 
 class EpisodeOutcome(BaseModel):
     """The driver's view of a finished episode; ``episode`` is filled only when streaming."""
@@ -133,10 +154,14 @@ EpisodeRows = tuple["pa.Table", "pa.Table"]
 """An episode's new trace rows and its episode row, on their way to the sink."""
 
 
-async def finish_episode(job: EpisodeJob, new: list[Trace]) -> tuple[EpisodeOutcome, EpisodeRows]:
-    """Run the group rewards over ``job.previous`` + ``new`` and build the rows of ``new`` and
-    of the episode. A group reward past its deadline is recorded as ``None`` with the
-    timeout, and the rows are built all the same."""
+async def finish_episode(
+    job: EpisodeJob, finished: list[Trace | list[Trace]]
+) -> tuple[EpisodeOutcome, EpisodeRows]:
+    """Run the group rewards over ``job.previous`` + the ``finished`` rollouts' traces (a list
+    per game of a seated task) and build the rows of the new traces and of the episode. A
+    group reward past its deadline is recorded as ``None`` with the timeout, and the rows are
+    built all the same."""
+    new = played(finished)
     # Imported here, not at the top: pyarrow costs a few hundred ms of start-up that a local
     # run should not pay before its first rollout.
     from vfray.traces.convert import traces_to_table
@@ -147,7 +172,7 @@ async def finish_episode(job: EpisodeJob, new: list[Trace]) -> tuple[EpisodeOutc
     episode = await finalize_episode(
         task, [*job.previous, *new], spec.overrides, episode_id=job.episode_id, timeout=timeout
     )
-    episode.traces.sort(key=lambda t: t.rollout_index)
+    episode.traces.sort(key=lambda t: t.rollout_index)  # stable: a game keeps its seat order
     outcome = EpisodeOutcome(
         episode_id=episode.episode_id,
         task_key=task.key,

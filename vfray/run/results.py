@@ -18,21 +18,27 @@ from vfray.traces.schema import PHASES
 
 
 def final_rows(table: pa.Table) -> pa.Table:
-    """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history."""
+    """Keep the last attempt of each (task_key, rollout_index): earlier attempts are history.
+    A multi-agent game's attempt has one row per seat; all of the last attempt's are kept."""
     if table.num_rows == 0:
         return table
-    # Most runs have one row per rollout: no earlier attempt to drop, and no Python loop over
-    # 10,000s of rows (the viewer and `vfray show` open large runs through here).
-    groups = table.group_by(["task_key", "rollout_index"], use_threads=False).aggregate([])
+    seats = "seat" in table.column_names
+    columns = ["task_key", "rollout_index", *(["seat"] if seats else [])]
+    # Most runs have one row per rollout (per seat): no earlier attempt to drop, and no Python
+    # loop over 10,000s of rows (the viewer and `vfray show` open large runs through here).
+    groups = table.group_by(columns, use_threads=False).aggregate([])
     if groups.num_rows == table.num_rows:
         return table
-    keys = table.select(["task_key", "rollout_index", "attempt"]).to_pylist()
-    best: dict[tuple[str, int], tuple[int, int]] = {}
-    for row_index, row in enumerate(keys):
+    keys = table.select([*columns, "attempt"]).to_pylist()
+    best: dict[tuple[str, int], int] = {}
+    for row in keys:
         key = (row["task_key"], row["rollout_index"])
-        if key not in best or row["attempt"] >= best[key][0]:
-            best[key] = (row["attempt"], row_index)
-    return table.take(sorted(i for _, i in best.values()))
+        best[key] = max(best.get(key, row["attempt"]), row["attempt"])
+    last: dict[tuple[str, int, str | None], int] = {}
+    for row_index, row in enumerate(keys):
+        if row["attempt"] == best[(row["task_key"], row["rollout_index"])]:
+            last[(row["task_key"], row["rollout_index"], row.get("seat"))] = row_index
+    return table.take(sorted(last.values()))
 
 
 def _mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -97,7 +103,24 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
         "input_tokens": int(pc.sum(final.column("input_tokens")).as_py() or 0) if rows else 0,
         "output_tokens": int(pc.sum(final.column("output_tokens")).as_py() or 0) if rows else 0,
         "phase_seconds_mean": phases,
+        # Only a multi-agent run has this key: the mean reward of each seat.
+        **({"seats": seats} if (seats := _seat_means(final)) else {}),
     }
+
+
+def _seat_means(final: pa.Table) -> dict[str, float | None]:
+    """Mean reward per seat of a multi-agent run (empty for a run without seats)."""
+    values: dict[str, list[float]] = {}
+    if final.num_rows == 0 or "seat" not in final.column_names:
+        return {}
+    for seat, reward in zip(
+        final.column("seat").to_pylist(), final.column("reward").to_pylist(), strict=True
+    ):
+        if seat is not None:
+            bucket = values.setdefault(seat, [])
+            if reward is not None:
+                bucket.append(reward)
+    return {k: (sum(v) / len(v) if v else None) for k, v in sorted(values.items())}
 
 
 class RunResult:

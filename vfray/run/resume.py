@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vfray.run.driver import ResumeState
 from vfray.run.results import RunResult, final_rows
+from vfray.trace import Trace
 from vfray.traces.convert import table_to_traces
 from vfray.traces.parts import finish_compaction
 
@@ -39,10 +40,16 @@ def load_resume_state(run_dir: Path) -> dict[str, ResumeState]:
     ):
         attempts[(key, index)] = max(attempts.get((key, index), -1), attempt)
     states: dict[str, ResumeState] = {}
+    games: dict[tuple[str, int], list[Trace]] = {}
     for trace in table_to_traces(final_rows(table)):
         state = states.setdefault(trace.task.key, ResumeState(episode_id=trace.episode_id or ""))
-        if trace.ok:
+        if trace.seat is not None:
+            games.setdefault((trace.task.key, trace.rollout_index), []).append(trace)
+        elif trace.ok:
             state.done[trace.rollout_index] = trace
+    for (key, index), game in games.items():
+        if all(t.ok for t in game):  # a game is played again whole, or not at all
+            states[key].games[index] = game
     for (key, index), attempt in attempts.items():
         state = states.setdefault(key, ResumeState(episode_id=uuid.uuid4().hex))
         state.next_attempt[index] = attempt + 1
@@ -60,6 +67,6 @@ def load_resume_state(run_dir: Path) -> dict[str, ResumeState]:
             state.episode_id = uuid.uuid4().hex
         # The current episode row must be over exactly the traces that are now final: a crash
         # between the trace and the episode flush leaves none, or the pre-resume one.
-        current = {t.trace_id for t in state.done.values()}
+        current = {t.trace_id for t in state.finished()}
         state.rescore = scored.get(key) != current
     return states

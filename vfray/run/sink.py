@@ -220,9 +220,10 @@ class TraceSink:
         await self.append(rows[0], rows[1], key)
         return self._report()
 
-    async def append_trace(self, trace: Trace, key: str | None = None) -> list[str]:
-        """One trace row: an attempt that is retried keeps its own row."""
-        await self.append(traces_to_table([trace]), None, key)
+    async def append_trace(self, trace: Trace | list[Trace], key: str | None = None) -> list[str]:
+        """One attempt's rows (a game's: one per seat): an attempt that is retried keeps its
+        own rows."""
+        await self.append(traces_to_table(trace if isinstance(trace, list) else [trace]), None, key)
         return self._report()
 
     async def flush(self) -> list[str]:

@@ -108,6 +108,8 @@ def _trace_row(trace: Trace) -> dict[str, Any]:
         "ended_at": _micros(ended),
         "duration_s": None if started is None or ended is None else max(0.0, ended - started),
         "policy_version": min(versions) if versions else None,
+        "seat": trace.seat,
+        "agent_name": trace.agent.name,
         "trace_json": trace_json(trace),
     }
     for phase in PHASES:

@@ -94,19 +94,25 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
         "stop_condition": None if stop is None else stop.value,
         "model": trace.agent.model,
         "policy_version": min(versions) if versions else None,
+        "seat": trace.seat,
+        "agent_name": trace.agent.name,
     }
 
 
-def to_samples(data: pa.Table | Iterable[Trace]) -> pa.Table:
+def to_samples(data: pa.Table | Iterable[Trace], *, seat: str | None = None) -> pa.Table:
     """The training view of traces (or of a trace table): one row per branch.
 
     Every branch of a trace shares the trace's reward and advantage: a compaction or a
-    sub-agent is part of the same attempt and is credited with its outcome.
+    sub-agent is part of the same attempt and is credited with its outcome. In a multi-agent
+    episode each seat's trace gives its own samples (``seat`` column, with that seat's reward
+    and advantage); ``seat=`` keeps only that seat's (one policy's) samples.
     """
     traces = table_to_traces(data) if isinstance(data, pa.Table) else data
     rows: list[dict[str, Any]] = []
     messages = MessagesColumn()
     for trace in traces:
+        if seat is not None and trace.seat != seat:
+            continue
         for branch in trace.branch_list:
             rows.append(_sample_row(trace, branch))
             messages.append(trace, branch.message_ids)

@@ -86,6 +86,9 @@ TRACE_SCHEMA = pa.schema(
         pa.field("duration_s", pa.float64()),
         *(pa.field(f"{phase}_s", pa.float64()) for phase in PHASES),
         pa.field("policy_version", pa.int64()),
+        # Multi-agent episodes: the seat this row played and its agent's name (null otherwise).
+        pa.field("seat", pa.string()),
+        pa.field("agent_name", pa.string()),
         # The full Trace as JSON: the lossless record every other column is a view of.
         # large_string because one batch of long agent traces can pass 2 GiB of text.
         pa.field("trace_json", pa.large_string()),
@@ -119,6 +122,8 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("stop_condition", pa.string()),
         pa.field("model", pa.string()),
         pa.field("policy_version", pa.int64()),
+        pa.field("seat", pa.string()),
+        pa.field("agent_name", pa.string()),
     ],
     metadata=_metadata("samples"),
 )

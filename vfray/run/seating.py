@@ -1,0 +1,391 @@
+"""Plays one game of a :class:`~vfray.seats.SeatedTask`: each seat is one rollout (its own box,
+harness, interception session and trace) started on its first turn; a turn is one harness segment,
+whose reply the task's ``next_turn`` reads before naming the next seat. Seats that share a box get
+one box, stopped by the last of them. Used by the local environment and by SandboxHosts alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from vfray.errors import ConfigError, TaskError
+from vfray.harness import Harness
+from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
+from vfray.runtimes.base import Runtime, RuntimeSpec
+from vfray.runtimes.registry import make_runtime
+from vfray.seats import Agent, Game, Play, Seat, SeatedTask, Turn, check_seats
+from vfray.task import call_maybe_async
+from vfray.trace import StopCondition, Trace
+
+
+@dataclass(frozen=True)
+class Station:
+    """Everything one agent needs to run a rollout here: resolved once, passed down whole."""
+
+    plan: RolloutPlan
+    harness: Harness
+    runtime_options: Mapping[str, Any]
+    broker: SessionBroker
+    interception_url: str
+
+
+class Stations:
+    """The run's own station, and one per other :class:`~vfray.seats.Agent` a seat names:
+    an agent with its own model gets its own endpoint and interception (opened on first use,
+    closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's."""
+
+    def __init__(self, default: Station) -> None:
+        self.default = default
+        self._stack = contextlib.AsyncExitStack()
+        self._endpoints: dict[tuple[str | None, str | None, str | None], Any] = {}
+        self._lock = asyncio.Lock()
+        self.policy_version: int | None = None
+
+    def set_policy_version(self, version: int | None) -> None:
+        """Stamp ``version`` on the calls of every seat's own endpoint too (the run's own
+        interception is stamped by its owner)."""
+        self.policy_version = version
+        for env in self._endpoints.values():
+            env.interception.app.policy_version = version
+
+    async def station(self, agent: Agent) -> Station:
+        base = self.default
+        plan = base.plan.model_copy(
+            update={
+                "model": agent.model or base.plan.model,
+                "harness_id": agent.harness or base.plan.harness_id,
+                "runtime_type": agent.runtime or base.plan.runtime_type,
+                "sampling": base.plan.sampling if agent.sampling is None else agent.sampling,
+                "limits": agent.limits or base.plan.limits,
+                "agent_name": agent.name,
+            }
+        )
+        harness = base.harness
+        if agent.harness is not None:
+            from vfray.harnesses.registry import make_harness
+
+            harness = make_harness(agent.harness, agent.harness_options)
+        runtime_options = base.runtime_options if agent.runtime is None else agent.runtime_options
+        broker, url = base.broker, base.interception_url
+        if agent.own_endpoint:
+            env = await self._endpoint(agent)
+            from vfray.run.environment import InProcessBroker
+
+            broker, url = InProcessBroker(env.interception.app), env.interception.url
+        return Station(plan, harness, runtime_options, broker, url)
+
+    async def _endpoint(self, agent: Agent) -> Any:
+        from vfray.run.environment import LocalEnvironment
+
+        key = (agent.model, agent.base_url, agent.api_key_var)
+        async with self._lock:
+            if key not in self._endpoints:
+                # Only its model endpoint and interception are used: the harness and runtime
+                # named here are the cheapest to check.
+                env = LocalEnvironment(
+                    model=agent.model or self.default.plan.model,
+                    base_url=agent.base_url,
+                    api_key_var=agent.api_key_var,
+                    harness="null",
+                    runtime="subprocess",
+                )
+                self._endpoints[key] = await self._stack.enter_async_context(env)
+                env.interception.app.policy_version = self.policy_version
+            return self._endpoints[key]
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+
+class _Box:
+    """A box several seats work in: started by the first seat's boot, stopped by the last
+    seat's teardown (or by the game's end, whatever happened)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.users = 0
+        self._started: asyncio.Future[None] | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        self.users += 1
+        if self._started is None:
+            self._started = asyncio.ensure_future(self.runtime.start())
+        await asyncio.shield(self._started)
+
+    async def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            await self.close()
+
+    async def close(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            await self.runtime.stop()
+
+
+class _Lease:
+    """One seat's handle on a shared box: everything but start and stop goes to the box."""
+
+    def __init__(self, box: _Box) -> None:
+        self._box = box
+        self._held = False
+
+    async def start(self) -> None:
+        self._held = True
+        await self._box.start()
+
+    async def stop(self) -> None:
+        if self._held:
+            self._held = False
+            await self._box.release()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._box.runtime, name)
+
+
+class _Player:
+    """One seat's rollout and the two queues its turns pass through: the messages the game sends
+    it (read by its task copy's ``next_message``) and the replies of its segments."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[str | TaskError | None] = asyncio.Queue()
+        self.replies: asyncio.Queue[str | None] = asyncio.Queue()
+        self.asked = False
+        self.rollout: asyncio.Future[Trace] | None = None
+        self.ended = asyncio.Event()
+        """Set when its agent phase is over (it takes no more turns)."""
+        self.trace: Trace | None = None
+        """Its trace, once the agent phase is over."""
+
+    async def next_message(self, trace: Trace) -> str | None:
+        if self.asked:  # a segment just ended: its reply is this turn's
+            self.replies.put_nowait(trace.last_reply)
+        self.asked = True
+        item = await self.inbox.get()
+        if isinstance(item, TaskError):
+            raise item
+        return item
+
+    async def play(self, message: str) -> tuple[bool, str | None]:
+        """Send one turn; (True, reply) once the segment ended, (False, None) when the rollout
+        ended instead (a crash, a limit, a timeout)."""
+        assert self.rollout is not None
+        self.inbox.put_nowait(message)
+        reply = asyncio.ensure_future(self.replies.get())
+        ended = asyncio.ensure_future(self.ended.wait())
+        try:
+            either: set[asyncio.Future[Any]] = {reply, ended, self.rollout}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (reply, ended):
+                if not waiter.done():
+                    waiter.cancel()
+        if reply.done() and not reply.cancelled():
+            return True, reply.result()
+        return False, None
+
+    def why(self) -> str:
+        """What ended its rollout before its turn did."""
+        trace = self.trace
+        if trace is None and self.rollout is not None and self.rollout.done():
+            trace = self.rollout.result()
+        if trace is None:
+            return "ended"
+        err = trace.error()
+        if err is not None:
+            return f"{err.type}: {err.message}"
+        return f"stopped: {trace.stop_condition.value if trace.stop_condition else 'unknown'}"
+
+
+def _seat_task(
+    task: SeatedTask[Any], seat: Seat, game: Game, player: _Player, over: asyncio.Event
+) -> SeatedTask[Any]:
+    """The task as one seat plays it: no prompt (its turns' messages are its user messages),
+    ``seat`` and ``game`` set, the task's own identity on its trace, and a ``finalize`` that
+    waits for the game to be over (a seat that crashed is scored knowing it did)."""
+    update: dict[str, Any] = {"prompt": None}
+    if seat.system_prompt is not None:
+        update["system_prompt"] = seat.system_prompt
+    own = copy.copy(task)
+    own.data = task.data.model_copy(update=update)
+    own._key = task.key
+    own.seat, own.game = seat.name, game
+    record = task.record()
+    # Instance attributes shadow the methods for this copy only.
+    setattr(own, "record", lambda: record)  # noqa: B010
+    setattr(own, "next_message", player.next_message)  # noqa: B010
+
+    async def finalize(trace: Trace, runtime: Runtime) -> None:
+        player.trace = trace
+        player.ended.set()
+        await over.wait()
+        await call_maybe_async(task.finalize.__func__, own, trace, runtime)  # type: ignore[attr-defined]
+
+    setattr(own, "finalize", finalize)  # noqa: B010
+    return own
+
+
+def unseatable(
+    task: SeatedTask[Any],
+    plan: RolloutPlan,
+    error: Exception,
+    seat: Seat | None = None,
+    **ids: Any,
+) -> Trace:
+    """The trace of a seat that could not be seated (its agent is misconfigured), or the one
+    trace of a game that could not seat anyone."""
+    trace = Trace(task=task.record(), seat=None if seat is None else seat.name, **ids)
+    agent = None if seat is None else seat.agent
+    trace.agent = trace.agent.model_copy(
+        update={
+            "harness": (agent and agent.harness) or plan.harness_id,
+            "runtime": (agent and agent.runtime) or plan.runtime_type,
+            "model": (agent and agent.model) or plan.model,
+            "name": agent and agent.name,
+        }
+    )
+    trace.add_error(error, "seating")
+    trace.stop(StopCondition.ERROR)
+    return trace
+
+
+async def play_game(
+    task: SeatedTask[Any],
+    stations: Stations,
+    *,
+    rollout_index: int = 0,
+    attempt: int = 0,
+    run_id: str | None = None,
+    episode_id: str | None = None,
+) -> list[Trace]:
+    """Play one game of ``task``; one trace per seat that got a turn, in seating order.
+
+    A seat whose rollout ends before its turn does (its harness crashed, a limit stopped it)
+    ends the game: its error is on its own trace, ``game.failed`` names it, and the other seats'
+    rollouts finish and are scored as usual. Never raises for rollout failures; cancellation
+    tears every box down and propagates."""
+    ids: dict[str, Any] = {
+        "rollout_index": rollout_index,
+        "attempt": attempt,
+        "run_id": run_id,
+        "episode_id": episode_id,
+    }
+    default_plan = stations.default.plan
+    try:
+        seats = check_seats(task.seats())
+    except Exception as exc:
+        return [unseatable(task, default_plan, TaskError(f"seats(): {exc}"), **ids)]
+    by_name = {s.name: s for s in seats}
+    game = Game(seats)
+    over = asyncio.Event()
+    players: dict[str, _Player] = {}
+    boxes: dict[str, _Box] = {}
+    borrowed = {s.box for s in seats if s.box is not None}
+    timeouts = default_plan.timeouts
+    # A seat waits for the others' turns (and their boots) between its own: charge that to its
+    # "user" deadline, never to its agent budget.
+    others = len(seats) - 1
+    waiting = timeouts.user + others * (timeouts.agent + timeouts.boot + timeouts.setup)
+
+    async def seat_up(seat: Seat) -> _Player:
+        player = _Player()
+        station = await stations.station(seat.agent)
+        plan = station.plan.model_copy(
+            update={
+                "seat": seat.name,
+                "timeouts": station.plan.timeouts.model_copy(update={"user": waiting}),
+            }
+        )
+        owner = seat.box or seat.name
+        runtime: Runtime
+        if owner in borrowed:
+            if owner not in boxes:
+                owner_station = (
+                    station if owner == seat.name else await stations.station(by_name[owner].agent)
+                )
+                boxes[owner] = _Box(
+                    make_runtime(
+                        owner_station.plan.runtime_type,
+                        RuntimeSpec.from_task(task.data),
+                        **dict(owner_station.runtime_options),
+                    )
+                )
+            runtime = cast(Runtime, _Lease(boxes[owner]))
+        else:
+            runtime = make_runtime(
+                plan.runtime_type, RuntimeSpec.from_task(task.data), **dict(station.runtime_options)
+            )
+        player.rollout = asyncio.ensure_future(
+            execute_rollout(
+                _seat_task(task, seat, game, player, over),
+                plan=plan,
+                harness=station.harness,
+                runtime=runtime,
+                broker=station.broker,
+                interception_url=station.interception_url,
+                **ids,
+            )
+        )
+        return player
+
+    ending: TaskError | None = None
+    rollouts: list[asyncio.Future[Trace]] = []
+    unseated: list[Trace] = []
+    try:
+        while True:
+            try:
+                # Untimed for the agents, like a user's next message, and under the same deadline.
+                turn = await asyncio.wait_for(call_maybe_async(task.next_turn, game), timeouts.user)
+                if turn is not None and not isinstance(turn, Turn):
+                    raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
+                if turn is not None and turn.seat not in by_name:
+                    raise ValueError(f"no seat named {turn.seat!r}")
+            except asyncio.TimeoutError:
+                ending = TaskError(f"next_turn did not answer within {timeouts.user:g}s")
+                break
+            except Exception as exc:
+                ending = TaskError(f"next_turn failed: {type(exc).__name__}: {exc}")
+                break
+            if turn is None:
+                break
+            player = players.get(turn.seat)
+            if player is None:
+                try:
+                    player = players[turn.seat] = await seat_up(by_name[turn.seat])
+                except Exception as exc:  # an unknown harness or runtime, a missing key
+                    error = exc if isinstance(exc, ConfigError) else TaskError(str(exc))
+                    unseated.append(
+                        unseatable(task, default_plan, error, by_name[turn.seat], **ids)
+                    )
+                    game.failed[turn.seat] = f"{type(error).__name__}: {error}"
+                    break
+                assert player.rollout is not None
+                rollouts.append(player.rollout)
+            answered, reply = await player.play(turn.message)
+            if not answered:
+                game.failed[turn.seat] = player.why()
+                break
+            game.plays.append(Play(seat=turn.seat, message=turn.message, reply=reply))
+        game.over = True
+        over.set()
+        for player in players.values():
+            player.inbox.put_nowait(ending)
+        traces = [*await asyncio.gather(*rollouts), *unseated]
+    except BaseException:
+        for rollout in rollouts:
+            rollout.cancel()
+        await asyncio.gather(*rollouts, return_exceptions=True)
+        raise
+    finally:
+        for box in boxes.values():
+            with contextlib.suppress(Exception):
+                await box.close()
+    if not traces:
+        return [unseatable(task, default_plan, ending or TaskError("no seat got a turn"), **ids)]
+    return traces

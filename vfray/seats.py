@@ -1,0 +1,137 @@
+"""Several agents in one episode: :class:`Agent` (harness x model x runtime), the :class:`Seat`s a
+:class:`SeatedTask` declares, and the :class:`Game` its ``next_turn`` reads to say which seat acts
+next with what message. Each seat is one rollout with its own trace; :mod:`vfray.run.seating`
+plays the game.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vfray.errors import ConfigError
+from vfray.interception.limits import Limits
+from vfray.task import Task, TaskData
+
+__all__ = ["Agent", "Game", "Play", "Seat", "SeatedTask", "Turn"]
+
+
+class Agent(BaseModel):
+    """Who plays a seat: a harness driving a model in a runtime. A field left ``None`` is the
+    run's own (its model endpoint, harness, runtime, sampling, limits)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = None
+    model: str | None = None
+    """A model name, ``scripted:<policy>`` or ``local:smollm2``, as for the run."""
+    base_url: str | None = None
+    api_key_var: str | None = None
+    harness: str | None = None
+    harness_options: dict[str, Any] = Field(default_factory=dict)
+    runtime: str | None = None
+    runtime_options: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] | None = None
+    limits: Limits | None = None
+
+    @property
+    def own_endpoint(self) -> bool:
+        """Whether the seat talks to a model endpoint other than the run's."""
+        return self.model is not None or self.base_url is not None
+
+
+class Seat(BaseModel):
+    """One place at the table. ``box`` names another seat whose box this seat works in (a judge
+    inspecting a solver's files); ``system_prompt`` replaces the task's for this seat."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    agent: Agent = Field(default_factory=Agent)
+    box: str | None = None
+    system_prompt: str | None = None
+
+
+class Turn(BaseModel):
+    """What ``next_turn`` asks for: ``seat`` acts on ``message``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seat: str
+    message: str
+
+
+class Play(BaseModel):
+    """A finished turn: the seat, the message it got, and its reply (None: it said nothing)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seat: str
+    message: str
+    reply: str | None
+
+
+class Game:
+    """The state of one play of a seated task, as ``next_turn`` and the reward hooks see it
+    (``self.game`` on each seat's task): the turns played so far, and the seats that failed."""
+
+    def __init__(self, seats: Sequence[Seat]) -> None:
+        self.seats: tuple[Seat, ...] = tuple(seats)
+        self.plays: list[Play] = []
+        self.failed: dict[str, str] = {}
+        """Seat name → the error that ended its rollout early (the game ended with it)."""
+        self.over = False
+
+    @property
+    def last(self) -> Play | None:
+        return self.plays[-1] if self.plays else None
+
+    def replies(self, seat: str) -> list[str | None]:
+        """The replies ``seat`` gave, in order."""
+        return [p.reply for p in self.plays if p.seat == seat]
+
+
+DataT = TypeVar("DataT", bound=TaskData)
+
+
+class SeatedTask(Task[DataT]):
+    """A task played by several agents. Override :meth:`seats` and :meth:`next_turn`.
+
+    Each seat runs as one rollout on a copy of this task whose ``seat`` is the seat's name
+    and ``game`` the shared :class:`Game`: ``setup``, ``finalize`` and every ``@vf.reward`` /
+    ``@vf.metric`` hook run once per seat, on that seat's trace, after the game is over (so a
+    reward can read the whole game). The task's ``prompt`` is not sent: seats hear only the
+    messages of their turns.
+    """
+
+    seat: str | None = None
+    game: Game | None = None
+
+    def seats(self) -> Sequence[Seat]:
+        raise NotImplementedError(f"{type(self).__name__} must define seats()")
+
+    def next_turn(self, game: Game) -> Awaitable[Turn | None] | Turn | None:
+        """The next seat to act and its message, or None when the game is over."""
+        raise NotImplementedError(f"{type(self).__name__} must define next_turn()")
+
+
+def check_seats(seats: Sequence[Seat]) -> tuple[Seat, ...]:
+    """Refuse an empty table, duplicate names, and a ``box`` naming no seat or a borrower."""
+    seats = tuple(seats)
+    if not seats:
+        raise ConfigError("a seated task needs at least one seat")
+    names = [s.name for s in seats]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"seat names must be unique: {names}")
+    by_name = {s.name: s for s in seats}
+    for seat in seats:
+        if seat.box is None:
+            continue
+        owner = by_name.get(seat.box)
+        if owner is None:
+            raise ConfigError(f"seat {seat.name!r} shares the box of unknown seat {seat.box!r}")
+        if owner.box is not None or owner.name == seat.name:
+            raise ConfigError(f"seat {seat.name!r} must share the box of a seat that owns one")
+    return seats
