@@ -38,10 +38,11 @@ class V1Row(TaskData):
     """A v1 row as vfray's task data: the fields vfray acts on, plus the v1 row itself."""
 
     v1_type: str
+    """The v1 Task class, ``module:Qualname``."""
     v1_data: dict[str, Any]
 
 
-def to_row(data: V1TaskData) -> V1Row:
+def to_row(data: V1TaskData, task_type: type | None = None) -> V1Row:
     where = f"v1 task {data.name or data.idx}"
     if data.skills or data.agent_user:
         raise ConfigError(f"{where}: TaskData.skills / agent_user are not supported by vfray yet")
@@ -54,7 +55,7 @@ def to_row(data: V1TaskData) -> V1Row:
     if isinstance(prompt, list):
         prompt = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt]
     resources = data.resources.model_dump(exclude_none=True)
-    cls = type(data)
+    cls = task_type or type(data)
     return V1Row(
         prompt=prompt,
         system_prompt=data.system_prompt,
@@ -76,7 +77,7 @@ class AdaptedTask(Task[V1Row]):
     v1_env_blob: ClassVar[bytes | None] = None
 
     def __init__(self, task: V1Task[Any, Any, Any]) -> None:
-        super().__init__(to_row(task.data), key=task.key)
+        super().__init__(to_row(task.data, type(task)), key=task.key)
         self.v1 = task
 
     # -- process boundaries: the v1 task's module imports verifiers.v1 --------------------------
