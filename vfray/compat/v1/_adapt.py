@@ -304,3 +304,7 @@ class _Listed(Taskset[AdaptedTask]):
 
     def load(self) -> Iterable[AdaptedTask]:
         return [_class_for(t, self.env_blob)(t) for t in self.items]
+
+    @property
+    def task_type(self) -> type[Task[Any]]:
+        return _class_for(self.items[0], self.env_blob) if self.items else AdaptedTask

@@ -194,7 +194,7 @@ def hub_error(exc: BaseException) -> str | None:
     while seen is not None and len(chain) < 10:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    hub = [e for e in chain if type(e).__module__.split(".")[0] in ("datasets", "huggingface_hub")]
+    hub = [e for e in chain if _from_hub_code(e)]
     if not hub:
         return None
     first = str(hub[0]).strip().splitlines()[0] if str(hub[0]).strip() else type(hub[0]).__name__
@@ -215,3 +215,22 @@ def load_from_args(spec: str, args: dict[str, Any]) -> AdaptedTaskset:
     env = dict(args.get("env") or {})
     env_id = env.pop("id", None)
     return load(spec, args.get("config"), args.get("select"), env_id, env)
+
+
+_HUB_MODULES = ("datasets", "huggingface_hub")
+
+
+def _from_hub_code(exc: BaseException) -> bool:
+    """Raised by ``datasets`` / ``huggingface_hub`` (their errors are often builtin types, so
+    the class alone does not tell): its class lives there, or its raising frame does."""
+    if type(exc).__module__.split(".")[0] in _HUB_MODULES:
+        return True
+    if not isinstance(exc, OSError):  # ConnectionError, FileNotFoundError: a fetch that failed
+        return False
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame
+        tb = tb.tb_next
+    name = str(last.f_globals.get("__name__", "")) if last is not None else ""
+    return name.split(".")[0] in _HUB_MODULES
