@@ -31,18 +31,42 @@ V1CMP = str(PACKAGES / "v1cmp")
 # What verifiers 0.4.0 recorded for tests/v1_tasksets/v1cmp on the scripted arithmetic model
 # (null harness, subprocess runtime): per kind, (key prefix, rewards, metrics, stop condition).
 EXPECTED: dict[str, tuple[str, dict[str, float], dict[str, float], str]] = {
-    "plain-3": ("079725dfdab2", {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
-                {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0}, "agent_completed"),
-    "plain-8": ("0fc71069e2c2", {"correct": 1.0, "has_reply": 1.0, "even": 1.0},
-                {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0}, "agent_completed"),
-    "runtime": ("e5991f09dda7", {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
-                {"turns": 1.0, "box_sum": 5.0, "uv_double": 10.0}, "agent_completed"),
-    "stop_trace": ("86557534a56f", {"correct": 0.0, "has_reply": 0.0, "even": 1.0},
-                   {"turns": 0.0, "box_sum": -1.0, "uv_double": -1.0}, "stop_now"),
-    "stop_request": ("ccad7a60dffe", {"correct": 0.0, "has_reply": 0.0, "even": 1.0},
-                     {"turns": 0.0, "box_sum": -1.0, "uv_double": -1.0}, "halt_request"),
-    "stop_response": ("960f6a32f4ef", {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
-                      {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0}, "seven_reply"),
+    "plain-3": (
+        "079725dfdab2",
+        {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
+        {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0},
+        "agent_completed",
+    ),
+    "plain-8": (
+        "0fc71069e2c2",
+        {"correct": 1.0, "has_reply": 1.0, "even": 1.0},
+        {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0},
+        "agent_completed",
+    ),
+    "runtime": (
+        "e5991f09dda7",
+        {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
+        {"turns": 1.0, "box_sum": 5.0, "uv_double": 10.0},
+        "agent_completed",
+    ),
+    "stop_trace": (
+        "86557534a56f",
+        {"correct": 0.0, "has_reply": 0.0, "even": 1.0},
+        {"turns": 0.0, "box_sum": -1.0, "uv_double": -1.0},
+        "stop_now",
+    ),
+    "stop_request": (
+        "ccad7a60dffe",
+        {"correct": 0.0, "has_reply": 0.0, "even": 1.0},
+        {"turns": 0.0, "box_sum": -1.0, "uv_double": -1.0},
+        "halt_request",
+    ),
+    "stop_response": (
+        "960f6a32f4ef",
+        {"correct": 1.0, "has_reply": 1.0, "even": 0.0},
+        {"turns": 1.0, "box_sum": -1.0, "uv_double": -1.0},
+        "seven_reply",
+    ),
 }
 
 
@@ -61,18 +85,25 @@ def v1cmp(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _by_kind(outcomes: list[Any]) -> dict[str, Any]:
-    return {kind: next(o for o in outcomes if o.key.startswith(prefix))
-            for kind, (prefix, *_rest) in EXPECTED.items()}
+    return {
+        kind: next(o for o in outcomes if o.key.startswith(prefix))
+        for kind, (prefix, *_rest) in EXPECTED.items()
+    }
 
 
 def test_a_v1_taskset_runs_unchanged_with_v1s_rewards_metrics_and_stops(
     v1cmp: Any, tmp_path: Path
 ) -> None:
     taskset = v1cmp.CmpTaskset(v1cmp.taskset.CmpConfig())
-    with scripted_server("arithmetic") as url:
-        with vf.Farm(model="scripted", base_url=url, harness="null", backend="local",
-                     progress=False, output_dir=str(tmp_path)) as farm:
-            result = farm.run(taskset)  # the v1 Taskset instance, as it is
+    with scripted_server("arithmetic") as url, vf.Farm(
+        model="scripted",
+        base_url=url,
+        harness="null",
+        backend="local",
+        progress=False,
+        output_dir=str(tmp_path),
+    ) as farm:
+        result = farm.run(taskset)  # the v1 Taskset instance, as it is
     exported = export_run(result.run_dir)
     outcomes = _by_kind(read_v1_traces(exported))
     for kind, (_, rewards, metrics, stop) in EXPECTED.items():
@@ -106,7 +137,9 @@ class _Gold(v1.Task[v1.TaskData]):
 
 
 async def test_validate_returning_false_rejects_the_task() -> None:
-    good, bad = (v1.adapt([_Gold(v1.TaskData(name=n, prompt="p"))]).tasks()[0] for n in ("good", "bad"))
+    good, bad = (
+        v1.adapt([_Gold(v1.TaskData(name=n, prompt="p"))]).tasks()[0] for n in ("good", "bad")
+    )
     await good.validate(None)
     with pytest.raises(TaskError, match="validate returned False"):
         await bad.validate(None)
@@ -120,7 +153,11 @@ def test_stop_boundary_is_chosen_by_type_annotation_and_ambiguity_is_refused() -
     async def by_trace(self: Any, trace: v1.Trace) -> bool: ...
     async def both(self: Any, a: v1.Request, b: v1.Response) -> bool: ...
 
-    assert [boundary(f) for f in (by_request, by_response, by_trace)] == ["request", "response", "trace"]
+    assert [boundary(f) for f in (by_request, by_response, by_trace)] == [
+        "request",
+        "response",
+        "trace",
+    ]
     with pytest.raises(ConfigError, match="exactly one Request, Response, or Trace"):
         boundary(both)
 
@@ -146,7 +183,8 @@ def test_vf_eval_flags_and_a_v1_toml_map_onto_vfrays_config(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     toml = tmp_path / "eval.toml"
-    toml.write_text(textwrap.dedent(f"""
+    toml.write_text(
+        textwrap.dedent(f"""
         model = "scripted"
         num_rollouts = 2
         [env.taskset]
@@ -160,9 +198,21 @@ def test_vf_eval_flags_and_a_v1_toml_map_onto_vfrays_config(
         type = "subprocess"
         [client]
         base_url = "http://127.0.0.1:9/v1"
-    """))
-    code, out, err = _cli(capsys, "eval", "@", str(toml), "-s", "--select.seed", "7",
-                          "--env.agent.timeout.rollout", "30", "--no-push", "--dry-run")
+    """)
+    )
+    code, out, err = _cli(
+        capsys,
+        "eval",
+        "@",
+        str(toml),
+        "-s",
+        "--select.seed",
+        "7",
+        "--env.agent.timeout.rollout",
+        "30",
+        "--no-push",
+        "--dry-run",
+    )
     assert code == 0, err
     config = json.loads(out)
     assert config["taskset"] == f"v1:{V1CMP}"
@@ -170,28 +220,52 @@ def test_vf_eval_flags_and_a_v1_toml_map_onto_vfrays_config(
     assert (config["rollouts_per_task"], config["shuffle"], config["seed"]) == (2, True, 7)
     assert config["env"]["harness"]["id"] == "null" and config["env"]["max_turns"] == 3
     assert config["env"]["timeouts"]["agent"] == 30
-    assert config["model"] == {"name": "scripted", "base_url": "http://127.0.0.1:9/v1", "api_key_var": None}
+    assert config["model"] == {
+        "name": "scripted",
+        "base_url": "http://127.0.0.1:9/v1",
+        "api_key_var": None,
+    }
     assert "v1 env.agent.harness.id = 'null' -> env.harness.id = 'null'" in err
 
 
 def test_unsupported_v1_options_are_refused_in_one_line_naming_them(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = _cli(capsys, "eval", V1CMP, "--env.agent.runtime.type", "prime",
-                          "--env.agent.harness.version", "2", "--run.name", "x", "--resume")
+    code, out, err = _cli(
+        capsys,
+        "eval",
+        V1CMP,
+        "--env.agent.runtime.type",
+        "prime",
+        "--env.agent.harness.version",
+        "2",
+        "--run.name",
+        "x",
+        "--resume",
+    )
     assert code == 2 and out == ""
     line = err.strip()
     assert "\n" not in line and line.startswith("vfray: error: v1 options not supported by vfray:")
-    for name in ("env.agent.runtime.type=prime", "env.agent.harness.version", "run.name", "--resume"):
+    for name in (
+        "env.agent.runtime.type=prime",
+        "env.agent.harness.version",
+        "run.name",
+        "--resume",
+    ):
         assert name in line
 
 
 def test_v1_options_parse_like_vf_eval() -> None:
-    flags, rest = v1config.v1_tokens(["-s", "--env.taskset.kinds", '["a"]', "--backend", "local",
-                                      "--no-rich", "--group-size=3"])
+    flags, rest = v1config.v1_tokens(
+        ["-s", "--env.taskset.kinds", '["a"]', "--backend", "local", "--no-rich", "--group-size=3"]
+    )
     assert rest == ["--backend", "local"]
-    assert v1config.parse_flags(flags) == {"select.shuffle": True, "env.taskset.kinds": ["a"],
-                                           "rich": False, "num_rollouts": 3}
+    assert v1config.parse_flags(flags) == {
+        "select.shuffle": True,
+        "env.taskset.kinds": ["a"],
+        "rich": False,
+        "num_rollouts": 3,
+    }
 
 
 def _write_pkg(root: Path, body: str, exports: str = "'Tasks'") -> Path:
@@ -213,11 +287,17 @@ class Tasks(vf.Taskset):
 @pytest.mark.parametrize(
     ("body", "exports", "match"),
     [
-        (_TASKS + "\nclass Duet(vf.Env):\n    async def run(self, task, agents): ...\n",
-         "'Tasks', 'Duet'", "has its own run"),
-        (_TASKS.replace("yield vf.Task", "yield Tooled") + "\nclass Tooled(vf.Task):\n"
-         "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
-         "'Tasks'", "toolsets need vfray's MCP toolsets"),
+        (
+            _TASKS + "\nclass Duet(vf.Env):\n    async def run(self, task, agents): ...\n",
+            "'Tasks', 'Duet'",
+            "has its own run",
+        ),
+        (
+            _TASKS.replace("yield vf.Task", "yield Tooled") + "\nclass Tooled(vf.Task):\n"
+            "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
+            "'Tasks'",
+            "toolsets need vfray's MCP toolsets",
+        ),
     ],
 )
 def test_what_vfray_cannot_run_yet_is_refused_naming_it(

@@ -3,16 +3,32 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from vfray.errors import ConfigError
 
-_V1_HINTS = ("--env.taskset", "--env.agent", "--env.id", "--client.", "--select.", "--num-rollouts",
-             "--num_rollouts", "--no-push", "--no-rich", "--resume", "--run.", "--push", "--rich",
-             "--clean", "--group-size", "--rollouts-per-example")
+_V1_HINTS = (
+    "--env.taskset",
+    "--env.agent",
+    "--env.id",
+    "--client.",
+    "--select.",
+    "--num-rollouts",
+    "--num_rollouts",
+    "--no-push",
+    "--no-rich",
+    "--resume",
+    "--run.",
+    "--push",
+    "--rich",
+    "--clean",
+    "--group-size",
+    "--rollouts-per-example",
+)
 
 
 @dataclass
@@ -47,7 +63,10 @@ def might_be_v1(positional: list[str], extra: list[str]) -> bool:
         if data is not None:
             env = data.get("env")
             if (isinstance(env, dict) and {"taskset", "agent", "id"} & set(env)) or {
-                "num_rollouts", "client", "select", "group_size"
+                "num_rollouts",
+                "client",
+                "select",
+                "group_size",
             } & set(data):
                 return True
         elif not item.startswith("@") and _not_vfray_taskset(item):
@@ -92,7 +111,13 @@ def map_v1_eval(positional: list[str], extra: list[str]) -> V1Eval | None:
     if "taskset" not in mapped.overrides:
         raise ConfigError("a v1 eval needs its taskset: positional id/path or env.taskset.id")
     return V1Eval(
-        mapped.overrides, rest, mapped.lines, toml, mapped.dry_run, mapped.verbose, mapped.no_progress
+        mapped.overrides,
+        rest,
+        mapped.lines,
+        toml,
+        mapped.dry_run,
+        mapped.verbose,
+        mapped.no_progress,
     )
 
 

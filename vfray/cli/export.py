@@ -15,7 +15,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "export", help="write a run's traces in another framework's format"
     )
     parser.add_argument("run_dir", help="a run folder (holds traces/)")
-    parser.add_argument("--format", choices=["v1"], default="v1", help="v1: verifiers v1 traces.jsonl")
+    parser.add_argument(
+        "--format", choices=["v1"], default="v1", help="v1: verifiers v1 traces.jsonl"
+    )
     parser.add_argument("-o", "--output", help="file to write (default RUN_DIR/v1/traces.jsonl)")
     parser.set_defaults(run=run)
     return parser

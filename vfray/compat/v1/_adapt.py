@@ -176,7 +176,9 @@ def _load_env(blob: bytes) -> Env[Any]:
 
 async def _call(fn: Callable[..., Any], available: dict[Any, Any]) -> Any:
     """v1's ``invoke``: async hooks on the loop, sync ones on vfray's hook threads."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__wrapped__", None)):
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__wrapped__", None)
+    ):
         return await invoke(fn, available)
     result = await run_in_hook_thread(invoke, fn=fn, available=available)
     return await result if inspect.isawaitable(result) else result
@@ -212,10 +214,16 @@ def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     if type(task).toolsets(task.config):
         raise ConfigError(f"v1 task {label}: toolsets need vfray's MCP toolsets (not merged yet)")
     if task.config.judges:
-        raise ConfigError(f"v1 task {label}: judges (env.taskset.task.judges) are not supported yet")
-    intercepts = [n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")]
+        raise ConfigError(
+            f"v1 task {label}: judges (env.taskset.task.judges) are not supported yet"
+        )
+    intercepts = [
+        n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
+    ]
     if intercepts:
-        raise ConfigError(f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported")
+        raise ConfigError(
+            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported"
+        )
 
 
 def adapted_class(task: V1Task[Any, Any, Any], env: Env[Any] | None = None) -> type[AdaptedTask]:

@@ -172,8 +172,12 @@ def plugged(
     wrapper.__name__ = name
     setattr(wrapper, attr, True)
     priority = meta.get("priority")
-    setattr(wrapper, f"{attr}_priority", getattr(fn, f"{attr}_priority", 0) if priority is None else priority)
+    setattr(
+        wrapper,
+        f"{attr}_priority",
+        getattr(fn, f"{attr}_priority", 0) if priority is None else priority,
+    )
     if attr == "reward":
         weight = meta.get("weight")
-        setattr(wrapper, "_vf_weight", getattr(fn, "_vf_weight", 1.0) if weight is None else weight)
+        wrapper._vf_weight = getattr(fn, "_vf_weight", 1.0) if weight is None else weight
     return wrapper

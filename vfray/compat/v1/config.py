@@ -27,8 +27,15 @@ HARNESSES = {
 
 RUNTIMES = {"subprocess": "subprocess", "docker": "docker", "modal": "modal"}
 
-_SHORT = {"m": "model", "n": "select.limit", "r": "num_rollouts", "c": "max_concurrent",
-          "s": "select.shuffle", "o": "output_dir", "v": "verbose"}
+_SHORT = {
+    "m": "model",
+    "n": "select.limit",
+    "r": "num_rollouts",
+    "c": "max_concurrent",
+    "s": "select.shuffle",
+    "o": "output_dir",
+    "v": "verbose",
+}
 _ALIASES = {
     "group_size": "num_rollouts",
     "rollouts_per_example": "num_rollouts",
@@ -59,10 +66,28 @@ _DIRECT = {
     "env.agent.timeout.finalize": "env.timeouts.finalize",
     "env.agent.timeout.scoring": "env.timeouts.scoring",
 }
-_V1_ROOTS = ("env.taskset", "env.agent", "env.id", "env.n", "env.threshold", "client", "select",
-             "run", "num_rollouts", "group_size", "rollouts_per_example", "serve", "rich", "push",
-             "clean", "resume", "env.timeout", "env.retries", "env.interception",
-             "env.max_concurrent_agents")
+_V1_ROOTS = (
+    "env.taskset",
+    "env.agent",
+    "env.id",
+    "env.n",
+    "env.threshold",
+    "client",
+    "select",
+    "run",
+    "num_rollouts",
+    "group_size",
+    "rollouts_per_example",
+    "serve",
+    "rich",
+    "push",
+    "clean",
+    "resume",
+    "env.timeout",
+    "env.retries",
+    "env.interception",
+    "env.max_concurrent_agents",
+)
 
 
 @dataclass
@@ -160,19 +185,23 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
             taskset = str(value)
         elif key.startswith("env.taskset."):
             _set(taskset_config, key[len("env.taskset.") :], value)
-            note(key, value, f"taskset_args.config.{key[len('env.taskset.'):]}")
+            note(key, value, f"taskset_args.config.{key[len('env.taskset.') :]}")
         elif key.startswith("select.") and key[len("select.") :].split(".")[0] in (
-            "include", "exclude", "skip"
+            "include",
+            "exclude",
+            "skip",
         ):
             _set(select, key[len("select.") :], value)
-            note(key, value, f"taskset_args.select.{key[len('select.'):]}")
+            note(key, value, f"taskset_args.select.{key[len('select.') :]}")
         elif key.startswith("sampling.") or key.startswith("env.agent.sampling."):
             leaf = key.rsplit("sampling.", 1)[1]
             over[f"sampling.{leaf}"] = value
             note(key, value, f"sampling.{leaf} = {value!r}")
         elif key == "env.agent.harness.id":
             if str(value) not in HARNESSES:
-                refused.append(f"{key}={value} (vfray harnesses for v1 ids: {', '.join(sorted(HARNESSES))})")
+                refused.append(
+                    f"{key}={value} (vfray harnesses for v1 ids: {', '.join(sorted(HARNESSES))})"
+                )
             else:
                 over["env.harness.id"] = HARNESSES[str(value)]
                 note(key, value, f"env.harness.id = {HARNESSES[str(value)]!r}")
@@ -211,9 +240,13 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
         raise ConfigError("v1 options not supported by vfray: " + "; ".join(refused))
     if env_id in ("best-of-n", "best_of_n"):
         if over.get("rollouts_per_task", 1) != 1:
-            raise ConfigError("v1 options not supported by vfray: num_rollouts > 1 with env.id best-of-n")
+            raise ConfigError(
+                "v1 options not supported by vfray: num_rollouts > 1 with env.id best-of-n"
+            )
         over["rollouts_per_task"] = int(env_args.get("n", 4))
-        mapped.lines.append(f"v1 env best-of-n n={over['rollouts_per_task']} -> rollouts_per_task (one group)")
+        mapped.lines.append(
+            f"v1 env best-of-n n={over['rollouts_per_task']} -> rollouts_per_task (one group)"
+        )
     if select:
         # v1 applies include/exclude/shuffle/skip/limit in one fixed order: keep them together.
         for key, target in (("shuffle", "shuffle"), ("seed", "seed"), ("limit", "num_tasks")):
@@ -231,7 +264,9 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
     if taskset is not None:
         over["taskset"] = taskset if taskset.startswith(PREFIX) else PREFIX + taskset
     if "env.runtime.type" not in over:
-        mapped.lines.append("v1's default runtime (prime) is not available: vfray's default (subprocess) runs it")
+        mapped.lines.append(
+            "v1's default runtime (prime) is not available: vfray's default (subprocess) runs it"
+        )
     return mapped
 
 
@@ -253,7 +288,12 @@ def v1_tokens(extra: Iterable[str]) -> tuple[list[str], list[str]]:
         target.append(token)
         takes_value = token.startswith("--") and "=" not in token
         name = token.lstrip("-").replace("-", "_")
-        is_bool = token in ("-s", "-v") or name.startswith("no_") or name in _BOOLS or name in ("shuffle",)
+        is_bool = (
+            token in ("-s", "-v")
+            or name.startswith("no_")
+            or name in _BOOLS
+            or name in ("shuffle",)
+        )
         if takes_value and not is_bool and items and not items[0].startswith("-"):
             target.append(items.pop(0))
     return v1, rest

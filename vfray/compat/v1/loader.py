@@ -25,7 +25,6 @@ from vfray.compat.v1.config import PREFIX
 from vfray.errors import ConfigError, TasksetError
 
 
-
 @dataclass(frozen=True)
 class V1Package:
     """What a v1 taskset package exports."""
@@ -93,10 +92,14 @@ def import_package(spec: str) -> V1Package | None:
         return None
     if len(tasksets) > 1:
         names = ", ".join(c.__name__ for c in tasksets)
-        raise ConfigError(f"v1 package {module.__name__!r} exports {len(tasksets)} Tasksets ({names}); export one")
+        raise ConfigError(
+            f"v1 package {module.__name__!r} exports {len(tasksets)} Tasksets ({names}); export one"
+        )
     envs = [c for c in classes if issubclass(c, Env) and c not in (Env, SingleAgentEnv, BestOfNEnv)]
     harnesses = [c for c in classes if issubclass(c, Harness) and c is not Harness]
-    return V1Package(module, tasksets[0], envs[0] if envs else None, harnesses[0] if harnesses else None)
+    return V1Package(
+        module, tasksets[0], envs[0] if envs else None, harnesses[0] if harnesses else None
+    )
 
 
 def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) -> Env[Any] | None:
@@ -167,7 +170,9 @@ def load(
         raise ConfigError(f"v1 taskset {target!r}: {_first_error(exc, 'env.taskset')}") from None
     taskset = package.taskset(v1_config)
     if package.taskset.toolsets(v1_config):
-        raise ConfigError(f"v1 taskset {target!r}: shared toolsets need vfray's MCP toolsets (not merged yet)")
+        raise ConfigError(
+            f"v1 taskset {target!r}: shared toolsets need vfray's MCP toolsets (not merged yet)"
+        )
     if select:
         taskset = taskset.select(SelectConfig.model_validate(select))
     env = build_env(package, env_id, dict(env_args or {}))

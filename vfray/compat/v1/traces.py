@@ -24,7 +24,9 @@ def _message(message: Message) -> dict[str, Any]:
             {
                 "id": call.get("id", ""),
                 "name": (call.get("function") or {}).get("name", call.get("name", "")),
-                "arguments": (call.get("function") or {}).get("arguments", call.get("arguments", "")),
+                "arguments": (call.get("function") or {}).get(
+                    "arguments", call.get("arguments", "")
+                ),
             }
             for call in message.tool_calls
         ]
@@ -41,7 +43,10 @@ def _nodes(trace: Trace) -> tuple[list[dict[str, Any]], dict[tuple[int, str], in
         for mid in branch.message_ids:
             key = (parent, mid)
             if key not in index:
-                node: dict[str, Any] = {"message": _message(trace.graph[mid]), "sampled": mid in sampled}
+                node: dict[str, Any] = {
+                    "message": _message(trace.graph[mid]),
+                    "sampled": mid in sampled,
+                }
                 if parent >= 0:
                     node["parent"] = parent
                 index[key] = len(nodes)
@@ -50,7 +55,9 @@ def _nodes(trace: Trace) -> tuple[list[dict[str, Any]], dict[tuple[int, str], in
     return nodes, index
 
 
-def _call_node(trace: Trace, index: dict[tuple[int, str], int], call_branch: int, mid: str) -> int | None:
+def _call_node(
+    trace: Trace, index: dict[tuple[int, str], int], call_branch: int, mid: str
+) -> int | None:
     for branch in trace.branch_list:
         if branch.id != call_branch or mid not in branch.message_ids:
             continue
@@ -66,9 +73,18 @@ def _v1_task(trace: Trace) -> dict[str, Any]:
     data = trace.task.data
     if "v1_data" in data:  # a v1 taskset run through vfray: its own row and type
         kind = str(data["v1_type"]).rsplit(":", 1)[-1]
-        return {"type": kind, "data": data["v1_data"], "key": trace.task.key, "hash": trace.task.key}
-    return {"type": trace.task.type.rsplit(":", 1)[-1], "data": data, "key": trace.task.key,
-            "hash": trace.task.hash}
+        return {
+            "type": kind,
+            "data": data["v1_data"],
+            "key": trace.task.key,
+            "hash": trace.task.key,
+        }
+    return {
+        "type": trace.task.type.rsplit(":", 1)[-1],
+        "data": data,
+        "key": trace.task.key,
+        "hash": trace.task.hash,
+    }
 
 
 def to_v1_trace(trace: Trace) -> dict[str, Any]:
@@ -76,12 +92,21 @@ def to_v1_trace(trace: Trace) -> dict[str, Any]:
     nodes, index = _nodes(trace)
     calls = []
     for call in trace.calls:
-        node = None if call.response_id is None else _call_node(trace, index, call.branch, call.response_id)
+        node = (
+            None
+            if call.response_id is None
+            else _call_node(trace, index, call.branch, call.response_id)
+        )
         record: dict[str, Any] = {
             "node": node,
             "model": call.model,
-            "finish_reason": call.finish_reason if call.finish_reason in ("stop", "length", "tool_calls") else None,
-            "usage": {"prompt_tokens": call.usage.input_tokens, "completion_tokens": call.usage.output_tokens},
+            "finish_reason": call.finish_reason
+            if call.finish_reason in ("stop", "length", "tool_calls")
+            else None,
+            "usage": {
+                "prompt_tokens": call.usage.input_tokens,
+                "completion_tokens": call.usage.output_tokens,
+            },
             "time": {"start": call.started_at, "end": call.ended_at},
         }
         if call.error is not None:
@@ -103,7 +128,11 @@ def to_v1_trace(trace: Trace) -> dict[str, Any]:
         "verifiers": {"version": "vfray"},
         "task": _v1_task(trace),
         "agent": {
-            "config": {"model": trace.agent.model, "harness": {"id": trace.agent.harness}, "runtime": {"type": trace.agent.runtime}},
+            "config": {
+                "model": trace.agent.model,
+                "harness": {"id": trace.agent.harness},
+                "runtime": {"type": trace.agent.runtime},
+            },
             "name": "agent",
             "trainable": True,
         },
@@ -177,7 +206,10 @@ def read_v1_traces(path: str | Path) -> list[Outcome]:
             continue
         episode = json.loads(line)
         for trace in episode.get("traces", []):
-            rewards = {k: None if v is None else float(v["score"]) for k, v in trace.get("rewards", {}).items()}
+            rewards = {
+                k: None if v is None else float(v["score"])
+                for k, v in trace.get("rewards", {}).items()
+            }
             weights = {k: float(v["weight"]) for k, v in trace.get("rewards", {}).items() if v}
             nodes = trace.get("nodes", [])
             sampled = [n["message"] for n in nodes if n.get("sampled")]
