@@ -102,7 +102,9 @@ def map_v1_eval(positional: list[str], extra: list[str]) -> V1Eval | None:
         else:
             if taskset is not None:
                 raise ConfigError(f"taskset given twice: {taskset!r} and {item!r}")
-            return None if not options and not _has_v1(extra) else _refuse_mix(item)
+            if options or _has_v1(extra):
+                raise ConfigError(f"v1 options given with {item!r}, which is not a v1 taskset")
+            return None
     v1_flags, rest = v1c.v1_tokens(extra)
     options.update(v1c.parse_flags(v1_flags))
     if not options and taskset is None:
@@ -123,7 +125,3 @@ def map_v1_eval(positional: list[str], extra: list[str]) -> V1Eval | None:
 
 def _has_v1(extra: list[str]) -> bool:
     return any(t in ("-s", "-v") or t.startswith(_V1_HINTS) for t in extra)
-
-
-def _refuse_mix(item: str) -> None:
-    raise ConfigError(f"v1 options given with {item!r}, which is not a v1 taskset package")

@@ -253,9 +253,13 @@ def _adapted_class(
     for attr in ("metric", "reward"):
         for fn in task.hooks(attr):
             method = _score_method(attr, fn.__name__, _needs_runtime(fn))
-            decorate = scoring.metric if attr == "metric" else scoring.reward
-            options = {"weight": getattr(fn, "_vf_weight", 1.0)} if attr == "reward" else {}
-            body[fn.__name__] = decorate(priority=_PRIORITY[attr], **options)(method)
+            if attr == "metric":
+                mark = scoring.metric(priority=_PRIORITY[attr])
+            else:
+                mark = scoring.reward(
+                    weight=getattr(fn, "_vf_weight", 1.0), priority=_PRIORITY[attr]
+                )
+            body[fn.__name__] = mark(method)
     for fn in task.hooks("stop"):
         where = boundary(fn)
         body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(

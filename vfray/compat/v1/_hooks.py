@@ -96,19 +96,19 @@ def invoke(fn: Callable[..., Any], available: dict[Any, Any]) -> Any:
     kwargs = {name: available[name] for name in params if name in available}
     typed = {k: v for k, v in available.items() if isinstance(k, type)}
     if typed:
-        for name, kind in annotations(fn).items():
+        for name, kind in param_annotations(fn).items():
             if name in kwargs or name not in params:
                 continue
             match = typed.get(kind) if isinstance(kind, type) else None
             if match is None:
-                label = getattr(kind, "__name__", kind)
+                label = type_name(kind)
                 match = next((v for k, v in typed.items() if k.__name__ == label), None)
             if match is not None:
                 kwargs[name] = match
     return fn(**kwargs)
 
 
-def annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+def param_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
     """Parameter annotations of ``fn``, resolved where they can be (else kept as strings)."""
     try:
         hints: dict[str, Any] = get_type_hints(fn)
@@ -117,10 +117,17 @@ def annotations(fn: Callable[..., Any]) -> dict[str, Any]:
     return {k: get_origin(v) or v for k, v in hints.items() if k != "return"}
 
 
+def type_name(annotation: Any) -> str:
+    """A class's name, or the last part of an unresolved string annotation (``"vf.Request"``)."""
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1]
+    return str(getattr(annotation, "__name__", annotation))
+
+
 def boundary(fn: Callable[..., Any]) -> str:
     """Which boundary a ``@stop`` watches: ``"request"``, ``"response"`` or ``"trace"`` (v1's
     rule: exactly one Request/Response parameter, else exactly one Trace)."""
-    names = [getattr(a, "__name__", a) for a in annotations(fn).values()]
+    names = [type_name(a) for a in param_annotations(fn).values()]
     hits = [n for n in names if n in ("Request", "Response")]
     if len(hits) == 1 and names.count("Trace") <= 1:
         return str(hits[0]).lower()
@@ -179,5 +186,7 @@ def plugged(
     )
     if attr == "reward":
         weight = meta.get("weight")
-        wrapper._vf_weight = getattr(fn, "_vf_weight", 1.0) if weight is None else weight
+        wrapper.__dict__["_vf_weight"] = (
+            getattr(fn, "_vf_weight", 1.0) if weight is None else weight
+        )
     return wrapper

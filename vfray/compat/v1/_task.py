@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import copy
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from typing_extensions import Self, TypeVar
 
-from vfray.compat.v1._data import TaskConfig, TaskData, task_key
+from vfray.compat.v1._data import DecoratedFunctionConfig, TaskConfig, TaskData, task_key
 from vfray.compat.v1._hooks import discover, plugged
 
 if TYPE_CHECKING:
@@ -93,11 +93,12 @@ class Task(Generic[DataT, StateT, ConfigT]):
     def hooks(self, attr: str) -> list[Callable[..., Any]]:
         """Decorated ``@<attr>`` methods merged with the config's plugged functions (a plugged
         one replaces the method of its name), by priority then name."""
-        plugged_specs = {
+        by_kind: dict[str, Mapping[str, DecoratedFunctionConfig]] = {
             "stop": self.config.stops,
             "metric": self.config.metrics,
             "reward": self.config.rewards,
-        }.get(attr, {})
+        }
+        plugged_specs = by_kind.get(attr, {})
         merged = {fn.__name__: fn for fn in discover(self, attr)}
         for name, spec in plugged_specs.items():
             meta = spec.model_dump(exclude={"fn"})

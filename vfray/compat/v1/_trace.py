@@ -134,8 +134,8 @@ def v1_stop_condition(trace: VfrayTrace) -> str | None:
         for note in reversed(trace.notes):
             found = _HOOK_NOTE.match(note)
             if found:
-                return found.group(1)
-    return condition.value
+                return str(found.group(1))
+    return str(condition.value)
 
 
 def request_of(messages: list[Message], tools: list[Any] | None) -> Request:

@@ -219,7 +219,7 @@ def read_v1_traces(path: str | Path) -> list[Outcome]:
                     key=trace["task"]["key"],
                     rewards=rewards,
                     metrics=dict(trace.get("metrics", {})),
-                    reward=sum(rewards[k] * weights[k] for k in weights if rewards[k] is not None),  # type: ignore[operator]
+                    reward=sum((s or 0.0) * weights[k] for k, s in rewards.items() if k in weights),
                     stop_condition=trace.get("stop_condition"),
                     reply=reply,
                 )
