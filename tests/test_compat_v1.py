@@ -347,11 +347,10 @@ def test_a_v1_taskset_loaded_by_path_runs_on_ray_workers(
     # package ships by value and each worker serves verifiers.v1 from vfray before unpickling.
     kinds = ["plain", "stop_request", "stop_response"]
     taskset = loader.load(V1CMP, {"kinds": kinds}, env_id="best-of-n", env_args={"n": 2})
-    with scripted_server("arithmetic") as url:
-        with vf.Farm(
-            model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
-        ) as farm:
-            result = farm.run(taskset, 2)
+    with scripted_server("arithmetic") as url, vf.Farm(
+        model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
+    ) as farm:
+        result = farm.run(taskset, 2)
     outcomes = read_v1_traces(export_run(result.run_dir))
     assert len(outcomes) == 8
     # Filtering by kind renumbers idx, so keys differ from EXPECTED's: match by outcome.
