@@ -219,7 +219,7 @@ def test_vf_eval_flags_and_a_v1_toml_map_onto_vfrays_config(
     assert code == 0, err
     config = json.loads(out)
     assert config["taskset"] == f"v1:{V1CMP}"
-    assert config["taskset_args"] == {"config": {"kinds": ["plain"]}}
+    assert config["taskset_args"] == {"config": {"kinds": ["plain"]}, "harness": "null"}
     assert (config["rollouts_per_task"], config["shuffle"], config["seed"]) == (2, True, 7)
     assert config["env"]["harness"]["id"] == "null" and config["env"]["max_turns"] == 3
     assert config["env"]["timeouts"]["agent"] == 30
@@ -296,6 +296,11 @@ class Tasks(vf.Taskset):
             "has its own run",
         ),
         (
+            _TASKS + "\nclass Mine(vf.Harness):\n    pass\n",
+            "'Tasks', 'Mine'",
+            "exports its own Harness",
+        ),
+        (
             _TASKS.replace("yield vf.Task", "yield Tooled") + "\nclass Tooled(vf.Task):\n"
             "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
             "'Tasks'",
@@ -347,9 +352,12 @@ def test_a_v1_taskset_loaded_by_path_runs_on_ray_workers(
     # package ships by value and each worker serves verifiers.v1 from vfray before unpickling.
     kinds = ["plain", "stop_request", "stop_response"]
     taskset = loader.load(V1CMP, {"kinds": kinds}, env_id="best-of-n", env_args={"n": 2})
-    with scripted_server("arithmetic") as url, vf.Farm(
-        model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
-    ) as farm:
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
+        ) as farm,
+    ):
         result = farm.run(taskset, 2)
     outcomes = read_v1_traces(export_run(result.run_dir))
     assert len(outcomes) == 8

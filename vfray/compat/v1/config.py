@@ -172,6 +172,7 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
     select: dict[str, Any] = {}
     env_args: dict[str, Any] = {}
     env_id: str | None = None
+    harness: str | None = None
     over = mapped.overrides
 
     def note(key: str, value: Any, target: str) -> None:
@@ -204,6 +205,7 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
                 )
             else:
                 over["env.harness.id"] = HARNESSES[str(value)]
+                harness = HARNESSES[str(value)]  # chosen: a package's own Harness is not needed
                 note(key, value, f"env.harness.id = {HARNESSES[str(value)]!r}")
         elif key == "env.agent.runtime.type":
             if str(value) not in RUNTIMES:
@@ -259,6 +261,8 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
         args["select"] = select
     if env_id or env_args:
         args["env"] = {"id": env_id, **env_args}
+    if harness:
+        args["harness"] = harness
     if args:
         over["taskset_args"] = args
     if taskset is not None:

@@ -156,6 +156,7 @@ def load(
     select: dict[str, Any] | None = None,
     env_id: str | None = None,
     env_args: dict[str, Any] | None = None,
+    harness_chosen: bool = False,
 ) -> AdaptedTaskset:
     """The vfray taskset running v1 taskset ``spec`` (``v1:`` prefix optional) with its config
     (``--env.taskset.*``), selection (``--select.*``) and env."""
@@ -163,6 +164,12 @@ def load(
     package = import_package(target)
     if package is None:
         raise ConfigError(f"{target!r} exports no v1 Taskset subclass via __all__")
+    if package.harness is not None and not harness_chosen:
+        raise ConfigError(
+            f"v1 package {target!r} exports its own Harness ({package.harness.__name__}) as its "
+            "default; vfray does not run v1 harness classes: choose one with "
+            "--env.agent.harness.id (bash, null, mini_swe_agent, claude_code, codex)"
+        )
     config_type = package.taskset.config_type()
     try:
         v1_config = config_type.model_validate({"id": target, **(config or {})})
@@ -212,14 +219,16 @@ def hub_error(exc: BaseException) -> str | None:
 
 def load_from_args(spec: str, args: dict[str, Any]) -> AdaptedTaskset:
     """:func:`load` from vfray's ``taskset_args`` (``config``, ``select``, ``env``)."""
-    unknown = set(args) - {"config", "select", "env"}
+    unknown = set(args) - {"config", "select", "env", "harness"}
     if unknown:
         raise ConfigError(
-            f"v1 taskset {spec!r}: taskset_args takes config, select, env; got {sorted(unknown)}"
+            f"v1 taskset {spec!r}: taskset_args takes config, select, env, harness; "
+            f"got {sorted(unknown)}"
         )
     env = dict(args.get("env") or {})
     env_id = env.pop("id", None)
-    return load(spec, args.get("config"), args.get("select"), env_id, env)
+    chosen = bool(args.get("harness"))
+    return load(spec, args.get("config"), args.get("select"), env_id, env, chosen)
 
 
 _HUB_MODULES = ("datasets", "huggingface_hub")
