@@ -368,3 +368,37 @@ def test_a_v1_taskset_loaded_by_path_runs_on_ray_workers(
         assert len(mine) == 2, kind
         assert all({k: o.metrics[k] for k in metrics} == metrics for o in mine)
         assert all(o.metrics["best"] == 1.0 for o in mine)
+
+
+def test_a_packages_own_best_of_n_env_judges_the_group_with_its_finalize(tmp_path: Path) -> None:
+    body = """
+    from verifiers.v1.envs.best_of_n import BestOfNEnv
+
+    class Tasks(vf.Taskset):
+        def load(self):
+            for q in ("What is 1 + 1?", "What is 2 + 5?"):
+                yield vf.Task(vf.TaskData(prompt=q), self.config.task)
+
+    class Pairs(BestOfNEnv):
+        async def finalize(self, task, episode):
+            replies = sorted(t.last_reply for t in episode.traces)
+            for trace in episode.traces:
+                trace.record_metric("siblings", len(episode.traces))
+                trace.record_reward("agree", float(replies[0] == replies[-1]), 0.5)
+    """
+    pkg = _write_pkg(tmp_path, body, "'Tasks', 'Pairs'")
+    taskset = loader.load(str(pkg), env_args={"n": 2})
+    with scripted_server("arithmetic") as url:
+        with vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path / "out"),
+        ) as farm:
+            result = farm.run(taskset, 2)
+    outcomes = read_v1_traces(export_run(result.run_dir))
+    assert len(outcomes) == 4
+    assert all(o.metrics["siblings"] == 2.0 and o.rewards["agree"] == 1.0 for o in outcomes)
+    assert all(o.reward == 0.5 for o in outcomes)  # no task rewards: only finalize's, weighted

@@ -14,7 +14,7 @@ import cloudpickle
 import vfray.scoring as scoring
 from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
-from vfray.compat.v1._env import Env, Episode
+from vfray.compat.v1._env import BestOfNEnv, Env, Episode
 from vfray.compat.v1._hooks import boundary, invoke
 from vfray.compat.v1._task import Task as V1Task
 from vfray.compat.v1._trace import Trace as V1Trace
@@ -158,6 +158,9 @@ class AdaptedTask(Task[V1Row]):
     async def _env_finalize(self, traces: list[Trace]) -> list[float]:
         env = self.v1_env()
         assert env is not None
+        wanted = getattr(env.config, "n", None)
+        if isinstance(env, BestOfNEnv) and wanted != len(traces):
+            raise ValueError(f"{type(env).__name__} compares n={wanted} attempts; run -r {wanted}")
         views = [self.view(t) for t in traces]
         await env.finalize(self.v1, Episode(ok=all(t.ok for t in traces), traces=views))
         return [0.0] * len(traces)
