@@ -388,14 +388,17 @@ def test_a_packages_own_best_of_n_env_judges_the_group_with_its_finalize(tmp_pat
     """
     pkg = _write_pkg(tmp_path, body, "'Tasks', 'Pairs'")
     taskset = loader.load(str(pkg), env_args={"n": 2})
-    with scripted_server("arithmetic") as url, vf.Farm(
-        model="scripted",
-        base_url=url,
-        harness="null",
-        backend="local",
-        progress=False,
-        output_dir=str(tmp_path / "out"),
-    ) as farm:
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path / "out"),
+        ) as farm,
+    ):
         result = farm.run(taskset, 2)
     outcomes = read_v1_traces(export_run(result.run_dir))
     assert len(outcomes) == 4
