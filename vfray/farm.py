@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,6 +239,7 @@ class Farm:
         on_run_dir: Callable[[Path], object] | None = None,
     ) -> RunResult:
         """:meth:`run` for async callers; returns when every row is written."""
+        tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
         run_dir, run_id = self._run_dir(name, resume)
         if on_run_dir is not None:
@@ -269,6 +271,7 @@ class Farm:
         async iterator. Rows are also written to a run folder, as with :meth:`run`. Stopping
         early is clean: ``break`` and leave the ``with Farm`` block (or ``await
         stream.aclose()``); every box is torn down and the rows written so far are kept."""
+        tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
 
         async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
@@ -339,3 +342,13 @@ def _known_length(tasks: Iterable[Any], n: int) -> int | None:
         return len(tasks) * n  # type: ignore[arg-type]
     except Exception:  # a generator (TypeError) or an infinite taskset (TasksetError)
         return None
+
+
+def _v1_adapted(tasks: Iterable[Task[Any]]) -> Iterable[Task[Any]]:
+    """A verifiers v1 taskset (:mod:`vfray.compat.v1`) runs as it is: adapted here. The layer is
+    looked up only when something already imported it."""
+    layer = sys.modules.get("vfray.compat.v1")
+    if layer is not None and isinstance(tasks, layer.Taskset):
+        adapted: Iterable[Task[Any]] = layer.adapt(tasks)
+        return adapted
+    return tasks

@@ -62,9 +62,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def resolve(args: argparse.Namespace) -> EvalConfig:
     toml = None
     positional = [p for p in (args.taskset, args.config) if p]
-    overrides = parse_free_overrides(
-        getattr(args, "extra", None) or [], getattr(args, "known_options", ())
-    )
+    if positional[:1] == ["@"] and len(positional) == 2:  # v1's `eval @ config.toml`
+        positional = [f"@{positional[1]}"]
+    extra = list(getattr(args, "extra", None) or [])
+    mapped = _v1_mapping(args, positional, extra)
+    if mapped is not None:
+        positional, extra = [], mapped.rest
+    overrides = parse_free_overrides(extra, getattr(args, "known_options", ()))
     overrides.update(collect_overrides(args))
     for item in positional:
         if item.startswith("@"):
@@ -75,7 +79,31 @@ def resolve(args: argparse.Namespace) -> EvalConfig:
             raise ConfigError(f"taskset given twice: {overrides['taskset']!r} and {item!r}")
         else:
             overrides["taskset"] = item
+    if mapped is not None:
+        # vfray's own flags, given alongside v1 ones, win over the mapped values.
+        overrides = {**mapped.overrides, **overrides}
+        toml = mapped.toml
     return load_config(toml, overrides)
+
+
+def _v1_mapping(args: argparse.Namespace, positional: list[str], extra: list[str]) -> Any:
+    """A v1 eval (a v1 taskset id or path, a v1 eval TOML or vf-eval flags) mapped onto vfray's
+    config, or None for a plain vfray eval. Imported only when something looks like v1."""
+    from vfray.cli._v1 import map_v1_eval, might_be_v1
+
+    if not might_be_v1(positional, extra):
+        return None
+    mapped = map_v1_eval(positional, extra)
+    if mapped is None:
+        return None
+    args.dry_run = args.dry_run or mapped.dry_run
+    args.verbose = getattr(args, "verbose", False) or mapped.verbose
+    args.no_progress = args.no_progress or mapped.no_progress
+    if args.dry_run:
+        for line in mapped.lines:
+            print(line, file=sys.stderr)
+    args.v1_lines = mapped.lines
+    return mapped
 
 
 def build_tasks(config: EvalConfig) -> tuple[Taskset[Any], str | None]:
@@ -124,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             if line:
                 log.info("%s", line)
         log.info("command: vfray %s", " ".join(sys.argv[1:]))
+        for line in getattr(args, "v1_lines", ()):
+            log.info("%s", line)
         log.info("config: %s", json.dumps(config.model_dump(mode="json"), sort_keys=True))
 
         def named(path: Path) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from vfray.errors import VfrayError
 
-SUBCOMMANDS = ("eval", "resume", "show", "view", "validate", "init", "serve-model")
+SUBCOMMANDS = ("eval", "resume", "show", "view", "validate", "init", "serve-model", "export")
 
 
 # Each subcommand module imports its heavy dependencies (pyarrow, rich, Ray) inside its run

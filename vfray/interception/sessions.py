@@ -12,9 +12,11 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfray.interception.dialects.base import ParsedRequest
 from vfray.interception.dialects.prefix import PrefixCache
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
@@ -22,6 +24,10 @@ from vfray.trace import Trace
 
 StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
+
+PENDING_REQUEST: ContextVar[ParsedRequest | None] = ContextVar("pending_request", default=None)
+"""The request being admitted while the stop hooks run, for hooks that judge the request
+itself rather than the trace (verifiers v1's request stops, :mod:`vfray.compat.v1`)."""
 
 _CONCLUDED_KEPT = 100_000  # tombstones kept so late calls are told the rollout concluded
 _RECENT_KEPT = 8

@@ -31,7 +31,12 @@ def known_tasksets() -> dict[str, str]:
 
 
 def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
-    """Build the taskset ``spec`` names, passing ``args`` to its constructor (or factory)."""
+    """Build the taskset ``spec`` names, passing ``args`` to its constructor (or factory).
+    A ``v1:`` spec is a verifiers v1 taskset package, built by :mod:`vfray.compat.v1`."""
+    if spec.startswith("v1:"):
+        from vfray.compat.v1.loader import load_from_args
+
+        return load_from_args(spec, args or {})
     factory = TASKSETS.load(spec)
     # Typed from its constructor, like harness and runtime options: a misspelt or mistyped
     # argument is one line naming it, before anything is built.

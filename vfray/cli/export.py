@@ -1,0 +1,34 @@
+"""``vfray export RUN_DIR --format v1``: a run's final traces in verifiers v1's ``traces.jsonl``
+format (:mod:`vfray.compat.v1.traces`), for v1 tooling."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from vfray.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "export", help="write a run's traces in another framework's format"
+    )
+    parser.add_argument("run_dir", help="a run folder (holds traces/)")
+    parser.add_argument(
+        "--format", choices=["v1"], default="v1", help="v1: verifiers v1 traces.jsonl"
+    )
+    parser.add_argument("-o", "--output", help="file to write (default RUN_DIR/v1/traces.jsonl)")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "traces").is_dir():
+        raise ConfigError(f"{run_dir} is not a run folder (no traces/ in it)")
+    from vfray.compat.v1.traces import export_run
+
+    path = export_run(run_dir, args.output)
+    print(f"wrote {path}")
+    return 0

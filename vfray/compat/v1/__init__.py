@@ -1,0 +1,111 @@
+"""verifiers v1 on vfray: the ``verifiers.v1`` surface that taskset packages use (task model,
+configs, decorators, views, envs), the adapter that runs them as vfray tasksets, their loading by
+id or path, v1 eval configs and flags, and v1's on-disk traces.
+
+``vfray eval <v1 id or path>`` serves ``import verifiers.v1`` from this package; in Python call
+:func:`install` before importing a v1 taskset (or import this module as ``vf`` directly), then
+``vf.Farm(...).run(taskset)`` takes the v1 taskset as it is.
+"""
+
+from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset, adapt
+from vfray.compat.v1._alias import install
+from vfray.compat.v1._data import (
+    Artifact,
+    DecoratedFunctionConfig,
+    RewardFunctionConfig,
+    TaskConfig,
+    TaskData,
+    TaskResources,
+    TasksetConfig,
+    TaskTimeout,
+    WireTaskData,
+)
+from vfray.compat.v1._env import (
+    AgentConfig,
+    BestOfNEnv,
+    BestOfNEnvConfig,
+    Env,
+    EnvConfig,
+    Episode,
+    Harness,
+    HarnessConfig,
+    SingleAgentEnv,
+    SingleAgentEnvConfig,
+    Toolset,
+)
+from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
+from vfray.compat.v1._task import State, Task
+from vfray.compat.v1._taskset import SelectConfig, TaskMatchConfig, Taskset
+from vfray.compat.v1._trace import Trace, TraceTask
+from vfray.compat.v1._types import (
+    AssistantMessage,
+    Messages,
+    Request,
+    Response,
+    Reward,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+from vfray.errors import (
+    HarnessError,
+    InterceptionError,
+    ProviderError,
+    SandboxError,
+    TaskError,
+)
+from vfray.runtimes.base import ProgramResult, Runtime
+
+__all__ = [
+    "AdaptedTask",
+    "AdaptedTaskset",
+    "AgentConfig",
+    "Artifact",
+    "AssistantMessage",
+    "BestOfNEnv",
+    "BestOfNEnvConfig",
+    "DecoratedFunctionConfig",
+    "Env",
+    "EnvConfig",
+    "Episode",
+    "Harness",
+    "HarnessConfig",
+    "HarnessError",
+    "InterceptionError",
+    "Messages",
+    "ProgramResult",
+    "ProviderError",
+    "Request",
+    "Response",
+    "Reward",
+    "RewardFunctionConfig",
+    "Runtime",
+    "SandboxError",
+    "SelectConfig",
+    "SingleAgentEnv",
+    "SingleAgentEnvConfig",
+    "State",
+    "SystemMessage",
+    "Task",
+    "TaskConfig",
+    "TaskData",
+    "TaskError",
+    "TaskMatchConfig",
+    "TaskResources",
+    "TaskTimeout",
+    "Taskset",
+    "TasksetConfig",
+    "ToolMessage",
+    "Toolset",
+    "Trace",
+    "TraceTask",
+    "UserMessage",
+    "WireTaskData",
+    "adapt",
+    "install",
+    "intercept",
+    "metric",
+    "reward",
+    "stop",
+    "tool",
+]

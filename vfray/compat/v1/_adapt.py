@@ -1,0 +1,325 @@
+"""v1 tasks as vfray tasks: the row becomes a vfray ``TaskData`` (with the v1 row kept on it),
+and each v1 hook becomes a vfray hook of the same name that calls it with v1's injection rules
+and a v1 view of the trace. What vfray cannot run yet is refused here, in one line."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar
+
+import cloudpickle
+
+import vfray.scoring as scoring
+from vfray._hook_calls import run_in_hook_thread
+from vfray.compat.v1._data import TaskData as V1TaskData
+from vfray.compat.v1._env import BestOfNEnv, Env, Episode
+from vfray.compat.v1._hooks import boundary, invoke
+from vfray.compat.v1._task import Task as V1Task
+from vfray.compat.v1._trace import Trace as V1Trace
+from vfray.compat.v1._trace import TraceTask, last_response, request_of
+from vfray.compat.v1._types import Request, Response, RuntimeView
+from vfray.errors import ConfigError, TaskError
+from vfray.interception.sessions import PENDING_REQUEST
+from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
+from vfray.taskset import Taskset
+from vfray.trace import StopCondition, Trace
+
+ENV_FINALIZE = "v1_env_finalize"
+"""The group hook that runs a v1 env's ``finalize`` (weight 0: it only marks that it ran)."""
+
+# v1 runs metrics before rewards; stops from the previous reply before the next call's.
+_PRIORITY = {"metric": 1, "reward": 0}
+_STOP_PRIORITY = {"response": 3, "trace": 2, "request": 1}
+
+
+class V1Row(TaskData):
+    """A v1 row as vfray's task data: the fields vfray acts on, plus the v1 row itself."""
+
+    v1_type: str
+    """The v1 Task class, ``module:Qualname``."""
+    v1_data: dict[str, Any]
+
+
+def to_row(data: V1TaskData, task_type: type | None = None) -> V1Row:
+    where = f"v1 task {data.name or data.idx}"
+    if data.skills or data.agent_user:
+        raise ConfigError(f"{where}: TaskData.skills / agent_user are not supported by vfray yet")
+    artifacts = []
+    for artifact in data.artifacts:
+        if artifact.exclude:
+            raise ConfigError(f"{where}: artifact {artifact.source!r} has exclude patterns")
+        artifacts.append(Artifact(path=artifact.source, required=artifact.required))
+    prompt = data.prompt
+    if isinstance(prompt, list):
+        prompt = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt]
+    resources = data.resources.model_dump(exclude_none=True)
+    cls = task_type or type(data)
+    return V1Row(
+        prompt=prompt,
+        system_prompt=data.system_prompt,
+        image=data.image,
+        workdir=data.workdir,
+        network_allow=list(data.network_allow),
+        network_block=list(data.network_block),
+        artifacts=artifacts,
+        timeout=TaskTimeout(**data.timeout.model_dump()),
+        resources=TaskResources(**resources),
+        v1_type=f"{cls.__module__}:{cls.__qualname__}",
+        v1_data=data.model_dump(mode="json", exclude_none=True),
+    )
+
+
+class AdaptedTask(Task[V1Row]):
+    """One v1 task under vfray; subclasses made by :func:`adapted_class` carry its hooks."""
+
+    v1_env_blob: ClassVar[bytes | None] = None
+
+    def __init__(self, task: V1Task[Any, Any, Any]) -> None:
+        super().__init__(to_row(task.data, type(task)), key=task.key)
+        self.v1 = task
+
+    # -- process boundaries: the v1 task's module imports verifiers.v1 --------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["v1"] = cloudpickle.dumps(self.v1)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from vfray.compat.v1._alias import install
+
+        install()
+        state["v1"] = cloudpickle.loads(state["v1"])
+        self.__dict__.update(state)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def view(self, trace: Trace) -> V1Trace:
+        data = self.v1.data
+        kind = f"{type(data).__module__}:{type(data).__qualname__}"
+        return V1Trace(trace, TraceTask(type=kind, data=data, key=self.v1.key, hash=self.v1.hash))
+
+    async def setup(self, trace: Trace, runtime: Any) -> None:
+        await _call(self.v1.setup, {"trace": self.view(trace), "runtime": RuntimeView(runtime)})
+
+    async def finalize(self, trace: Trace, runtime: Any) -> None:
+        await self._late_response_stop(trace)
+        await _call(self.v1.finalize, {"trace": self.view(trace), "runtime": RuntimeView(runtime)})
+
+    async def validate(self, runtime: Any) -> None:
+        verdict = await _call(self.v1.validate, {"runtime": RuntimeView(runtime)})
+        if verdict is False:
+            raise TaskError(f"v1 task {self.v1.key[:12]}: validate returned False")
+
+    async def _late_response_stop(self, trace: Trace) -> None:
+        """A response stop fires in v1 before the reply is delivered; here it is checked before
+        the next call, so the reply that ended the agent is checked once it has ended."""
+        if trace.stop_condition not in (None, StopCondition.COMPLETED):
+            return
+        for fn in self.v1.hooks("stop"):
+            if boundary(fn) == "response" and await self._stop(fn, trace, "response"):
+                trace.stop_condition = StopCondition.STOP_HOOK
+                trace.notes.append(f"stop hook {fn.__name__!r} ended the rollout")
+                return
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def _hook(self, attr: str, name: str) -> Callable[..., Any]:
+        for fn in self.v1.hooks(attr):
+            if fn.__name__ == name:
+                return fn
+        raise LookupError(f"v1 {attr} {name!r} is gone from the task")
+
+    async def _score(self, attr: str, name: str, trace: Trace, runtime: Any) -> Any:
+        available: dict[Any, Any] = {"task": self.v1.data, "trace": self.view(trace)}
+        if runtime is not None:
+            available["runtime"] = RuntimeView(runtime)
+        return await _call(self._hook(attr, name), available)
+
+    async def _stop(self, fn: Callable[..., Any], trace: Trace, where: str) -> bool:
+        available: dict[Any, Any] = {V1Trace: self.view(trace)}
+        if where == "request":
+            pending = PENDING_REQUEST.get()
+            if pending is None:
+                return False
+            available[Request] = request_of(list(pending.messages), pending.tools)
+        elif where == "response":
+            response = last_response(trace)
+            if response is None:
+                return False
+            available[Response] = response
+        result = await _call(fn, available)
+        if not isinstance(result, bool):
+            raise TypeError(f"@stop must return bool, got {type(result).__name__}")
+        return result
+
+    async def _env_finalize(self, traces: list[Trace]) -> list[float]:
+        env = self.v1_env()
+        assert env is not None
+        wanted = getattr(env.config, "n", None)
+        if isinstance(env, BestOfNEnv) and wanted != len(traces):
+            raise ValueError(f"{type(env).__name__} compares n={wanted} attempts; run -r {wanted}")
+        views = [self.view(t) for t in traces]
+        await env.finalize(self.v1, Episode(ok=all(t.ok for t in traces), traces=views))
+        return [0.0] * len(traces)
+
+    @classmethod
+    def v1_env(cls) -> Env[Any] | None:
+        blob = cls.v1_env_blob
+        return None if blob is None else _load_env(blob)
+
+
+@functools.cache
+def _load_env(blob: bytes) -> Env[Any]:
+    env: Env[Any] = cloudpickle.loads(blob)
+    return env
+
+
+async def _call(fn: Callable[..., Any], available: dict[Any, Any]) -> Any:
+    """v1's ``invoke``: async hooks on the loop, sync ones on vfray's hook threads."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__wrapped__", None)
+    ):
+        return await invoke(fn, available)
+    result = await run_in_hook_thread(invoke, fn=fn, available=available)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _needs_runtime(fn: Callable[..., Any]) -> bool:
+    return "runtime" in inspect.signature(fn).parameters
+
+
+def _score_method(attr: str, name: str, runtime: bool) -> Callable[..., Any]:
+    if runtime:
+
+        async def with_runtime(self: AdaptedTask, trace: Trace, runtime: Any) -> Any:
+            return await self._score(attr, name, trace, runtime)
+
+        return with_runtime
+
+    async def without_runtime(self: AdaptedTask, trace: Trace) -> Any:
+        return await self._score(attr, name, trace, None)
+
+    return without_runtime
+
+
+def _stop_method(name: str, where: str) -> Callable[..., Any]:
+    async def check(self: AdaptedTask, trace: Trace) -> bool:
+        return await self._stop(self._hook("stop", name), trace, where)
+
+    return check
+
+
+def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
+    label = type(task).__qualname__
+    if type(task).toolsets(task.config):
+        raise ConfigError(f"v1 task {label}: toolsets need vfray's MCP toolsets (not merged yet)")
+    if task.config.judges:
+        raise ConfigError(
+            f"v1 task {label}: judges (env.taskset.task.judges) are not supported yet"
+        )
+    intercepts = [
+        n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
+    ]
+    if intercepts:
+        raise ConfigError(
+            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported"
+        )
+
+
+def adapted_class(task: V1Task[Any, Any, Any], env: Env[Any] | None = None) -> type[AdaptedTask]:
+    """The vfray Task class for v1 tasks of this type, config and env."""
+    return _class_for(task, _env_blob(env))
+
+
+def _env_blob(env: Env[Any] | None) -> bytes | None:
+    return cloudpickle.dumps(env) if env is not None else None
+
+
+def _class_for(task: V1Task[Any, Any, Any], env_blob: bytes | None) -> type[AdaptedTask]:
+    return _adapted_class(type(task), task.config.model_dump_json(), env_blob, task)
+
+
+_CLASSES: dict[tuple[type, str, bytes | None], type[AdaptedTask]] = {}
+
+
+def _adapted_class(
+    cls: type, config: str, env_blob: bytes | None, task: V1Task[Any, Any, Any]
+) -> type[AdaptedTask]:
+    found = _CLASSES.get((cls, config, env_blob))
+    if found is not None:
+        return found
+    _refuse_unsupported(task)
+    body: dict[str, Any] = {"v1_env_blob": env_blob, "__module__": __name__}
+    for attr in ("metric", "reward"):
+        for fn in task.hooks(attr):
+            method = _score_method(attr, fn.__name__, _needs_runtime(fn))
+            if attr == "metric":
+                mark = scoring.metric(priority=_PRIORITY[attr])
+            else:
+                mark = scoring.reward(
+                    weight=getattr(fn, "_vf_weight", 1.0), priority=_PRIORITY[attr]
+                )
+            body[fn.__name__] = mark(method)
+    for fn in task.hooks("stop"):
+        where = boundary(fn)
+        body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(
+            _stop_method(fn.__name__, where)
+        )
+    env = None if env_blob is None else _load_env(env_blob)
+    if env is not None and type(env).finalize is not Env.finalize:
+
+        async def v1_env_finalize(self: AdaptedTask, traces: list[Trace]) -> list[float]:
+            return await self._env_finalize(traces)
+
+        body[ENV_FINALIZE] = scoring.group_reward(weight=0.0)(v1_env_finalize)
+    made = type(f"V1{cls.__name__}", (AdaptedTask,), body)
+    _CLASSES[(cls, config, env_blob)] = made
+    return made
+
+
+class AdaptedTaskset(Taskset[AdaptedTask]):
+    """A v1 taskset (views and all) iterated as vfray tasks."""
+
+    task_class = AdaptedTask
+
+    def __init__(self, v1: Any, env: Env[Any] | None = None, name: str | None = None) -> None:
+        self.v1 = v1
+        self.env_blob = _env_blob(env)
+        self.INFINITE = not v1.bounded  # type: ignore[misc]
+        self.name = name or (getattr(v1.config, "id", "") or type(v1).__name__).replace("-", "_")
+
+    @property
+    def is_infinite(self) -> bool:
+        return not self.v1.bounded
+
+    def load(self) -> Iterator[AdaptedTask]:
+        for task in self.v1:
+            yield _class_for(task, self.env_blob)(task)
+
+    @property
+    def task_type(self) -> type[Task[Any]]:
+        first = next(iter(self.v1), None)
+        return AdaptedTask if first is None else _class_for(first, self.env_blob)
+
+
+def adapt(tasks: Any, env: Env[Any] | None = None) -> Taskset[Any]:
+    """A vfray taskset running the v1 taskset ``tasks`` (or any iterable of v1 tasks)."""
+    if hasattr(tasks, "load") and hasattr(tasks, "bounded"):
+        return AdaptedTaskset(tasks, env)
+    return _Listed(list(tasks), env)
+
+
+class _Listed(Taskset[AdaptedTask]):
+    def __init__(self, tasks: list[Any], env: Env[Any] | None) -> None:
+        self.items, self.env_blob = tasks, _env_blob(env)
+        self.name = "v1_tasks"
+
+    def load(self) -> Iterable[AdaptedTask]:
+        return [_class_for(t, self.env_blob)(t) for t in self.items]
+
+    @property
+    def task_type(self) -> type[Task[Any]]:
+        return _class_for(self.items[0], self.env_blob) if self.items else AdaptedTask

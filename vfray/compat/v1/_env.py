@@ -1,0 +1,114 @@
+"""The parts of v1's agent/env model a taskset package names: ``EnvConfig``/``AgentConfig``,
+``Env`` (``SingleAgentEnv``, ``BestOfNEnv``), ``Episode``, ``Harness``/``Toolset`` bases.
+
+What vfray runs of them: the single-agent env, and best-of-n's sibling comparison
+(``Env.finalize(task, episode)`` over the n rollouts of a task, vfray's group). An env with its own
+``run()`` (multi-agent, user simulation), a package's own ``Harness`` class and ``Toolset`` servers
+are refused by the adapter until vfray's seats, users and toolsets land.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic
+
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
+
+from vfray.compat.v1._data import TasksetConfig
+
+
+class HarnessConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str = "bash"
+
+
+class AgentConfig(BaseModel):
+    """One seat: harness x runtime x limits (only the mapped fields are honoured)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    harness: HarnessConfig | None = None
+    model: str | None = None
+    max_turns: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str = ""
+    taskset: TasksetConfig = Field(default_factory=TasksetConfig)
+
+
+class SingleAgentEnvConfig(EnvConfig):
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+
+
+EnvConfigT = TypeVar("EnvConfigT", bound=EnvConfig, default=EnvConfig)
+
+
+class Episode(BaseModel):
+    """The traces of one env run on one task (for vfray: the n rollouts of a task)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    id: str = ""
+    ok: bool = True
+    traces: list[Any] = Field(default_factory=list)
+
+
+class Env(Generic[EnvConfigT]):
+    """An environment: who plays (``run``) and cross-trace judgement (``finalize``)."""
+
+    def __init__(self, config: EnvConfigT | None = None) -> None:
+        self.config: Any = config if config is not None else EnvConfig()
+
+    async def run(self, task: Any, agents: Any) -> None:
+        raise NotImplementedError
+
+    async def finalize(self, task: Any, episode: Episode) -> None:
+        return None
+
+
+class SingleAgentEnv(Env[SingleAgentEnvConfig]):
+    """One agent runs the task once (v1's default env)."""
+
+    async def run(self, task: Any, agents: Any) -> None:
+        await agents.agent.run(task)
+
+
+class BestOfNEnvConfig(SingleAgentEnvConfig):
+    n: int = Field(4, ge=1)
+    threshold: float = 1.0
+
+
+class BestOfNEnv(Env[BestOfNEnvConfig]):
+    """n independent attempts at a task, compared in ``finalize``: ``best`` marks the
+    highest-reward attempt(s), ``pass_at_n`` whether any reached ``threshold``."""
+
+    def __init__(self, config: BestOfNEnvConfig | None = None) -> None:
+        super().__init__(config if config is not None else BestOfNEnvConfig())
+
+    async def run(self, task: Any, agents: Any) -> None:  # fanned out by vfray as its group
+        raise NotImplementedError
+
+    async def finalize(self, task: Any, episode: Episode) -> None:
+        top = max(t.reward for t in episode.traces)
+        solved = float(top >= self.config.threshold)
+        for trace in episode.traces:
+            trace.record_metric("best", float(trace.reward == top))
+            trace.record_metric("pass_at_n", solved)
+
+
+class Harness:
+    """Base of a v1 harness class; vfray runs its own harnesses (see the id mapping)."""
+
+
+class Toolset:
+    """Base of a v1 MCP toolset; served once vfray's toolsets are merged."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config

@@ -1,0 +1,250 @@
+"""Loading a v1 taskset package as v1 does: by id (``my-taskset`` imports ``my_taskset``; hub
+``owner/name@version`` ids strip to ``name``) or by path (a package folder or a ``.py`` file),
+exporting exactly one ``Taskset`` subclass via ``__all__`` and optionally a default ``Env`` or
+``Harness``; its config validated from ``--env.taskset.*``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import cloudpickle
+from pydantic import ValidationError
+
+from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset
+from vfray.compat.v1._alias import install
+from vfray.compat.v1._env import BestOfNEnv, Env, Harness, SingleAgentEnv
+from vfray.compat.v1._taskset import SelectConfig, Taskset
+from vfray.compat.v1.config import PREFIX
+from vfray.errors import ConfigError, TasksetError
+
+
+@dataclass(frozen=True)
+class V1Package:
+    """What a v1 taskset package exports."""
+
+    module: ModuleType
+    taskset: type[Taskset[Any, Any]]
+    env: type[Env[Any]] | None
+    harness: type[Harness] | None
+
+
+def is_v1(spec: str) -> bool:
+    return spec.startswith(PREFIX)
+
+
+def looks_like_v1_package(spec: str) -> bool:
+    """Whether a bare taskset id or path names a v1 package (for ``vfray eval <id>``)."""
+    if ":" in spec:
+        return False
+    try:
+        package = import_package(spec)
+    except (ConfigError, ImportError):
+        return False
+    return package is not None
+
+
+def module_name(spec: str) -> str:
+    return spec.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+
+
+def _import(spec: str) -> ModuleType:
+    install()
+    path = Path(spec)
+    if path.suffix == ".py" and path.is_file():
+        name = f"_vfray_v1_{path.stem}"
+        found = importlib.util.spec_from_file_location(name, path)
+        if found is None or found.loader is None:
+            raise ConfigError(f"cannot import {spec}")
+        module = importlib.util.module_from_spec(found)
+        sys.modules[name] = module
+        found.loader.exec_module(module)
+    elif (path / "__init__.py").is_file():
+        sys.path.insert(0, str(path.resolve().parent))
+        module = importlib.import_module(path.resolve().name)
+    else:
+        try:
+            module = importlib.import_module(module_name(spec))
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"v1 taskset {spec!r} not found (tried to import {module_name(spec)!r}): install "
+                "the package, put it on PYTHONPATH, or give its folder's path"
+            ) from exc
+        return module
+    # Imported from a path: workers may not see that path, so ship its code by value.
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def import_package(spec: str) -> V1Package | None:
+    """The package ``spec`` names, or None when it exports no v1 Taskset."""
+    module = _import(spec)
+    exported = [getattr(module, n, None) for n in getattr(module, "__all__", [])]
+    classes = [c for c in exported if isinstance(c, type)]
+    tasksets = [c for c in classes if issubclass(c, Taskset) and c is not Taskset]
+    if not tasksets:
+        return None
+    if len(tasksets) > 1:
+        names = ", ".join(c.__name__ for c in tasksets)
+        raise ConfigError(
+            f"v1 package {module.__name__!r} exports {len(tasksets)} Tasksets ({names}); export one"
+        )
+    envs = [c for c in classes if issubclass(c, Env) and c not in (Env, SingleAgentEnv, BestOfNEnv)]
+    harnesses = [c for c in classes if issubclass(c, Harness) and c is not Harness]
+    return V1Package(
+        module, tasksets[0], envs[0] if envs else None, harnesses[0] if harnesses else None
+    )
+
+
+def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) -> Env[Any] | None:
+    """The env a run uses: ``--env.id`` (``best-of-n``), else the package's own, else none
+    (single agent). Envs vfray cannot run yet are refused in one line."""
+    if env_id in ("best-of-n", "best_of_n"):
+        cls: type[Env[Any]] | None = BestOfNEnv
+    elif env_id:
+        raise ConfigError(
+            f"v1 env {env_id!r} is not supported: vfray runs the single-agent env and best-of-n "
+            "(multi-agent and user-simulation envs wait for vfray's seats and users)"
+        )
+    else:
+        cls = package.env
+    if cls is None:
+        return None
+    if not issubclass(cls, BestOfNEnv) and "run" in _overridden(cls):
+        raise ConfigError(
+            f"v1 env {cls.__name__} has its own run(): multi-agent / user envs wait for vfray's "
+            "seats and users"
+        )
+    config_type = _env_config_type(cls)
+    try:
+        return cls(config_type.model_validate(env_args))
+    except ValidationError as exc:
+        raise ConfigError(f"v1 env {cls.__name__}: {_first_error(exc, 'env')}") from None
+
+
+def _overridden(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (Env, SingleAgentEnv, BestOfNEnv):
+            break
+        names |= set(vars(klass))
+    return names
+
+
+def _env_config_type(cls: type[Env[Any]]) -> Any:
+    from vfray.compat.v1._env import EnvConfig
+    from vfray.compat.v1._task import concrete_type
+
+    return concrete_type(cls, EnvConfig) or EnvConfig
+
+
+def _first_error(exc: ValidationError, prefix: str) -> str:
+    err = exc.errors()[0]
+    where = ".".join([prefix, *(str(p) for p in err["loc"])])
+    return f"--{where}: {err['msg']} (got {err.get('input')!r})"
+
+
+def load(
+    spec: str,
+    config: dict[str, Any] | None = None,
+    select: dict[str, Any] | None = None,
+    env_id: str | None = None,
+    env_args: dict[str, Any] | None = None,
+    harness_chosen: bool = False,
+) -> AdaptedTaskset:
+    """The vfray taskset running v1 taskset ``spec`` (``v1:`` prefix optional) with its config
+    (``--env.taskset.*``), selection (``--select.*``) and env."""
+    target = spec[len(PREFIX) :] if is_v1(spec) else spec
+    package = import_package(target)
+    if package is None:
+        raise ConfigError(f"{target!r} exports no v1 Taskset subclass via __all__")
+    if package.harness is not None and not harness_chosen:
+        raise ConfigError(
+            f"v1 package {target!r} exports its own Harness ({package.harness.__name__}) as its "
+            "default; vfray does not run v1 harness classes: choose one with "
+            "--env.agent.harness.id (bash, null, mini_swe_agent, claude_code, codex)"
+        )
+    config_type = package.taskset.config_type()
+    try:
+        v1_config = config_type.model_validate({"id": target, **(config or {})})
+    except ValidationError as exc:
+        raise ConfigError(f"v1 taskset {target!r}: {_first_error(exc, 'env.taskset')}") from None
+    taskset = package.taskset(v1_config)
+    if package.taskset.toolsets(v1_config):
+        raise ConfigError(
+            f"v1 taskset {target!r}: shared toolsets need vfray's MCP toolsets (not merged yet)"
+        )
+    if select:
+        taskset = taskset.select(SelectConfig.model_validate(select))
+    env = build_env(package, env_id, dict(env_args or {}))
+    return HubGuarded(taskset, env, name=module_name(target))
+
+
+class HubGuarded(AdaptedTaskset):
+    """Turns a dataset that cannot be fetched (no hub here, not cached) into one line."""
+
+    def load(self) -> Iterator[AdaptedTask]:
+        try:
+            yield from super().load()
+        except Exception as exc:
+            line = hub_error(exc)
+            if line is None:
+                raise
+            raise TasksetError(f"v1 taskset {self.name!r}: {line}") from None
+
+
+def hub_error(exc: BaseException) -> str | None:
+    """One line for a Hugging Face dataset that could not be loaded from the hub, else None."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    hub = [e for e in chain if _from_hub_code(e)]
+    if not hub:
+        return None
+    first = str(hub[0]).strip().splitlines()[0] if str(hub[0]).strip() else type(hub[0]).__name__
+    return (
+        f"a Hugging Face dataset could not be loaded ({type(hub[0]).__name__}: {first[:300]}); "
+        "the hub is not reachable from here: give a local path, or a dataset already in the "
+        "local cache (HF_DATASETS_OFFLINE=1 reads the cache only)"
+    )
+
+
+def load_from_args(spec: str, args: dict[str, Any]) -> AdaptedTaskset:
+    """:func:`load` from vfray's ``taskset_args`` (``config``, ``select``, ``env``)."""
+    unknown = set(args) - {"config", "select", "env", "harness"}
+    if unknown:
+        raise ConfigError(
+            f"v1 taskset {spec!r}: taskset_args takes config, select, env, harness; "
+            f"got {sorted(unknown)}"
+        )
+    env = dict(args.get("env") or {})
+    env_id = env.pop("id", None)
+    chosen = bool(args.get("harness"))
+    return load(spec, args.get("config"), args.get("select"), env_id, env, chosen)
+
+
+_HUB_MODULES = ("datasets", "huggingface_hub")
+
+
+def _from_hub_code(exc: BaseException) -> bool:
+    """Raised by ``datasets`` / ``huggingface_hub`` (their errors are often builtin types, so
+    the class alone does not tell): its class lives there, or its raising frame does."""
+    if type(exc).__module__.split(".")[0] in _HUB_MODULES:
+        return True
+    if not isinstance(exc, OSError):  # ConnectionError, FileNotFoundError: a fetch that failed
+        return False
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame
+        tb = tb.tb_next
+    name = str(last.f_globals.get("__name__", "")) if last is not None else ""
+    return name.split(".")[0] in _HUB_MODULES

@@ -1,0 +1,227 @@
+"""vfray traces in verifiers v1's on-disk format (``traces.jsonl``: one Episode per line, traces
+with their message-node graph, calls, rewards and metrics), so v1 tooling reads vfray runs; and
+both formats read back as the same per-rollout summary, to compare a run on each framework."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vfray.compat.v1._adapt import ENV_FINALIZE
+from vfray.compat.v1._trace import v1_stop_condition
+from vfray.trace import Message, Trace
+
+_V1_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_call_id", "name")
+
+
+def _message(message: Message) -> dict[str, Any]:
+    out = {k: getattr(message, k) for k in _V1_MESSAGE_FIELDS if getattr(message, k) is not None}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.get("id", ""),
+                "name": (call.get("function") or {}).get("name", call.get("name", "")),
+                "arguments": (call.get("function") or {}).get(
+                    "arguments", call.get("arguments", "")
+                ),
+            }
+            for call in message.tool_calls
+        ]
+    return out
+
+
+def _nodes(trace: Trace) -> tuple[list[dict[str, Any]], dict[tuple[int, str], int]]:
+    """v1's node list: every distinct (parent, message) once, in first-seen order."""
+    sampled = {c.response_id for c in trace.calls if c.response_id is not None}
+    nodes: list[dict[str, Any]] = []
+    index: dict[tuple[int, str], int] = {}
+    for branch in trace.branch_list:
+        parent = -1
+        for mid in branch.message_ids:
+            key = (parent, mid)
+            if key not in index:
+                node: dict[str, Any] = {
+                    "message": _message(trace.graph[mid]),
+                    "sampled": mid in sampled,
+                }
+                if parent >= 0:
+                    node["parent"] = parent
+                index[key] = len(nodes)
+                nodes.append(node)
+            parent = index[key]
+    return nodes, index
+
+
+def _call_node(
+    trace: Trace, index: dict[tuple[int, str], int], call_branch: int, mid: str
+) -> int | None:
+    for branch in trace.branch_list:
+        if branch.id != call_branch or mid not in branch.message_ids:
+            continue
+        parent = -1
+        for m in branch.message_ids:
+            parent = index[(parent, m)]
+            if m == mid:
+                return parent
+    return None
+
+
+def _v1_task(trace: Trace) -> dict[str, Any]:
+    data = trace.task.data
+    if "v1_data" in data:  # a v1 taskset run through vfray: its own row and type
+        kind = str(data["v1_type"]).rsplit(":", 1)[-1]
+        return {
+            "type": kind,
+            "data": data["v1_data"],
+            "key": trace.task.key,
+            "hash": trace.task.key,
+        }
+    return {
+        "type": trace.task.type.rsplit(":", 1)[-1],
+        "data": data,
+        "key": trace.task.key,
+        "hash": trace.task.hash,
+    }
+
+
+def to_v1_trace(trace: Trace) -> dict[str, Any]:
+    """One vfray trace as a v1 ``Trace`` record."""
+    nodes, index = _nodes(trace)
+    calls = []
+    for call in trace.calls:
+        node = (
+            None
+            if call.response_id is None
+            else _call_node(trace, index, call.branch, call.response_id)
+        )
+        record: dict[str, Any] = {
+            "node": node,
+            "model": call.model,
+            "finish_reason": call.finish_reason
+            if call.finish_reason in ("stop", "length", "tool_calls")
+            else None,
+            "usage": {
+                "prompt_tokens": call.usage.input_tokens,
+                "completion_tokens": call.usage.output_tokens,
+            },
+            "time": {"start": call.started_at, "end": call.ended_at},
+        }
+        if call.error is not None:
+            record["error"] = {"type": call.error.type, "message": call.error.message}
+        calls.append(record)
+    rewards = {
+        k: None if r.value is None else {"score": r.value, "weight": r.weight}
+        for k, r in trace.rewards.items()
+        if k != ENV_FINALIZE
+    }
+    timing: dict[str, Any] = {"start": trace.created_at}
+    for phase in ("boot", "setup", "agent", "finalize", "scoring"):
+        span = trace.timing.get(phase)
+        if span is not None:
+            timing[phase] = {"start": span.start, "end": span.end or span.start}
+    return {
+        "version": 1,
+        "id": trace.trace_id,
+        "verifiers": {"version": "vfray"},
+        "task": _v1_task(trace),
+        "agent": {
+            "config": {
+                "model": trace.agent.model,
+                "harness": {"id": trace.agent.harness},
+                "runtime": {"type": trace.agent.runtime},
+            },
+            "name": "agent",
+            "trainable": True,
+        },
+        "nodes": nodes,
+        "calls": calls,
+        "rewards": rewards,
+        "metrics": dict(trace.metrics),
+        "info": {},
+        "is_completed": trace.stop_condition is not None,
+        "ok": trace.ok,
+        "stop_condition": v1_stop_condition(trace),
+        "errors": [{"type": e.type, "message": e.message} for e in trace.errors],
+        "timing": timing,
+    }
+
+
+def to_v1_episodes(traces: Iterable[Trace], env_id: str = "") -> Iterator[dict[str, Any]]:
+    """v1 Episode records: one per rollout, except that rollouts judged together by a v1 env's
+    ``finalize`` (best-of-n) share one episode, as in v1."""
+    grouped: dict[str, list[Trace]] = {}
+    for trace in traces:
+        together = ENV_FINALIZE in trace.rewards and trace.episode_id is not None
+        grouped.setdefault(trace.episode_id if together else trace.trace_id, []).append(trace)  # type: ignore[arg-type]
+    for key, members in grouped.items():
+        records = [to_v1_trace(t) for t in sorted(members, key=lambda t: t.rollout_index)]
+        yield {
+            "id": key,
+            "env": {"id": env_id},
+            "task": records[0]["task"],
+            "ok": all(r["ok"] for r in records),
+            "errors": [],
+            "traces": records,
+        }
+
+
+def export_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write a vfray run folder's final traces as v1's ``traces.jsonl``; returns its path."""
+    from vfray.run.results import final_rows
+    from vfray.traces.convert import table_to_traces
+    from vfray.traces.io import read_traces
+
+    run = Path(run_dir)
+    traces = table_to_traces(final_rows(read_traces(run / "traces")))
+    header = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+    env_id = str((header.get("config") or header).get("taskset", "")).removeprefix("v1:")
+    path = Path(out) if out is not None else run / "v1" / "traces.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for episode in to_v1_episodes(traces, env_id):
+            fh.write(json.dumps(episode, default=str) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rollout came to, in terms both frameworks record."""
+
+    key: str
+    rewards: dict[str, float | None]
+    metrics: dict[str, float | None]
+    reward: float
+    stop_condition: str | None
+    reply: str
+
+
+def read_v1_traces(path: str | Path) -> list[Outcome]:
+    """The rollouts of a v1 ``traces.jsonl`` (written by verifiers, or by :func:`export_run`)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        episode = json.loads(line)
+        for trace in episode.get("traces", []):
+            rewards = {
+                k: None if v is None else float(v["score"])
+                for k, v in trace.get("rewards", {}).items()
+            }
+            weights = {k: float(v["weight"]) for k, v in trace.get("rewards", {}).items() if v}
+            nodes = trace.get("nodes", [])
+            sampled = [n["message"] for n in nodes if n.get("sampled")]
+            reply = str((sampled[-1].get("content") if sampled else "") or "").strip()
+            out.append(
+                Outcome(
+                    key=trace["task"]["key"],
+                    rewards=rewards,
+                    metrics=dict(trace.get("metrics", {})),
+                    reward=sum((s or 0.0) * weights[k] for k, s in rewards.items() if k in weights),
+                    stop_condition=trace.get("stop_condition"),
+                    reply=reply,
+                )
+            )
+    return out
