@@ -23,6 +23,7 @@ INTENDED = [
     "HarnessError",
     "InterceptionError",
     "LocalEnvironment",
+    "McpServer",
     "Message",
     "ModelCall",
     "ProviderError",
@@ -35,10 +36,12 @@ INTENDED = [
     "TaskError",
     "Taskset",
     "TasksetError",
+    "Toolset",
     "Trace",
     "VfrayError",
     "finalize_episode",
     "group_reward",
+    "intercept",
     "make_runtime",
     "metric",
     "read_traces",
@@ -47,6 +50,7 @@ INTENDED = [
     "run_rollout",
     "stop",
     "to_samples",
+    "tool",
     "write_traces",
 ]
 """The public surface, name for name: a change here is a change of the API."""

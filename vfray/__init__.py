@@ -24,6 +24,7 @@ from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
 from vfray.task import Task, TaskData
 from vfray.taskset import Taskset
+from vfray.tools.toolset import McpServer, Toolset, intercept, tool
 from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ __all__ = [
     "HarnessError",
     "InterceptionError",
     "LocalEnvironment",
+    "McpServer",
     "Message",
     "ModelCall",
     "ProviderError",
@@ -58,10 +60,12 @@ __all__ = [
     "TaskError",
     "Taskset",
     "TasksetError",
+    "Toolset",
     "Trace",
     "VfrayError",
     "finalize_episode",
     "group_reward",
+    "intercept",
     "make_runtime",
     "metric",
     "read_traces",
@@ -70,6 +74,7 @@ __all__ = [
     "run_rollout",
     "stop",
     "to_samples",
+    "tool",
     "write_traces",
 ]
 

@@ -22,6 +22,7 @@ from vfray.rollout import RolloutPlan
 from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
 from vfray.runtimes.registry import runtime_options as typed_runtime_options
 from vfray.scoring import validate_group_config
+from vfray.task import Task
 
 SCRIPTED_PREFIX = "scripted:"
 
@@ -113,6 +114,13 @@ class RunSpec(BaseModel):
     def check_task_type(self, task_cls: type, rollouts_per_task: int) -> None:
         """Refuse a task class whose group rewards (overrides included) need more rollouts."""
         validate_group_config(task_cls, rollouts_per_task, self.scoring_overrides)
+        if getattr(task_cls, "toolsets", Task.toolsets) is not Task.toolsets:
+            # A task with tools and a harness that cannot speak MCP: refused before anything runs.
+            check_compatibility(
+                harness_class(self.plan.harness_id),
+                runtime_class(self.plan.runtime_type),
+                taskset_has_tools=True,
+            )
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``
