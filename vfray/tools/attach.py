@@ -116,8 +116,17 @@ class RolloutTools:
                     + (f":\n{tail}" if tail else "")
                 )
             await asyncio.sleep(0.02)
-        port = process.stdout.split(READY_LINE, 1)[1].split()[0]
-        self.urls[name] = f"http://127.0.0.1:{port}/mcp/box"
+        port = int(process.stdout.split(READY_LINE, 1)[1].split()[0])
+        loopback = f"http://127.0.0.1:{port}"
+        # Where every program of the box shares one loopback (subprocess, a container, bwrap
+        # sharing the network) the agent calls the server there. A bwrap box without network
+        # gives each program a namespace of its own: the agent then reaches the server's port
+        # through the host, by the box's own expose and bridge.
+        seen = await self.runtime.expose(port)
+        if seen.rstrip("/") == loopback:
+            self.urls[name] = f"{loopback}/mcp/box"
+        else:
+            await self._publish(name, f"{seen.rstrip('/')}/mcp/box")
 
     async def _start_external(self, server: McpServer) -> None:
         if server.url is not None:
@@ -125,7 +134,7 @@ class RolloutTools:
             return
         assert server.command is not None
         stdio = await StdioServer.start(
-            self.runtime, server.name, list(server.command), dict(server.env), self.start_timeout
+            self.runtime, server.name, list(server.command), dict(server.env), server.start_timeout
         )
         self._stdio.append(stdio)
         binding = Binding(

@@ -214,6 +214,8 @@ class McpServer(BaseModel):
     command: tuple[str, ...] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     call_timeout: float = 60.0
+    start_timeout: float = 30.0
+    """Seconds a ``command`` server may take to answer ``initialize``."""
 
     def model_post_init(self, _: Any) -> None:
         if (self.url is None) == (self.command is None):
