@@ -63,7 +63,9 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
         steps: list[str] = []
         for match in _STEP.finditer(text):
             if match.group("tool"):
-                steps.append(f"{_TOOL_STEP}{match.group('tool')}{_TOOL_STEP}{match.group('args') or '{}'}")
+                steps.append(
+                    f"{_TOOL_STEP}{match.group('tool')}{_TOOL_STEP}{match.group('args') or '{}'}"
+                )
             elif match.group("run"):
                 steps.append(match.group("run").strip().strip("`"))
             else:

@@ -22,9 +22,7 @@ async def _serve(spec_path: str, log_path: str) -> None:
         log.write(call.model_dump_json() + "\n")  # type: ignore[attr-defined]
         log.flush()
 
-    binding = Binding(
-        server=toolset.server_name(), toolset=toolset, on_call=record, state={}
-    )
+    binding = Binding(server=toolset.server_name(), toolset=toolset, on_call=record, state={})
     app = build_app(lambda token: binding if token == "box" else None)
     async with serve_in_loop(app, lifespan="on") as url:
         print(f"vfray-tools listening on {url.rsplit(':', 1)[1]}", flush=True)

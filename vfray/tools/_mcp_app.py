@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vfray.tools.toolset import Toolset, ToolFailed
+from vfray.tools.toolset import ToolFailed, Toolset
 from vfray.trace import ErrorInfo, ToolCall
 
 Forward = Callable[[str, dict[str, Any]], Awaitable[tuple[str, bool]]]
@@ -103,6 +103,9 @@ async def list_tools(binding: Binding) -> list[dict[str, Any]]:
 def build_app(lookup: Callable[[str], Binding | None], *, max_body: int = 4 << 20) -> Any:
     """The ASGI app: ``/mcp/<token>`` is the MCP endpoint of ``lookup(token)``'s binding (404
     for an unknown or ended one)."""
+    from vfray.errors import optional_import
+
+    optional_import("mcp", "tools")
     import mcp_types as types
     from mcp.server.lowlevel.server import Server
     from mcp.server.transport_security import TransportSecuritySettings

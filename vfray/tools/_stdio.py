@@ -78,7 +78,9 @@ class StdioServer:
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         result = await self.request("tools/call", {"name": name, "arguments": arguments})
         text = "\n".join(
-            str(part.get("text", "")) for part in result.get("content", []) if isinstance(part, dict)
+            str(part.get("text", ""))
+            for part in result.get("content", [])
+            if isinstance(part, dict)
         )
         return text, bool(result.get("isError"))
 

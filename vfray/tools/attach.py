@@ -98,9 +98,7 @@ class RolloutTools:
         await self.runtime.write(spec, payload)
         await self.runtime.write(log, b"")
         argv = [self.runtime.python, "-m", "vfray.tools._box", spec, log]
-        process = await self.runtime.run_background(
-            argv, env={"PYTHONPATH": _box_pythonpath()}
-        )
+        process = await self.runtime.run_background(argv, env={"PYTHONPATH": _box_pythonpath()})
         self._in_box.append((log, process))
         deadline = time.monotonic() + self.start_timeout
         while READY_LINE not in process.stdout:

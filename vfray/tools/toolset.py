@@ -94,7 +94,7 @@ def _spec_of(cls: type, attr: str, fn: Callable[..., Any], name: str) -> ToolSpe
             raise TypeError(f"tool {cls.__name__}.{attr}: parameter {pname!r} has no type hint")
         default = ... if param.default is param.empty else param.default
         fields[pname] = (hints[pname], default)
-    params = create_model(  # type: ignore[call-overload]
+    params = create_model(
         f"{cls.__name__}_{attr}_params",
         __config__=ConfigDict(extra="forbid"),
         **fields,
@@ -175,7 +175,7 @@ class Toolset:
                 # context (this rollout's state) goes with it.
                 ctx = contextvars.copy_context()
                 value = await asyncio.wait_for(
-                    asyncio.to_thread(ctx.run, fn, **kwargs), self.call_timeout
+                    asyncio.to_thread(lambda: ctx.run(fn, **kwargs)), self.call_timeout
                 )
         finally:
             if token is not None:

@@ -279,7 +279,9 @@ class McpClient:
         return f"error: {text}" if result.get("isError") else text
 
 
-def connect_mcp(specs: list[str], timeout: float) -> dict[str, tuple[McpClient, str, dict[str, Any]]]:
+def connect_mcp(
+    specs: list[str], timeout: float
+) -> dict[str, tuple[McpClient, str, dict[str, Any]]]:
     """``NAME=URL`` specs -> {exposed tool name: (client, tool name, chat tool schema)}. A tool
     whose name another tool already has is exposed as ``server__tool``."""
     exposed: dict[str, tuple[McpClient, str, dict[str, Any]]] = {}
@@ -292,7 +294,9 @@ def connect_mcp(specs: list[str], timeout: float) -> dict[str, tuple[McpClient, 
             raise Fatal(f"MCP server {name!r} at {url} did not answer: {exc}") from None
         for tool in tools:
             tname = str(tool.get("name"))
-            key = tname if tname not in exposed and tname not in TOOL_SCHEMAS else f"{name}__{tname}"
+            key = (
+                tname if tname not in exposed and tname not in TOOL_SCHEMAS else f"{name}__{tname}"
+            )
             schema = {
                 "type": "function",
                 "function": {
