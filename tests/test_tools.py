@@ -83,11 +83,28 @@ async def _bindings() -> int:
     return len(host_server().bindings)
 
 
+def _box_servers() -> set[int]:
+    """Pids of in-box tool server programs now running on this machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"vfray.tools._box" in cmdline:
+                found.add(int(entry))
+    return found
+
+
 @pytest.mark.parametrize("in_box", [False, True], ids=["host", "box"])
 def test_faulty_tools_are_typed_errors_on_their_calls(in_box: bool) -> None:
     toolset = InBoxFaulty() if in_box else Faulty()
     steps = ["boom", "refuse", "hang", "hang_async", "huge", 'fine {"x": 21}']
+    before = _box_servers()
     trace = _rollout(ToolTask(_plan(*steps), [toolset]))
+    assert _box_servers() <= before  # the in-box server (its hung thread too) went with the box
+    assert asyncio.run(_bindings()) == 0
     assert trace.errors == []  # the rollout itself went on to the end
     assert trace.stop_condition == vf.StopCondition.COMPLETED
     calls = {c.name: c for c in trace.tool_calls}
