@@ -25,10 +25,20 @@ from vfray.tools.host import host_server
 ROOT = str(Path(__file__).resolve().parents[1])
 
 
+LEFT: list[int] = []
+"""Bindings still on this loop's host tool server after the last ``_rollout``."""
+
+
 def _rollout(task: vf.Task[Any], runtime: str = "subprocess", **kw: Any) -> vf.Trace:
-    return asyncio.run(
-        vf.run_rollout(task, model="scripted:agent", harness="bash", runtime=runtime, **kw)
-    )
+    async def run() -> vf.Trace:
+        trace = await vf.run_rollout(
+            task, model="scripted:agent", harness="bash", runtime=runtime, **kw
+        )
+        server = host_server()
+        LEFT[:] = [len(server.bindings), server.url is not None]
+        return trace
+
+    return asyncio.run(run())
 
 
 def _plan(*steps: str) -> vf.TaskData:
@@ -75,12 +85,6 @@ def test_shared_glossary_keeps_each_rollouts_state_apart() -> None:
         assert trace.rewards["defined"].value == 1.0
         # One lookup before the count, whatever the three sibling rollouts did meanwhile.
         assert trace.metrics["own_lookups"] == 1.0
-    # The host listener went with the last rollout.
-    assert asyncio.run(_bindings()) == 0
-
-
-async def _bindings() -> int:
-    return len(host_server().bindings)
 
 
 def _box_servers() -> set[int]:
@@ -104,7 +108,7 @@ def test_faulty_tools_are_typed_errors_on_their_calls(in_box: bool) -> None:
     before = _box_servers()
     trace = _rollout(ToolTask(_plan(*steps), [toolset]))
     assert _box_servers() <= before  # the in-box server (its hung thread too) went with the box
-    assert asyncio.run(_bindings()) == 0
+    assert LEFT == [0, False]  # no binding left, and the host listener closed
     assert trace.errors == []  # the rollout itself went on to the end
     assert trace.stop_condition == vf.StopCondition.COMPLETED
     calls = {c.name: c for c in trace.tool_calls}
@@ -161,7 +165,7 @@ def test_a_tool_server_that_cannot_start_fails_setup_with_a_tool_error(source: A
     trace = _rollout(ToolTask(_plan("noop"), [source]))
     assert [(e.type, e.phase) for e in trace.errors] == [("ToolError", "setup")]
     assert trace.calls == []  # the agent never ran
-    assert asyncio.run(_bindings()) == 0
+    assert LEFT == [0, False]  # no binding left, and the host listener closed
 
 
 def test_a_task_with_tools_and_a_harness_without_mcp_is_refused_before_anything_runs() -> None:
