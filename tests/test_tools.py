@@ -186,3 +186,19 @@ def test_bwrap_box_without_network_reaches_host_and_in_box_tools() -> None:
     glossary = _rollout(GlossaryTaskset().load()[0], "bwrap", **options)
     assert glossary.errors == [] and glossary.rewards["defined"].value == 1.0
     assert len(glossary.tool_calls) == 3
+
+
+def test_stop_hook_sees_the_pending_request_and_the_last_response() -> None:
+    from examples.tools_scratchpad import Scratchpad
+    from tests.fixtures.tool_sets import StopAfterStore
+
+    task = StopAfterStore(
+        _plan('write_note {"key": "k", "text": "t"}', 'read_note {"key": "k"}'), [Scratchpad()]
+    )
+    trace = _rollout(task)
+    assert trace.stop_condition == vf.StopCondition.STOP_HOOK
+    # Stopped before the model saw the first tool result: one call made, one tool call.
+    assert [c.name for c in trace.tool_calls] == ["write_note"]
+    assert len(trace.calls) == 1
+    # First call: a request and no reply yet; second: the request and the assistant's reply.
+    assert StopAfterStore.seen == [(True, None), (True, "assistant")]

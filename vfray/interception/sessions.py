@@ -6,6 +6,7 @@ lookup time does not depend on how much of a guessed secret is right.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import hmac
 import secrets
@@ -22,6 +23,12 @@ from vfray.trace import Trace
 
 StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
+
+PENDING_REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "vfray_pending_request", default=None
+)
+"""The JSON body of the model call being admitted, while its stop check runs (``@stop`` hooks
+may ask for it as ``request``)."""
 
 _CONCLUDED_KEPT = 100_000  # tombstones kept so late calls are told the rollout concluded
 _RECENT_KEPT = 8
