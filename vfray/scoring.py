@@ -374,8 +374,8 @@ async def check_stop(
     pending call's JSON body, None outside the interception) and ``response`` (the model's last
     reply as a :class:`~vfray.trace.Message`, None before the first). Sync ones run on the
     hooks' own bounded pool of threads (:mod:`vfray._hook_calls`): inline, one slow hook
-    stalled every rollout served by the same loop (a 3 s hook made every rollout on the host take 60 s). A
-    hook that raises is noted on the trace once and does not stop the rollout.
+    stalled every rollout served by the same loop (a 3 s hook made every rollout on the host
+    take 60 s). A hook that raises is noted on the trace once and does not stop the rollout.
     """
     from vfray.interception.sessions import PENDING_REQUEST
 
