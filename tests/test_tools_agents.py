@@ -37,17 +37,16 @@ async def test_claude_code_calls_the_scratchpad_over_mcp() -> None:
 
 
 @pytest.mark.slow
-async def test_codex_lists_the_scratchpad_tools_over_mcp() -> None:
-    """Codex connects to the server its config.toml names and offers its tools to the model,
-    grouped in a Responses ``namespace`` tool. (The scripted model does not yet answer with a
-    call into a namespace, so the call itself is not exercised here.)"""
+async def test_codex_calls_the_scratchpad_over_mcp() -> None:
+    """Codex connects to the server its config.toml names, offers its tools to the model as a
+    Responses ``namespace`` tool, and runs the calls the model makes into that namespace."""
     need_registry("npm")
     task = ScratchpadTaskset().load()[3]
     trace = await vf.run_rollout(task, model="scripted:agent", harness="codex")
-    (namespace,) = [
-        t
-        for t in trace.calls[0].tools or []
-        if t.get("type") == "namespace" and t.get("name") == "mcp__scratchpad"
-    ]
-    listed = json.dumps(namespace)
-    assert "write_note" in listed and "read_note" in listed
+    assert trace.errors == [], trace.errors
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.tool_calls[1].result == "water plants"
+    assert trace.rewards["remembered"].value == 1.0
+    tools = trace.calls[0].tools or []
+    (namespace,) = [t for t in tools if t.get("type") == "namespace" and "scratchpad" in t["name"]]
+    assert "read_note" in json.dumps(namespace)

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import Any
 
-from vfray.testing.policies import Conversation, Decision, ShellTool
+from vfray.testing.policies import NAMESPACE_SEP, Conversation, Decision, ShellTool
 
 SHELL_TOOLS = (
     "bash",
@@ -144,10 +144,12 @@ def decide_agent(conv: Conversation) -> Decision:
 
 def find_tool(conv: Conversation, name: str) -> str | None:
     """The offered tool called ``name``: exactly, or as an MCP tool an agent prefixed with its
-    server (Claude Code's ``mcp__server__name``, Codex's ``server__name``)."""
+    server (Claude Code's ``mcp__server__name``; Codex offers them in a Responses namespace)."""
     if name in conv.tool_names:
         return name
-    matches = sorted(t for t in conv.tool_names if t.endswith(f"__{name}"))
+    matches = sorted(
+        t for t in conv.tool_names if t.endswith((f"__{name}", f"{NAMESPACE_SEP}{name}"))
+    )
     return matches[0] if matches else None
 
 
