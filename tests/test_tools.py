@@ -202,3 +202,30 @@ def test_stop_hook_sees_the_pending_request_and_the_last_response() -> None:
     assert len(trace.calls) == 1
     # First call: a request and no reply yet; second: the request and the assistant's reply.
     assert StopAfterStore.seen == [(True, None), (True, "assistant")]
+
+
+def test_external_server_by_url_is_passed_to_the_agent(tmp_path: Path) -> None:
+    """A server vfray does not run: the agent reaches it at its URL (its calls are the
+    server's own business, so the trace records none)."""
+    import pickle
+    import subprocess
+
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(Faulty()))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vfray.tools._box", str(tmp_path / "spec.pkl"), "/dev/null"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().split()[-1]
+        remote = McpServer(name="remote", url=f"http://127.0.0.1:{port}/mcp/box")
+        trace = _rollout(ToolTask(_plan('fine {"x": 4}'), [remote]))
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert trace.errors == []
+    assert trace.tool_calls == []
+    assert trace.last_reply == "Done. 8"
