@@ -210,6 +210,117 @@ def call_tool(name: str, raw_args: Any, tools: list[str], args: argparse.Namespa
         return f"error: {name} failed: {exc}"
 
 
+# -- MCP tools (streamable HTTP, stdlib only) ---------------------------------------------------
+
+
+class McpClient:
+    """One MCP server over streamable HTTP: JSON-RPC POSTs answered as JSON or as an SSE
+    stream; the session id the server hands out (if any) goes back on every request."""
+
+    def __init__(self, name: str, url: str, timeout: float) -> None:
+        self.name, self.url, self.timeout = name, url, timeout
+        self.session: str | None = None
+        self.next_id = 0
+
+    def post(self, method: str, params: dict[str, Any] | None = None, notify: bool = False) -> Any:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            body["params"] = params
+        if not notify:
+            self.next_id += 1
+            body["id"] = self.next_id
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        request = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            self.session = response.headers.get("mcp-session-id") or self.session
+            kind = response.headers.get("content-type", "")
+            raw = response.read().decode("utf-8", "replace")
+        if notify:
+            return None
+        replies = (
+            [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+            if "text/event-stream" in kind
+            else [json.loads(raw)]
+        )
+        for reply in replies:
+            if isinstance(reply, dict) and reply.get("id") == body["id"]:
+                if "error" in reply:
+                    raise RuntimeError(f"MCP error from {self.name}: {reply['error']}")
+                return reply.get("result")
+        raise RuntimeError(f"no MCP reply from {self.name} to {method}")
+
+    def start(self) -> list[dict[str, Any]]:
+        self.post(
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "vfray-chat-loop", "version": "1"},
+            },
+        )
+        self.post("notifications/initialized", notify=True)
+        return list((self.post("tools/list", {}) or {}).get("tools", []))
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        result = self.post("tools/call", {"name": name, "arguments": arguments}) or {}
+        text = "\n".join(
+            str(part.get("text", "")) if part.get("type") == "text" else json.dumps(part)
+            for part in result.get("content", [])
+            if isinstance(part, dict)
+        )
+        return f"error: {text}" if result.get("isError") else text
+
+
+def connect_mcp(
+    specs: list[str], timeout: float
+) -> dict[str, tuple[McpClient, str, dict[str, Any]]]:
+    """``NAME=URL`` specs -> {exposed tool name: (client, tool name, chat tool schema)}. A tool
+    whose name another tool already has is exposed as ``server__tool``."""
+    exposed: dict[str, tuple[McpClient, str, dict[str, Any]]] = {}
+    for spec in specs:
+        name, _, url = spec.partition("=")
+        client = McpClient(name, url, timeout)
+        try:
+            tools = client.start()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise Fatal(f"MCP server {name!r} at {url} did not answer: {exc}") from None
+        for tool in tools:
+            tname = str(tool.get("name"))
+            key = (
+                tname if tname not in exposed and tname not in TOOL_SCHEMAS else f"{name}__{tname}"
+            )
+            schema = {
+                "type": "function",
+                "function": {
+                    "name": key,
+                    "description": tool.get("description") or "",
+                    "parameters": tool.get("inputSchema") or {"type": "object"},
+                },
+            }
+            exposed[key] = (client, tname, schema)
+    return exposed
+
+
+def call_mcp(entry: tuple[McpClient, str, dict[str, Any]], raw_args: Any, limit: int) -> str:
+    client, name, _ = entry
+    try:
+        params = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args or {})
+    except (ValueError, TypeError) as exc:
+        return f"error: the arguments are not valid JSON: {exc}"
+    try:
+        return truncate_middle(client.call(name, params if isinstance(params, dict) else {}), limit)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"error: the MCP call to {client.name}.{name} failed: {exc}"
+
+
 # -- the model endpoint ------------------------------------------------------------------------
 
 
@@ -298,11 +409,13 @@ def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
     if unknown:
         raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
     messages = state["messages"] = load_messages(args)
+    mcp = connect_mcp(args.mcp, args.request_timeout)
+    schemas = [TOOL_SCHEMAS[t] for t in tools] + [entry[2] for entry in mcp.values()]
     url = f"{base}/chat/completions"
     while state["steps"] < args.max_steps:
         body: dict[str, Any] = {"model": model, "messages": messages}
-        if tools:
-            body["tools"] = [TOOL_SCHEMAS[t] for t in tools]
+        if schemas:
+            body["tools"] = schemas
         reply = post_chat(url, key, body, args)
         state["steps"] += 1
         choices = reply.get("choices") if isinstance(reply, dict) else None
@@ -319,7 +432,11 @@ def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
             return
         for tool_call in calls:
             function = tool_call.get("function") or {}
-            output = call_tool(str(function.get("name")), function.get("arguments"), tools, args)
+            fname = str(function.get("name"))
+            if fname in mcp:
+                output = call_mcp(mcp[fname], function.get("arguments"), args.max_output_chars)
+            else:
+                output = call_tool(fname, function.get("arguments"), tools, args)
             state["tool_calls"] += 1
             messages.append(
                 {"role": "tool", "tool_call_id": tool_call.get("id"), "content": output}
@@ -332,6 +449,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="chat_loop", description=__doc__)
     parser.add_argument("--messages", help="JSON file with the prompt messages")
     parser.add_argument("--tools", default="", help="comma-separated tools: bash,edit")
+    parser.add_argument(
+        "--mcp", action="append", default=[], help="an MCP server as NAME=URL (repeatable)"
+    )
     parser.add_argument("--transcript", help="write the conversation here after each step")
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--command-timeout", type=float, default=120.0)
