@@ -11,15 +11,19 @@ import argparse
 import contextlib
 import json
 import os
-import select
-import shutil
 import signal
-import subprocess
+import socket
 import sys
 import time
-import urllib.error
-import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+
+# Every rollout starts this program afresh, so what it imports is paid per rollout: urllib
+# (with http.client and email) and subprocess cost ~60 ms of CPU of the ~90 ms a start took
+# (benchmarks/program_start.py). Plain-HTTP calls to the interception go over a socket here;
+# urllib is imported only for https or a proxy, subprocess only when the model runs a command.
 
 EXIT_ERROR = 2
 """Exit status for a refused request, a malformed reply or a bad configuration."""
@@ -104,6 +108,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def run_bash(command: str, timeout: float, limit: int) -> str:
     """Run ``command`` in its own process group, streaming its output into bounded head and
     tail buffers so a command that floods stdout cannot exhaust memory."""
+    import select
+    import shutil
+    import subprocess
+
     shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
     proc = subprocess.Popen(
         [shell, "-c", command],
@@ -210,6 +218,95 @@ def call_tool(name: str, raw_args: Any, tools: list[str], args: argparse.Namespa
         return f"error: {name} failed: {exc}"
 
 
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+class HttpError(Exception):
+    """A reply with a status of 400 or more."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.body = status, body
+
+
+_PROXY_VARS = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def http_post(
+    url: str, data: bytes, headers: dict[str, str], timeout: float
+) -> tuple[dict[str, str], bytes]:
+    """POST ``data``; returns the reply's headers (lower-cased names) and body. Raises
+    :class:`HttpError` for a status of 400 or more and ``OSError`` when unreachable."""
+    scheme, _, rest = url.partition("://")
+    if scheme != "http" or any(os.environ.get(v) for v in _PROXY_VARS):
+        return _urllib_post(url, data, headers, timeout)
+    authority, _, path = rest.partition("/")
+    host, port = authority, 80
+    if authority.startswith("["):  # [::1]:8000
+        bracket = authority.index("]")
+        host, after = authority[1:bracket], authority[bracket + 1 :]
+        port = int(after[1:]) if after.startswith(":") else 80
+    elif ":" in authority:
+        name, _, digits = authority.rpartition(":")
+        host, port = name, int(digits)
+    lines = [f"POST /{path} HTTP/1.1", f"Host: {authority}", f"Content-Length: {len(data)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines += ["Connection: close", "", ""]
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn.sendall("\r\n".join(lines).encode("latin-1") + data)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
+    if not sep:
+        raise OSError(f"the connection to {authority} closed before a complete reply")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise OSError(f"not an HTTP reply from {authority}: {status_line[:100]!r}")
+    reply = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        reply[name.strip().lower()] = value.strip()
+    if "chunked" in reply.get("transfer-encoding", "").lower():
+        body = _dechunk(body)
+    elif reply.get("content-length", "").isdigit():
+        body = body[: int(reply["content-length"])]
+    if int(parts[1]) >= 400:
+        raise HttpError(int(parts[1]), body)
+    return reply, body
+
+
+def _dechunk(raw: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = raw.find(b"\r\n", at)
+        if end < 0:
+            raise OSError("a chunked reply ended early")
+        size = int(raw[at:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2
+
+
+def _urllib_post(
+    url: str, data: bytes, headers: dict[str, str], timeout: float
+) -> tuple[dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            found = {name.lower(): value for name, value in response.headers.items()}
+            return found, response.read()
+    except urllib.error.HTTPError as exc:
+        raise HttpError(exc.code, exc.read()) from None
+    except urllib.error.URLError as exc:
+        raise OSError(str(exc.reason)) from None
+
+
 # -- MCP tools (streamable HTTP, stdlib only) ---------------------------------------------------
 
 
@@ -236,13 +333,13 @@ class McpClient:
         }
         if self.session:
             headers["Mcp-Session-Id"] = self.session
-        request = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            self.session = response.headers.get("mcp-session-id") or self.session
-            kind = response.headers.get("content-type", "")
-            raw = response.read().decode("utf-8", "replace")
+        try:
+            found, data = http_post(self.url, json.dumps(body).encode(), headers, self.timeout)
+        except HttpError as exc:
+            raise RuntimeError(f"{exc}: {exc.body[:500].decode('utf-8', 'replace')}") from None
+        self.session = found.get("mcp-session-id") or self.session
+        kind = found.get("content-type", "")
+        raw = data.decode("utf-8", "replace")
         if notify:
             return None
         replies = (
@@ -336,19 +433,17 @@ def post_chat(url: str, key: str, body: dict[str, Any], args: argparse.Namespace
             "Authorization": f"Bearer {key}",
             "x-stainless-retry-count": str(attempt),
         }
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")
-            if exc.code < 500 and "rollout stopped" in detail:
+            return json.loads(http_post(url, data, headers, args.request_timeout)[1])
+        except HttpError as exc:
+            detail = exc.body.decode("utf-8", "replace")
+            if exc.status < 500 and "rollout stopped" in detail:
                 raise Stopped(_error_message(detail)) from None
-            if exc.code != 429 and exc.code < 500:
-                raise Fatal(f"HTTP {exc.code} from {url}: {detail[:2000]}") from None
-            problem = f"HTTP {exc.code}: {detail[:500]}"
-        except (urllib.error.URLError, OSError) as exc:
-            problem = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
+            if exc.status != 429 and exc.status < 500:
+                raise Fatal(f"HTTP {exc.status} from {url}: {detail[:2000]}") from None
+            problem = f"HTTP {exc.status}: {detail[:500]}"
+        except OSError as exc:
+            problem = f"cannot reach {url}: {exc}"
         except ValueError as exc:
             raise Fatal(f"the endpoint returned invalid JSON: {exc}") from None
         if attempt < args.retries:
