@@ -119,6 +119,9 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("stop_condition", pa.string()),
         pa.field("model", pa.string()),
         pa.field("policy_version", pa.int64()),
+        # Why the token columns are null: "missing" (a call came back without token ids) or
+        # "prefix_break" (a later prompt does not extend the earlier prompt + completion).
+        pa.field("token_error", pa.string()),
     ],
     metadata=_metadata("samples"),
 )
