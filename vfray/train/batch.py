@@ -65,6 +65,8 @@ class Batch:
     old_logprobs: FloatArray
     advantages: FloatArray
     """One per sample (``[B]``); every sampled token of a sample shares it."""
+    rewards: FloatArray
+    """One per sample (``[B]``): its rollout's reward (NaN: none), for logging."""
     policy_version: IntArray
     """One per sample: the oldest policy version among its model calls (-1: not stamped)."""
     position_ids: IntArray
@@ -82,7 +84,7 @@ class Batch:
     def sample_index(self) -> IntArray:
         """Per position: which sample it belongs to (padding: its row's sample)."""
         if self.layout == "padded":
-            return np.broadcast_to(  # type: ignore[no-any-return]
+            return np.broadcast_to(
                 np.arange(len(self), dtype=np.int64)[:, None], self.input_ids.shape
             )
         counts = np.diff(self.cu_seqlens)
@@ -204,6 +206,7 @@ def build_batch(
     attention[occupied] = 1
     positions[occupied] = occupied - starts[row]
     advantages = np.asarray(rows.column("advantage").to_numpy(), dtype=np.float32)[keep]
+    rewards = pc.fill_null(rows.column("reward"), np.nan).to_numpy().astype(np.float32)[keep]
     versions = pc.fill_null(rows.column("policy_version"), -1).to_numpy().astype(np.int64)[keep]
     trace_ids = rows.column("trace_id").to_numpy()[keep]
     return Batch(
@@ -212,6 +215,7 @@ def build_batch(
         loss_mask=loss.reshape(shape),
         old_logprobs=old_lp.reshape(shape),
         advantages=advantages,
+        rewards=rewards,
         policy_version=versions,
         position_ids=positions.reshape(shape),
         lengths=lengths,

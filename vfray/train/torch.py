@@ -32,6 +32,7 @@ TENSORS = (
     "loss_mask",
     "old_logprobs",
     "advantages",
+    "rewards",
     "policy_version",
     "position_ids",
     "lengths",
@@ -75,14 +76,16 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.batch_size, self.device, self.build = batch_size, device, build
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        # Start the farm here, on the caller's thread (Ray installs signal handlers).
+        # The stream (training mode settles the farm's sampling) and the farm's start (Ray
+        # installs signal handlers) belong on the caller's thread; the stream runs on the
+        # thread's loop from its first item on.
+        stream = self.farm.stream(self.tasks, self.n)
         self.farm._start()
         handoff: queue.Queue[Batch | _Done] = queue.Queue(maxsize=1)
         stop = threading.Event()
         ready: queue.Queue[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]] = queue.Queue()
 
         async def produce() -> None:
-            stream = self.farm.stream(self.tasks, self.n)
             try:
                 async for batch in stream_batches(stream, self.batch_size, **self.build):
                     while not stop.is_set():
