@@ -1,13 +1,13 @@
 """GRPO on vfray, end to end: a tiny character-level policy (``policy.py``) trained from scratch
 on rollouts that ``Farm.stream`` runs through its own OpenAI-compatible endpoint.
 
-The task: the prompt is a digit, the reply should be the next two digits ("7" -> "89", "9" ->
-"01"). A random policy scores ~0.05; a few hundred groups later it scores ~1.0. Each step takes
-one batch of whole groups from :class:`vfray.train.torch.StreamDataset`, recomputes the sampled
-tokens' logprobs, takes a clipped policy-gradient step with vfray's group advantages, and tells
-the farm the new policy version.
+The task: the prompt is a digit, the reply should be the next digit and nothing else ("7" ->
+"8", "9" -> "0"). A random policy scores ~0.05. Each step takes one batch of whole groups from
+:class:`vfray.train.torch.StreamDataset`, recomputes the sampled tokens' logprobs, takes a few
+clipped policy-gradient steps with vfray's group advantages (plus a small entropy bonus, so a
+prompt whose group is all wrong is not abandoned), and tells the farm the new policy version.
 
-    python examples/rl/grpo.py --steps 60 --plot examples/rl/reward_curve.png
+    python examples/rl/grpo.py --steps 40 --plot examples/rl/reward_curve.png
 
 Runs on a GPU unchanged when one is there (``--device cuda`` is picked automatically).
 """
@@ -32,29 +32,27 @@ import vfray as vf
 from vfray.train.torch import StreamDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policy import CharPolicy, serve_policy
+from policy import OUTPUTS, CharPolicy, serve_policy
 
 
-class NextDigits(vf.TaskData):
+class NextDigit(vf.TaskData):
     answer: str
 
 
-class NextDigitsTask(vf.Task[NextDigits]):
+class NextDigitTask(vf.Task[NextDigit]):
     @vf.reward
     def correct(self, trace: vf.Trace) -> float:
-        """Half a point per right digit, halved again when the reply is not exactly 2 long."""
+        """1 for exactly the next digit, 0.5 when it is followed by more characters."""
         reply = trace.last_reply or ""
-        right = sum(a == b for a, b in zip(reply, self.data.answer, strict=False))
-        return right / 2 * (1.0 if len(reply) == 2 else 0.5)
+        return 1.0 if reply == self.data.answer else 0.5 * reply.startswith(self.data.answer)
 
 
-def tasks(seed: int = 0) -> Iterator[NextDigitsTask]:
+def tasks(seed: int = 0) -> Iterator[NextDigitTask]:
     """Endless prompts, each a random digit (keys unique per draw)."""
     rng = random.Random(seed)
     for i in itertools.count():
         d = rng.randrange(10)
-        answer = f"{(d + 1) % 10}{(d + 2) % 10}"
-        yield NextDigitsTask(NextDigits(prompt=str(d), answer=answer), key=f"{i}:{d}")
+        yield NextDigitTask(NextDigit(prompt=str(d), answer=str((d + 1) % 10)), key=f"{i}:{d}")
 
 
 @dataclass
@@ -67,10 +65,12 @@ class History:
 
 
 def train(
-    steps: int = 60,
-    groups_per_step: int = 8,
-    group_size: int = 8,
-    lr: float = 3e-2,
+    steps: int = 40,
+    groups_per_step: int = 16,
+    group_size: int = 4,
+    lr: float = 1e-2,
+    epochs: int = 4,
+    entropy: float = 0.02,
     clip: float = 0.2,
     backend: str = "local",
     device: str | None = None,
@@ -106,19 +106,27 @@ def train(
         for step, batch in enumerate(batches):
             ids, sampled = batch["input_ids"], batch["loss_mask"].bool()
             mask, old = sampled.float(), batch["old_logprobs"]
-            # Off the sampled tokens (prompt, padding) the masked policy gives -inf: use old.
-            new = torch.where(sampled, policy.token_logprobs(ids), old)
-            if history.first_mismatch is None:
-                # Same weights that sampled: the recorded logprobs should match to float error.
-                history.first_mismatch = float((new.detach() - old).abs().max())
-            ratio = torch.exp(new - old)
             adv = batch["advantages"][:, None]
-            surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
-            loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
-            with lock:
+            for _ in range(epochs):
+                logprobs, _state = policy(ids)
+                # Off the sampled tokens (prompt, padding) the masked policy gives -inf.
+                picked = logprobs[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+                new = torch.where(sampled[:, 1:], picked, old[:, 1:])
+                if history.first_mismatch is None:
+                    # The weights that sampled: the recorded logprobs match to float error.
+                    history.first_mismatch = float((new.detach() - old[:, 1:]).abs().max())
+                ratio = torch.exp(new - old[:, 1:])
+                clipped = torch.clamp(ratio, 1 - clip, 1 + clip)
+                surrogate = torch.minimum(ratio * adv, clipped * adv)
+                # The entropy of the distributions the sampled tokens were drawn from.
+                dist = logprobs[:, :-1, OUTPUTS]
+                ent = -(dist.exp() * dist).sum(-1)
+                weight = mask[:, 1:]
+                loss = -((surrogate + entropy * ent) * weight).sum() / weight.sum().clamp(min=1)
                 optimizer.zero_grad()
                 loss.backward()
-                optimizer.step()
+                with lock:  # the endpoint never samples from half-updated weights
+                    optimizer.step()
             farm.set_policy_version(step + 1)
             reward = float(batch["rewards"].nanmean())
             history.rewards.append(reward)
@@ -157,10 +165,10 @@ def plot(history: History, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--groups-per-step", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-2)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--groups-per-step", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--backend", default="local", choices=["local", "ray"])
     parser.add_argument("--device", default=None)
     parser.add_argument("--output-dir", default="outputs")
