@@ -41,3 +41,12 @@ def test_a_few_grpo_steps_run_end_to_end(tmp_path: Path) -> None:
     assert samples.num_rows >= 3 * 8
     assert samples.column("token_error").null_count == samples.num_rows
     assert samples.column("completion_logprobs").null_count == 0
+
+
+def test_the_grpo_notebook_is_committed_without_outputs() -> None:
+    import nbformat
+
+    book = nbformat.read(EXAMPLE.parents[1] / "notebooks" / "grpo.ipynb", as_version=4)
+    code = [c for c in book.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert any("grpo.train(" in c.source for c in code)

@@ -103,24 +103,31 @@ def _lists(column: pa.ChunkedArray | pa.Array) -> tuple[npt.NDArray[np.int64], p
     return offsets - offsets[0], values
 
 
+def _valid(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def _usable(samples: pa.Table, stats: BatchStats) -> pa.Table:
-    """The rows a trainer can use; the others are counted in ``stats`` by reason."""
+    """The rows a trainer can use; the others are counted in ``stats`` by reason. The table
+    is filtered (its lists copied) only when a row is left out."""
     stats.samples = samples.num_rows
-    has_adv = pc.is_valid(samples.column("advantage"))
-    stats.no_advantage = samples.num_rows - int(pc.sum(has_adv).as_py() or 0)
-    rest = samples.filter(has_adv)
-    has_ids = pc.and_(
-        pc.is_valid(rest.column("prompt_token_ids")),
-        pc.is_valid(rest.column("completion_token_ids")),
+    adv = _valid(samples.column("advantage"))
+    ids = _valid(samples.column("prompt_token_ids")) & _valid(
+        samples.column("completion_token_ids")
     )
-    # A row without ids and without a recorded reason had no answered call: "missing" too.
-    reasons = pc.fill_null(rest.column("token_error"), "missing").filter(pc.invert(has_ids))
-    for entry in pc.value_counts(reasons).to_pylist():  # one entry per distinct reason
-        stats.token_errors[entry["values"]] = int(entry["counts"])
-    rest = rest.filter(has_ids)
-    has_lp = pc.is_valid(rest.column("completion_logprobs"))
-    stats.no_logprobs = rest.num_rows - int(pc.sum(has_lp).as_py() or 0)
-    return rest.filter(has_lp)
+    logprobs = _valid(samples.column("completion_logprobs"))
+    stats.no_advantage = int((~adv).sum())
+    untokenised = adv & ~ids
+    if untokenised.any():
+        # A row without ids and without a recorded reason had no answered call: "missing" too.
+        reasons = pc.fill_null(samples.column("token_error"), "missing")
+        for entry in pc.value_counts(reasons.filter(pa.array(untokenised))).to_pylist():
+            stats.token_errors[entry["values"]] = int(entry["counts"])  # per distinct reason
+    stats.no_logprobs = int((adv & ids & ~logprobs).sum())
+    keep = adv & ids & logprobs
+    return samples if keep.all() else samples.filter(pa.array(keep))
 
 
 def build_batch(
