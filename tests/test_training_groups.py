@@ -135,6 +135,17 @@ def test_run_summary_reports_both_views(tmp_path: Path) -> None:
     assert summary["reward_mean_counted"] == 1.0
     advantages = result.episodes.column("advantages").to_pylist()
     assert advantages == [[None, None]] * 3
+    from rich.console import Console
+
+    from vfray.cli.report import results_table
+
+    console = Console(record=True, width=120)
+    console.print(results_table(summary))
+    text = console.export_text()
+    assert "groups with < 2 counted rollouts" in text
+    # The failed rollouts were never scored, so both means agree and one line says it.
+    assert summary["reward_mean"] == 1.0
+    assert "infra failures left out" not in text
 
 
 def test_each_dialect_asks_for_tokens_its_own_way() -> None:
@@ -201,3 +212,15 @@ def test_a_training_stream_refuses_an_endpoint_without_token_ids(tmp_path: Path)
     with vf.Farm(model, output_dir=str(tmp_path), **opts) as farm:
         group = asyncio.run(_first_group(farm, tokens=False))
     assert group.traces[0].calls[0].completion_token_ids is None
+
+
+async def test_summary_leaves_scored_infrastructure_failures_out_of_the_counted_mean() -> None:
+    from vfray.run.results import summarize
+    from vfray.traces.convert import traces_to_table
+
+    episode = await _episode(
+        [(None, "agent"), (None, "agent"), (HarnessError("crash"), "agent"), (None, "agent")]
+    )
+    summary = summarize(traces_to_table(episode.traces))
+    assert summary["reward_mean"] == pytest.approx(0.75)  # every scored row
+    assert summary["reward_mean_counted"] == pytest.approx(2 / 3)  # the crash left out
