@@ -44,6 +44,11 @@ class SamplingConfig(BaseModel):
     top_p: float | None = Field(None, description="nucleus sampling")
     max_tokens: int | None = Field(None, description="completion tokens per call")
     seed: int | None = Field(None, description="sampling seed, when the endpoint honours it")
+    return_tokens: bool | None = Field(
+        None,
+        description="ask the endpoint for token ids and logprobs, in each wire dialect's way "
+        "(vLLM: logprobs + return_token_ids); Farm.stream turns it on",
+    )
 
     def as_params(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
@@ -82,6 +87,11 @@ class EnvConfig(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     scoring: dict[str, str] = Field(
         default_factory=dict, description="hook name -> 'pkg.mod:fn' or 'file.py:fn'"
+    )
+    count_failed: bool = Field(
+        False,
+        description="rollouts that failed for infrastructure reasons (box, endpoint, agent "
+        "crash) count in group rewards, means and advantages",
     )
 
     def limits(self) -> Limits:

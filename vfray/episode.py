@@ -1,8 +1,9 @@
 """Episodes: the n traces of one task, their group rewards, pass@k and RL advantages.
 
 :func:`finalize_episode` is what runs once all n rollouts of a task are done: it runs the
-task's ``@group_reward`` hooks, stamps each trace with the episode id and its advantage, and
-returns the :class:`Episode` record.
+task's ``@group_reward`` hooks over the rollouts that count, stamps each trace with the episode
+id and its advantage, and returns the :class:`Episode` record. A rollout that failed for a
+reason outside the policy (:func:`infra_failure`) does not count by default.
 """
 
 from __future__ import annotations
@@ -26,19 +27,49 @@ from vfray.scoring import (
 from vfray.task import Task
 from vfray.trace import TaskRecord, Trace, new_id
 
+INFRA_ERRORS = frozenset(
+    {
+        "SandboxError",
+        "ProviderError",
+        "InterceptionError",
+        "InfrastructureError",
+        "HarnessError",
+        "TaskError",
+    }
+)
+"""Error types that say nothing about the policy: the box, the endpoint, the interception, an
+actor, the agent program or the task's own code failed. A phase timeout counts only outside
+the agent phase (a policy that loops until its deadline is evidence about the policy)."""
+
+
+def infra_failure(trace: Trace) -> bool:
+    """Whether ``trace`` failed for a reason outside the policy (see :data:`INFRA_ERRORS`)."""
+    err = trace.error()
+    if err is None:
+        return False
+    if err.type == "PhaseTimeoutError":
+        return err.phase != "agent"
+    return err.type in INFRA_ERRORS
+
 
 class Episode(BaseModel):
     """The n rollouts of one task.
 
-    A trace without a reward (every reward hook failed or was skipped, or the rollout errored
-    before scoring) has reward ``None``: it counts as a failure for :meth:`pass_at_k` and is
-    left out of the mean, so its advantage is ``None`` (a broken sandbox is not a policy signal).
+    A rollout *counts* when it has a reward and, unless ``count_failed``, did not fail for a
+    reason outside the policy (:func:`infra_failure`): only counted rollouts enter the mean and
+    get an advantage; the others keep their rows and their own reward, with advantage ``None``.
+    A group with fewer than 2 counted rollouts has no advantages at all (nothing to compare):
+    ``trainable`` is False. A trace without a reward counts as a failure for
+    :meth:`pass_at_k`.
     """
 
     episode_id: str = Field(default_factory=new_id)
     task: TaskRecord
     traces: list[Trace] = Field(default_factory=list)
     group_rewards: dict[str, list[float | None]] = Field(default_factory=dict)
+    count_failed: bool = False
+    """Count rollouts that failed for infrastructure reasons too (the config's
+    ``env.count_failed``)."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -48,24 +79,47 @@ class Episode(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def counted(self) -> list[bool]:
+        """Per trace: whether it enters the group's mean and advantages."""
+        return [
+            t.reward is not None and (self.count_failed or not infra_failure(t))
+            for t in self.traces
+        ]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def mean_reward(self) -> float | None:
-        scored = [r for r in self.rewards if r is not None]
-        return sum(scored) / len(scored) if scored else None
+        """The mean reward of the counted rollouts."""
+        scored = [t.reward for t, c in zip(self.traces, self.counted, strict=True) if c]
+        return sum(scored) / len(scored) if scored else None  # type: ignore[arg-type]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def trainable(self) -> bool:
+        """At least 2 counted rollouts: the group says something about the policy."""
+        return sum(self.counted) >= 2
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def advantages(self) -> list[float | None]:
-        """Reward minus the group's mean reward (GRPO-style, not divided by the std). In a
-        multi-agent episode the group is the traces of the same seat: each seat is its own
-        policy's sample, so a proposer is not compared with a solver."""
-        means: dict[str | None, float | None] = {}
+        """Reward minus the group's mean reward (GRPO-style, not divided by the std), for the
+        counted rollouts of a trainable group; ``None`` otherwise. In a multi-agent episode
+        the group is the counted traces of the same seat: each seat is its own policy's sample,
+        so a proposer is not compared with a solver (a seat with fewer than 2 has none)."""
+        out: list[float | None] = [None] * len(self.traces)
+        if not self.trainable:
+            return out
+        counted = self.counted
         for seat in {t.seat for t in self.traces}:
-            scored = [t.reward for t in self.traces if t.seat == seat and t.reward is not None]
-            means[seat] = sum(scored) / len(scored) if scored else None
-        out: list[float | None] = []
-        for trace in self.traces:
-            mean = means[trace.seat]
-            out.append(None if trace.reward is None or mean is None else trace.reward - mean)
+            members = [
+                i for i, t in enumerate(self.traces) if t.seat == seat and counted[i]
+            ]
+            if len(members) < 2:
+                continue
+            rewards = [self.traces[i].reward or 0.0 for i in members]
+            mean = sum(rewards) / len(rewards)
+            for i, reward in zip(members, rewards, strict=True):
+                out[i] = reward - mean
         return out
 
     def pass_at_k(self, k: int, threshold: float = 1.0) -> float:
@@ -98,26 +152,36 @@ async def score_group(
     traces: Sequence[Trace],
     overrides: Overrides | None = None,
     timeout: float | None = None,
+    *,
+    count_failed: bool = True,
 ) -> dict[str, list[float | None]]:
     """Run the ``@group_reward`` hooks over the n traces of one task; one value per trace and key.
 
     Each value is also written to its trace as ``RewardRecord(group=True)``; a hook that fails,
     returns the wrong number of values or is still running after ``timeout`` seconds yields
-    ``None`` for every trace with the error recorded.
+    ``None`` for every trace with the error recorded. Unless ``count_failed``, the hooks see
+    only the traces that did not fail for infrastructure reasons, and the others get no group
+    reward; with fewer than 2 of those left the hooks do not run.
     """
     hooks = select_hooks(task, overrides, HookKind.GROUP_REWARD)
-    n = len(traces)
     if hooks:
-        validate_group_config(type(task), n, overrides)
+        validate_group_config(type(task), len(traces), overrides)
+    keep = [i for i, t in enumerate(traces) if count_failed or not infra_failure(t)]
+    if hooks and len(keep) < 2:
+        return {}
+    scored = [traces[i] for i in keep]
+    n = len(scored)
     out: dict[str, list[float | None]] = {}
-    available = {"traces": list(traces), "task": task}
+    available = {"traces": scored, "task": task}
     async for level in run_levels(hooks, task, available, True, timeout):
         for hook, result in level:
             for key, raw in spread_keys(hook, result).items():
                 column = _column(raw, n)
-                out[key] = [value for value, _ in column]
-                for trace, (value, error) in zip(traces, column, strict=True):
+                values: list[float | None] = [None] * len(traces)
+                for i, trace, (value, error) in zip(keep, scored, column, strict=True):
+                    values[i] = value
                     store_score(trace, hook, key, value, error)
+                out[key] = values
     return out
 
 
@@ -127,20 +191,31 @@ async def finalize_episode(
     overrides: Overrides | None = None,
     episode_id: str | None = None,
     timeout: float | None = None,
+    *,
+    count_failed: bool = False,
 ) -> Episode:
     """Run the task's group rewards over its traces (abandoning any still running after
     ``timeout`` seconds) and build the :class:`Episode`.
 
     Stamps every trace with ``episode_id`` (a resumed group keeps the id its traces share) and
-    its ``advantage``.
+    its ``advantage``. ``count_failed``: rollouts that failed for infrastructure reasons count
+    too (see :class:`Episode`).
     """
     if episode_id is None:
         ids = {t.episode_id for t in traces}
         shared = ids.pop() if len(ids) == 1 else None
         episode_id = shared or new_id()
-    group = await score_group(task, traces, overrides, timeout) if traces else {}
+    group = (
+        await score_group(task, traces, overrides, timeout, count_failed=count_failed)
+        if traces
+        else {}
+    )
     episode = Episode(
-        episode_id=episode_id, task=task.record(), traces=list(traces), group_rewards=group
+        episode_id=episode_id,
+        task=task.record(),
+        traces=list(traces),
+        group_rewards=group,
+        count_failed=count_failed,
     )
     for trace, advantage in zip(episode.traces, episode.advantages, strict=True):
         trace.episode_id = episode_id

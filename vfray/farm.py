@@ -96,23 +96,27 @@ class Farm:
             cfg.address = address
         if backend is not None:
             cfg.backend = backend  # type: ignore[assignment]  # validated just below
-        self.spec: RunSpec = resolve_run(
-            cfg,
-            {
-                "hosts": hosts,
-                "host_concurrency": host_concurrency,
-                "max_retries": max_retries,
-                "flush_rows": flush_rows,
-                "flush_seconds": flush_seconds,
-                "num_cpus": num_cpus,
-            },
-        )
-        self.config = self.spec.config
+        self._knobs: dict[str, Any] = {
+            "hosts": hosts,
+            "host_concurrency": host_concurrency,
+            "max_retries": max_retries,
+            "flush_rows": flush_rows,
+            "flush_seconds": flush_seconds,
+            "num_cpus": num_cpus,
+        }
         self.progress = progress
         self.policy_version: int | None = None
-        self._backend: FarmBackend = load_object(BACKENDS[self.spec.backend])(self.spec)
+        self._resolve(cfg)
         self._closed = False
+        self._started = False
         self._streams: list[GroupStream] = []
+
+    def _resolve(self, cfg: EvalConfig) -> None:
+        self.spec: RunSpec = resolve_run(cfg, self._knobs)
+        self.config = self.spec.config
+        self._backend: FarmBackend = load_object(BACKENDS[self.spec.backend])(self.spec)
+        if self.policy_version is not None:
+            self._backend.set_policy_version(self.policy_version)
 
     @property
     def plan(self) -> RolloutPlan:
@@ -137,6 +141,7 @@ class Farm:
     def _start(self) -> None:
         if self._closed:
             raise RuntimeError("this Farm is closed")
+        self._started = True
         self._backend.start()
 
     def close(self) -> None:
@@ -265,21 +270,50 @@ class Farm:
         return RunResult(run_dir)
 
     def stream(
-        self, tasks: Iterable[Task[Any]], rollouts_per_task: int = 2, *, name: str | None = None
+        self,
+        tasks: Iterable[Task[Any]],
+        rollouts_per_task: int = 2,
+        *,
+        name: str | None = None,
+        tokens: bool = True,
     ) -> GroupStream:
         """Yield each task's scored group as soon as it finishes (for RL training loops), as an
         async iterator. Rows are also written to a run folder, as with :meth:`run`. Stopping
         early is clean: ``break`` and leave the ``with Farm`` block (or ``await
-        stream.aclose()``); every box is torn down and the rows written so far are kept."""
+        stream.aclose()``); every box is torn down and the rows written so far are kept.
+
+        ``tokens`` (training mode, the default): the endpoint is asked for token ids and
+        logprobs (``sampling.return_tokens``), and the stream stops with a
+        :class:`~vfray.errors.ConfigError` at the first group whose model calls came back
+        without token ids, before the trainer sees it. A group with fewer than 2 rollouts that
+        count (:attr:`EpisodeGroup.trainable`) is yielded with no advantages, and logged."""
         tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
+        if tokens and not self.config.sampling.return_tokens:
+            self._ask_for_tokens()
+        checked = not tokens
 
         async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
             run_dir, run_id = self._run_dir(name, None)
 
             async def deliver_outcome(outcome: Any) -> None:
-                if outcome.episode is not None:
-                    await deliver(EpisodeGroup(outcome.episode))
+                nonlocal checked
+                if outcome.episode is None:
+                    return
+                group = EpisodeGroup(outcome.episode)
+                if not checked:
+                    checked = _check_tokens(group, self.config.model.name)
+                if not group.trainable:
+                    log.warning(
+                        "task %s: %d of %d rollouts count (the others failed: %s); "
+                        "the group has no advantages",
+                        group.episode.task.key,
+                        sum(group.counted),
+                        len(group.traces),
+                        ", ".join(sorted({e.type for t in group.traces for e in t.errors[:1]}))
+                        or "no reward",
+                    )
+                await deliver(group)
 
             plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
             header = self._header(run_id, name, rollouts_per_task)
@@ -292,6 +326,17 @@ class Farm:
         stream = GroupStream(produce)
         self._streams.append(stream)
         return stream
+
+    def _ask_for_tokens(self) -> None:
+        """Turn ``sampling.return_tokens`` on, before anything started."""
+        if self._started:
+            raise ConfigError(
+                "this farm already started without asking the endpoint for token ids; build it "
+                "with sampling={'return_tokens': True} to train, or pass tokens=False"
+            )
+        cfg = self.config.model_copy(deep=True)
+        cfg.sampling.return_tokens = True
+        self._resolve(cfg)
 
     def _run_plan(self, run_id: str, n: int, *, streaming: bool) -> RunPlan:
         return RunPlan(
@@ -312,6 +357,7 @@ class Farm:
             ),
             scoring_timeout=self.config.env.timeouts.scoring,
             retry=self.config.retry,
+            count_failed=self.config.env.count_failed,
         )
 
     @contextlib.asynccontextmanager
@@ -320,6 +366,7 @@ class Farm:
         the run fails or is cancelled), then the run's own resources are released."""
         if self._closed:
             raise RuntimeError("this Farm is closed")
+        self._started = True
         async with self._backend.open_run(run_dir, header) as backend:
             yield backend
 
@@ -335,6 +382,20 @@ class Farm:
                 self._backend.prepare(task)
                 seen.add(type(task))
             yield task
+
+
+def _check_tokens(group: EpisodeGroup, model: str) -> bool:
+    """True once a model call of ``group`` was answered with token ids; a group whose answered
+    calls all lack them stops a training stream (the samples could not be trained on)."""
+    answered = [c for t in group.traces for c in t.calls if c.response_id is not None]
+    if not answered:
+        return False
+    if any(c.completion_token_ids is not None for c in answered):
+        return True
+    raise ConfigError(
+        f"model {model!r} returned no token ids, so its samples cannot be trained on: serve it "
+        "with vLLM (which returns them when asked) or pass tokens=False to stream() to evaluate"
+    )
 
 
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:

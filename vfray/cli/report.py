@@ -38,6 +38,12 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     if summary.get("attempts", 0) != summary.get("rollouts"):
         table.add_row("attempts (incl. retried)", _fmt(summary.get("attempts")))
     table.add_row(REWARD_LABEL, reward)
+    counted = summary.get("reward_mean_counted")
+    if counted is not None and counted != mean:
+        # Rollouts that failed for infrastructure reasons carry no policy signal.
+        table.add_row("reward (infra failures left out)", _fmt(counted))
+    if summary.get("groups_untrainable"):
+        table.add_row("groups with < 2 counted rollouts", _fmt(summary["groups_untrainable"]))
     for key in sorted(k for k in summary if k.startswith("pass@")):
         table.add_row(key, _fmt(summary[key]))
     for seat, value in summary.get("seats", {}).items():

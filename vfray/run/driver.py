@@ -128,6 +128,8 @@ class RunPlan:
     """Seconds a group's ``@group_reward`` hooks may run (the config's ``env.timeouts.scoring``)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of provider retries and the endpoint circuit (the config's ``retry``)."""
+    count_failed: bool = False
+    """Infrastructure failures count in their group (``env.count_failed``)."""
 
     def episode_spec(self) -> EpisodeSpec:
         return EpisodeSpec(
@@ -135,6 +137,7 @@ class RunPlan:
             overrides=self.scoring_overrides,
             keep=self.keep_episodes,
             scoring_timeout=self.scoring_timeout,
+            count_failed=self.count_failed,
         )
 
 

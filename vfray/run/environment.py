@@ -260,7 +260,12 @@ class LocalEnvironment:
                     *(self.rollout(task, rollout_index=i, run_id=run_id) for i in range(n))
                 )
             )
-        return await finalize_episode(task, traces, self.plan.scoring_overrides)
+        return await finalize_episode(
+            task,
+            traces,
+            self.plan.scoring_overrides,
+            count_failed=self.spec.config.env.count_failed,
+        )
 
 
 async def run_rollout(task: Task[Any], **options: Any) -> Trace:

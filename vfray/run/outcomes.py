@@ -103,6 +103,16 @@ class EpisodeGroup:
         return self.episode.advantages
 
     @property
+    def counted(self) -> list[bool]:
+        """Per rollout: whether it counts in the group (see :class:`~vfray.Episode`)."""
+        return self.episode.counted
+
+    @property
+    def trainable(self) -> bool:
+        """At least 2 rollouts count: the group has advantages to train on."""
+        return self.episode.trainable
+
+    @property
     def group_rewards(self) -> dict[str, list[float | None]]:
         return self.episode.group_rewards
 
@@ -120,6 +130,8 @@ class EpisodeSpec(BaseModel):
     """Return the scored :class:`Episode` in the outcome (streaming), not only its rows."""
     scoring_timeout: float | None = None
     """Seconds the group rewards may run (``env.timeouts.scoring``); a task's own wins."""
+    count_failed: bool = False
+    """Rollouts that failed for infrastructure reasons count in the group (``env.count_failed``)."""
 
 
 class RolloutJob(BaseModel):
@@ -170,7 +182,12 @@ async def finish_episode(
     task, spec = job.task, job.spec
     timeout = task.data.timeout.scoring or spec.scoring_timeout
     episode = await finalize_episode(
-        task, [*job.previous, *new], spec.overrides, episode_id=job.episode_id, timeout=timeout
+        task,
+        [*job.previous, *new],
+        spec.overrides,
+        episode_id=job.episode_id,
+        timeout=timeout,
+        count_failed=spec.count_failed,
     )
     episode.traces.sort(key=lambda t: t.rollout_index)  # stable: a game keeps its seat order
     outcome = EpisodeOutcome(

@@ -75,12 +75,42 @@ def _pass_at_k(episodes: pa.Table) -> dict[str, float]:
     return out
 
 
+def _counted_rewards(final: pa.Table) -> list[float]:
+    """The rewards of the rows that count in their group: not failed for infrastructure
+    reasons (:func:`vfray.episode.infra_failure`, read from the error columns)."""
+    from vfray.episode import INFRA_ERRORS
+
+    out = []
+    for reward, kind, phase in zip(
+        final.column("reward").to_pylist(),
+        final.column("error_type").to_pylist(),
+        final.column("error_phase").to_pylist(),
+        strict=True,
+    ):
+        infra = kind in INFRA_ERRORS or (kind == "PhaseTimeoutError" and phase != "agent")
+        if reward is not None and not infra:
+            out.append(reward)
+    return out
+
+
+def _untrainable_groups(episodes: pa.Table) -> int:
+    """Groups left with fewer than 2 counted rollouts: no advantage at all."""
+    return sum(
+        1
+        for advantages in episodes.column("advantages").to_pylist()
+        if not any(a is not None for a in advantages or [])
+    )
+
+
 def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, Any]:
-    """The numbers a results table shows, as a plain dict."""
+    """The numbers a results table shows, as a plain dict. ``reward_mean`` is over every row
+    with a reward; ``reward_mean_counted`` leaves out the rollouts that failed for
+    infrastructure reasons, as group means and advantages do."""
     final = final_rows(traces)
     rows = final.num_rows
     rewards = [r for r in final.column("reward").to_pylist() if r is not None] if rows else []
     mean, stderr = _mean_stderr(rewards)
+    counted_mean, counted_stderr = _mean_stderr(_counted_rewards(final) if rows else [])
     errors = Counter(e for e in final.column("error_type").to_pylist() if e) if rows else {}
     phases: dict[str, float | None] = {}
     for phase in PHASES:
@@ -93,6 +123,13 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
         "ok": int(sum(1 for v in final.column("ok").to_pylist() if v)) if rows else 0,
         "reward_mean": mean,
         "reward_stderr": stderr,
+        "reward_mean_counted": counted_mean,
+        "reward_stderr_counted": counted_stderr,
+        **(
+            {"groups_untrainable": _untrainable_groups(episodes)}
+            if episodes is not None and episodes.num_rows
+            else {}
+        ),
         **(_pass_at_k(episodes) if episodes is not None else {}),
         "rewards": _score_means(final.column("rewards").to_pylist()) if rows else {},
         "metrics": _score_means(final.column("metrics").to_pylist()) if rows else {},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import threading
@@ -108,7 +109,8 @@ class ScriptedModel:
     (see :class:`Sampler`). ``latency`` is slept before every completion. With
     ``context_window`` set, a request whose prompt tokens plus ``max_tokens`` exceed it is
     refused as a context-length error. ``count_tokens=False`` leaves out Anthropic's
-    ``/v1/messages/count_tokens`` (as vLLM does).
+    ``/v1/messages/count_tokens`` (as vLLM does). ``tokens=False`` ignores requests for token
+    ids and logprobs, as an endpoint that cannot return them does (``scripted:echo?tokens=0``).
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class ScriptedModel:
         context_window: int | None = None,
         history_size: int = 1000,
         count_tokens: bool = True,
+        tokens: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
@@ -129,6 +132,7 @@ class ScriptedModel:
             raise ValueError("latency must be >= 0 and accuracy within [0, 1]")
         self.policy, self.latency, self.accuracy, self.seed = policy, latency, accuracy, seed
         self.model_name, self.context_window = model_name, context_window
+        self.tokens = bool(tokens)
         self.calls = 0
         """Completions answered by the policy (errors and refusals not counted)."""
         self.token_counts = 0
@@ -227,6 +231,8 @@ class ScriptedModel:
         if latency:
             await asyncio.sleep(latency)
         conv = parsed.conv
+        if not self.tokens:
+            conv = dataclasses.replace(conv, want_tokens=False)
         policy = _request_policy(request) or self.policy
         decision = decide(policy, conv, self.accuracy, self._sampler)
         call_id = wire.new_id("toolu_" if dialect == "anthropic" else "call_")

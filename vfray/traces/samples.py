@@ -2,7 +2,8 @@
 
 A branch is one linear context, so its calls' token ids line up into one sequence: the first
 call's prompt, then for every turn the tokens the environment inserted (mask 0) followed by
-the tokens the model sampled (mask 1).
+the tokens the model sampled (mask 1). A branch whose ids do not line up exactly is never
+repaired: its token columns are null and ``token_error`` says why.
 """
 
 from __future__ import annotations
@@ -29,12 +30,26 @@ class BranchTokens:
     completion_logprobs: list[float] | None
 
 
-def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
-    """Line up the token ids of a branch's calls, or None when they cannot be lined up.
+MISSING = "missing"
+"""``token_error``: a call of the branch came back without prompt or completion token ids."""
+PREFIX_BREAK = "prefix_break"
+"""``token_error``: a later prompt does not start with the earlier prompt + completion (the
+history was re-tokenised differently, or edited): the sample cannot be trained on exactly."""
 
-    None when a call lacks token ids, or when a later prompt does not start with the earlier
-    prompt + completion (the tokenizer re-encoded the history differently): such a branch
-    cannot be trained on token-exactly, and guessing would corrupt the sample.
+
+def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
+    """Line up the token ids of a branch's calls, or None when they cannot be lined up."""
+    tokens = check_branch_tokens(calls)
+    return tokens if isinstance(tokens, BranchTokens) else None
+
+
+def check_branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | str | None:
+    """Line up the token ids of a branch's calls; the reason (:data:`MISSING`,
+    :data:`PREFIX_BREAK`) when they cannot be, None when no call was answered.
+
+    A branch is refused when a call lacks token ids, or when a later prompt does not start
+    with the earlier prompt + completion (the tokenizer re-encoded the history differently):
+    it cannot be trained on token-exactly, and guessing would corrupt the sample.
     Logprobs are None when any call lacks them; inserted tokens get logprob 0.0 (masked).
     """
     answered = [c for c in calls if c.response_id is not None]
@@ -42,7 +57,7 @@ def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
         return None
     first = answered[0]
     if first.prompt_token_ids is None or first.completion_token_ids is None:
-        return None
+        return MISSING
     prompt = list(first.prompt_token_ids)
     completion = list(first.completion_token_ids)
     mask = [1] * len(completion)
@@ -52,9 +67,9 @@ def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
     context = prompt + completion
     for call in answered[1:]:
         if call.prompt_token_ids is None or call.completion_token_ids is None:
-            return None
+            return MISSING
         if call.prompt_token_ids[: len(context)] != context:
-            return None
+            return PREFIX_BREAK
         inserted = call.prompt_token_ids[len(context) :]
         completion += inserted
         completion += call.completion_token_ids
@@ -71,7 +86,8 @@ def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
 
 def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
     calls = [trace.calls[i] for i in branch.call_indices if i < len(trace.calls)]
-    tokens = branch_tokens(calls)
+    checked = check_branch_tokens(calls)
+    tokens = checked if isinstance(checked, BranchTokens) else None
     versions = [c.policy_version for c in calls if c.policy_version is not None]
     stop = trace.stop_condition
     return {
@@ -96,6 +112,7 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
         "policy_version": min(versions) if versions else None,
         "seat": trace.seat,
         "agent_name": trace.agent.name,
+        "token_error": checked if isinstance(checked, str) else None,
     }
 
 

@@ -124,6 +124,9 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("policy_version", pa.int64()),
         pa.field("seat", pa.string()),
         pa.field("agent_name", pa.string()),
+        # Why the token columns are null: "missing" (a call came back without token ids) or
+        # "prefix_break" (a later prompt does not extend the earlier prompt + completion).
+        pa.field("token_error", pa.string()),
     ],
     metadata=_metadata("samples"),
 )

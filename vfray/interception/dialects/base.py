@@ -150,12 +150,24 @@ class Dialect(ABC):
     @abstractmethod
     def error_body(self, status: int, message: str) -> JSON: ...
 
+    token_request: JSON = {"return_token_ids": True}
+    """Fields that ask the endpoint for the prompt's and the completion's token ids and the
+    sampled tokens' logprobs (vLLM's extension fields), added when the sampling config says
+    ``return_tokens``."""
+
     def impose(self, body: JSON, model: str, sampling: Mapping[str, Any]) -> JSON:
         """The body to forward: the eval's model and sampling override the client's choice."""
         out = dict(body)
         out["model"] = model
-        out.update(sampling)
+        params = dict(sampling)
+        if params.pop("return_tokens", None):
+            out.update(self.token_fields(body))
+        out.update(params)
         return out
+
+    def token_fields(self, body: JSON) -> JSON:
+        """:attr:`token_request`, merged with what ``body`` already asks for."""
+        return dict(self.token_request)
 
     def client_wants_usage(self, body: JSON) -> bool:
         return True

@@ -67,6 +67,7 @@ def _fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], lis
 
 class ChatDialect(Dialect):
     name = "chat"
+    token_request = {"logprobs": True, "return_token_ids": True}
     # mini-swe-agent (litellm) retries 400 and 403 ten times with backoff (~5 min) and gives
     # up at once on 401 (AuthenticationError); the OpenAI SDK retries none of them.
     final_status = 401

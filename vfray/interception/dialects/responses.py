@@ -32,6 +32,7 @@ from vfray.trace import Message, Usage, content_text
 SAMPLING_KEYS = frozenset(
     {"temperature", "top_p", "max_output_tokens", "reasoning", "top_logprobs", "seed", "text"}
 )
+_LOGPROBS = "message.output_text.logprobs"
 FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _ITEM_NOISE = frozenset({"id", "status", "type"})
 
@@ -157,6 +158,12 @@ class ResponsesDialect(Dialect):
     final_status = 400
     path = "/responses"
     sampling_keys = SAMPLING_KEYS
+
+    def token_fields(self, body: JSON) -> JSON:
+        # Output logprobs are an ``include`` item here; the client's own items are kept.
+        include = body.get("include")
+        items = [i for i in include if i != _LOGPROBS] if isinstance(include, list) else []
+        return {"return_token_ids": True, "include": [*items, _LOGPROBS]}
 
     def parse_request(self, body: JSON, cache: PrefixCache | None = None) -> ParsedRequest:
         raw_input = body.get("input")

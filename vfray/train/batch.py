@@ -1,0 +1,233 @@
+"""Token batches from the ``samples`` table (:func:`vfray.to_samples`), Arrow to numpy with no
+per-row Python: the list columns' flat values are scattered into place by offset arithmetic.
+
+One sample is one branch: its prompt then its completion tokens. ``loss_mask`` is 1 on the
+tokens the model sampled (never on the prompt, nor on tokens the environment inserted between
+turns); ``old_logprobs`` are the endpoint's logprobs of those tokens, at the same positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Layout = Literal["padded", "packed"]
+Overflow = Literal["truncate", "drop"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass
+class BatchStats:
+    """What happened to the samples a batch was built from; the counts add up to ``samples``."""
+
+    samples: int = 0
+    used: int = 0
+    no_advantage: int = 0
+    """Left out: the rollout does not count in its group (an infrastructure failure, or a group
+    with fewer than 2 counted rollouts): no policy signal."""
+    token_errors: dict[str, int] = field(default_factory=dict)
+    """Left out, by ``token_error`` (``missing``, ``prefix_break``): never repaired."""
+    no_logprobs: int = 0
+    """Left out: token ids but no logprobs (nothing to take a ratio against)."""
+    too_long: int = 0
+    """Left out: longer than ``max_length`` with ``overflow="drop"``."""
+    truncated: int = 0
+    """Used, cut at ``max_length`` (``overflow="truncate"``)."""
+
+    def add(self, other: BatchStats) -> None:
+        self.samples += other.samples
+        self.used += other.used
+        self.no_advantage += other.no_advantage
+        for kind, n in other.token_errors.items():
+            self.token_errors[kind] = self.token_errors.get(kind, 0) + n
+        self.no_logprobs += other.no_logprobs
+        self.too_long += other.too_long
+        self.truncated += other.truncated
+
+
+@dataclass
+class Batch:
+    """Numpy arrays of one training batch. ``padded``: shape ``[B, L]``, right padding.
+    ``packed``: one row ``[1, T]`` holding every sample back to back, ``position_ids``
+    restarting at 0 per sample and ``cu_seqlens`` (``[B + 1]``) marking where each starts, as
+    variable-length attention kernels take them."""
+
+    input_ids: IntArray
+    attention_mask: IntArray
+    loss_mask: IntArray
+    old_logprobs: FloatArray
+    advantages: FloatArray
+    """One per sample (``[B]``); every sampled token of a sample shares it."""
+    rewards: FloatArray
+    """One per sample (``[B]``): its rollout's reward (NaN: none), for logging."""
+    policy_version: IntArray
+    """One per sample: the oldest policy version among its model calls (-1: not stamped)."""
+    position_ids: IntArray
+    lengths: IntArray
+    """Tokens per sample after truncation (``[B]``)."""
+    cu_seqlens: IntArray
+    layout: Layout
+    trace_ids: npt.NDArray[np.object_]
+    stats: BatchStats
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def sample_index(self) -> IntArray:
+        """Per position: which sample it belongs to (padding: its row's sample)."""
+        if self.layout == "padded":
+            return np.broadcast_to(
+                np.arange(len(self), dtype=np.int64)[:, None], self.input_ids.shape
+            )
+        counts = np.diff(self.cu_seqlens)
+        return np.repeat(np.arange(len(self), dtype=np.int64), counts)[None, :]
+
+    def token_advantages(self) -> FloatArray:
+        """The sample's advantage at every position, 0 off the loss mask."""
+        return (self.advantages[self.sample_index] * self.loss_mask).astype(np.float32)
+
+
+def _lists(column: pa.ChunkedArray | pa.Array) -> tuple[npt.NDArray[np.int64], pa.Array]:
+    """A list column's offsets (rebased at 0) and flat values."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    return offsets - offsets[0], values
+
+
+def _valid(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _usable(samples: pa.Table, stats: BatchStats) -> pa.Table:
+    """The rows a trainer can use; the others are counted in ``stats`` by reason. The table
+    is filtered (its lists copied) only when a row is left out."""
+    stats.samples = samples.num_rows
+    adv = _valid(samples.column("advantage"))
+    ids = _valid(samples.column("prompt_token_ids")) & _valid(
+        samples.column("completion_token_ids")
+    )
+    logprobs = _valid(samples.column("completion_logprobs"))
+    stats.no_advantage = int((~adv).sum())
+    untokenised = adv & ~ids
+    if untokenised.any():
+        # A row without ids and without a recorded reason had no answered call: "missing" too.
+        reasons = pc.fill_null(samples.column("token_error"), "missing")
+        for entry in pc.value_counts(reasons.filter(pa.array(untokenised))).to_pylist():
+            stats.token_errors[entry["values"]] = int(entry["counts"])  # per distinct reason
+    stats.no_logprobs = int((adv & ids & ~logprobs).sum())
+    keep = adv & ids & logprobs
+    return samples if keep.all() else samples.filter(pa.array(keep))
+
+
+def build_batch(
+    samples: pa.Table,
+    *,
+    max_length: int | None = None,
+    overflow: Overflow = "truncate",
+    layout: Layout = "padded",
+    pad_id: int = 0,
+    pad_to_multiple: int = 1,
+) -> Batch:
+    """One batch from rows of the ``samples`` table (all the usable ones; see
+    :class:`BatchStats` for what is left out and why).
+
+    ``max_length`` bounds prompt + completion tokens per sample: ``truncate`` cuts the tail of
+    the completion (its loss mask with it), ``drop`` leaves the sample out. ``padded`` pads
+    every row to the longest sample (rounded up to ``pad_to_multiple``) with ``pad_id``.
+    """
+    stats = BatchStats()
+    rows = _usable(samples, stats)
+    p_off, p_vals = _lists(rows.column("prompt_token_ids"))
+    c_off, c_vals = _lists(rows.column("completion_token_ids"))
+    m_off, m_vals = _lists(rows.column("completion_mask"))
+    l_off, l_vals = _lists(rows.column("completion_logprobs"))
+    p_len, c_len = np.diff(p_off), np.diff(c_off)
+    if not (np.array_equal(c_len, np.diff(m_off)) and np.array_equal(c_len, np.diff(l_off))):
+        raise ValueError("completion_mask / completion_logprobs do not match the token ids")
+    total = p_len + c_len
+    keep = np.ones(len(total), dtype=bool)
+    if max_length is not None and overflow == "drop":
+        keep = total <= max_length
+        stats.too_long = int((~keep).sum())
+    elif max_length is not None:
+        stats.truncated = int((total > max_length).sum())
+    stats.used = int(keep.sum())
+    n = stats.used
+    lengths = np.minimum(total, max_length) if max_length is not None else total
+    lengths = lengths[keep].astype(np.int64)
+    p_len_k, c_len_k = p_len[keep], c_len[keep]
+    width = int(lengths.max()) if n else 0
+    if layout == "padded" and pad_to_multiple > 1:
+        width = -(-width // pad_to_multiple) * pad_to_multiple
+    # Each sample's first position: its row start (padded) or its offset in the one row.
+    if layout == "padded":
+        shape = (n, width)
+        starts = np.arange(n, dtype=np.int64) * width
+    else:
+        shape = (1, int(lengths.sum()))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    size = shape[0] * shape[1]
+    input_ids = np.full(size, pad_id, dtype=np.int64)
+    attention = np.zeros(size, dtype=np.int64)
+    loss = np.zeros(size, dtype=np.int64)
+    old_lp = np.zeros(size, dtype=np.float32)
+    positions = np.zeros(size, dtype=np.int64)
+
+    def scatter(
+        offsets: npt.NDArray[np.int64], lens: npt.NDArray[np.int64], base: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """Flat source indices of the kept rows' values and their positions in the output."""
+        kept_off = offsets[:-1][keep]
+        row = np.repeat(np.arange(n, dtype=np.int64), lens)
+        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(lens) - lens, lens
+        )
+        src = np.repeat(kept_off, lens) + within
+        pos = base[row] + within
+        inside = pos - starts[row] < lengths[row]  # truncation
+        return src[inside], pos[inside]
+
+    src, dst = scatter(p_off, p_len_k, starts)
+    input_ids[dst] = np.asarray(p_vals, dtype=np.int64)[src]
+    src, dst = scatter(c_off, c_len_k, starts + p_len_k)
+    input_ids[dst] = np.asarray(c_vals, dtype=np.int64)[src]
+    loss[dst] = np.asarray(m_vals, dtype=np.int64)[src]
+    old_lp[dst] = np.asarray(l_vals, dtype=np.float32)[src]
+    row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    occupied = (
+        starts[row]
+        + np.arange(int(lengths.sum()), dtype=np.int64)
+        - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    )
+    attention[occupied] = 1
+    positions[occupied] = occupied - starts[row]
+    advantages = np.asarray(rows.column("advantage").to_numpy(), dtype=np.float32)[keep]
+    rewards = pc.fill_null(rows.column("reward"), np.nan).to_numpy().astype(np.float32)[keep]
+    versions = pc.fill_null(rows.column("policy_version"), -1).to_numpy().astype(np.int64)[keep]
+    trace_ids = rows.column("trace_id").to_numpy()[keep]
+    return Batch(
+        input_ids=input_ids.reshape(shape),
+        attention_mask=attention.reshape(shape),
+        loss_mask=loss.reshape(shape),
+        old_logprobs=old_lp.reshape(shape),
+        advantages=advantages,
+        rewards=rewards,
+        policy_version=versions,
+        position_ids=positions.reshape(shape),
+        lengths=lengths,
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        layout=layout,
+        trace_ids=trace_ids,
+        stats=stats,
+    )
