@@ -282,7 +282,12 @@ async def _agent_phase(
         endpoint = await runtime.host_url(broker.endpoint(secret) or interception_url)
         await runtime.prepare_execution([endpoint])
         ctx = LaunchContext(
-            endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline
+            endpoint=endpoint,
+            secret=secret,
+            model=plan.model,
+            data=task.data,
+            timeout=deadline,
+            seat=plan.seat,
         )
         session = harness.open_session(runtime, lambda: trace.messages)
         try:
