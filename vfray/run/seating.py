@@ -37,7 +37,13 @@ class Station:
 class Stations:
     """The run's own station, and one per other :class:`~vfray.seats.Agent` a seat names:
     an agent with its own model gets its own endpoint and interception (opened on first use,
-    closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's."""
+    closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's.
+
+    With the Serve pool (``farm.interception = "serve"``) the run's station is the node's replica
+    and a seat's own model still gets an in-process interception here, in the host: the pool's
+    replicas hold one upstream (the run's model), a Serve application per seat model would cost
+    a deployment per model, and a game lives and dies with its host anyway (retried whole), so a
+    session held in the host adds no way to lose one."""
 
     def __init__(self, default: Station) -> None:
         self.default = default
