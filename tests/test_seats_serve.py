@@ -4,7 +4,6 @@ snapshot), a seat with its own model through an interception in its host."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
