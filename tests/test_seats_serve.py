@@ -27,8 +27,8 @@ def test_seated_tasks_run_with_the_serve_interception_pool(tmp_path: Path) -> No
         handle = serve.get_deployment_handle("Interception", farm._pool.app_name)
         replica = handle.stats.remote().result(timeout_s=60)
     rows = read_traces(result.run_dir / "traces").to_pylist()
-    assert len(rows) == 4  # two games, two seats each
     assert all(row["ok"] for row in rows), [row["errors"] for row in rows]
+    assert len(rows) == 4  # two games, two seats each, no attempt retried
     by_seat = {seat: [r for r in rows if r["seat"] == seat] for seat in ("alice", "bob")}
     # Alice (the run's model, through the replica) answered round 1 right; bob (his own model,
     # through his host's interception) got a question built on her reply, and erred.
