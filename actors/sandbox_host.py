@@ -29,7 +29,7 @@ from vfray.model_client import Target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import RolloutJob, RolloutOutcome
-from vfray.run.seating import Station, Stations, play_game, unseatable
+from vfray.run.seating import Station, Stations, play_game
 from vfray.runtimes.registry import runtime_class
 from vfray.seats import SeatedTask
 from vfray.serving import serve_in_loop
@@ -118,25 +118,14 @@ class SandboxHost:
         }
         broker = self.broker or InProcessBroker(self._own_app())
         job: asyncio.Future[Trace | list[Trace]]
-        if isinstance(rollout.task, SeatedTask) and self.broker is not None:
-            # A turn's reply is read from the session's trace, which only an in-process
-            # interception keeps current in this actor.
-            refused = [
-                unseatable(
-                    rollout.task,
-                    self.plan,
-                    ConfigError("seated tasks need farm.interception = 'host'"),
-                    **ids,
-                )
-            ]
-            return RolloutOutcome.of_game(refused), refused
         if isinstance(rollout.task, SeatedTask):
             if self._seating is None:
-                # Seats that name their own model get an endpoint and interception here, on
-                # first use, closed with the host.
+                # Seats that name their own model get an endpoint and interception here, in the
+                # host, on first use, closed with the host; also with the Serve pool, whose
+                # replicas serve only the run's model (see :mod:`vfray.run.seating`).
                 default = Station(self.plan, self.harness, self.runtime_options, broker, url)
                 self._seating = Stations(default)
-                self._seating.set_policy_version(self._own_app().policy_version)
+                self._seating.set_policy_version(self._policy_version())
                 self._stack.push_async_callback(self._seating.aclose)
             job = asyncio.ensure_future(play_game(rollout.task, self._seating, **ids))
         else:
@@ -162,6 +151,13 @@ class SandboxHost:
         if isinstance(done, list):
             return RolloutOutcome.of_game(done), done
         return RolloutOutcome.of(done), done
+
+    def _policy_version(self) -> int | None:
+        return (
+            self.broker.policy_version
+            if self.broker is not None
+            else self._own_app().policy_version
+        )
 
     def _own_app(self) -> InterceptionApp:
         assert self.app is not None, "a host with the Serve pool has no app of its own"

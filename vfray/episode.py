@@ -1,4 +1,5 @@
-"""Episodes: the n traces of one task, their group rewards, pass@k and RL advantages.
+"""Episodes: the n traces of one task, their group rewards, pass@k and RL advantages (per seat
+in a multi-agent episode).
 
 :func:`finalize_episode` is what runs once all n rollouts of a task are done: it runs the
 task's ``@group_reward`` hooks over the rollouts that count, stamps each trace with the episode
@@ -111,9 +112,7 @@ class Episode(BaseModel):
             return out
         counted = self.counted
         for seat in {t.seat for t in self.traces}:
-            members = [
-                i for i, t in enumerate(self.traces) if t.seat == seat and counted[i]
-            ]
+            members = [i for i, t in enumerate(self.traces) if t.seat == seat and counted[i]]
             if len(members) < 2:
                 continue
             rewards = [self.traces[i].reward or 0.0 for i in members]
@@ -127,13 +126,49 @@ class Episode(BaseModel):
 
         A trace passes when its reward is at least ``threshold``.
         """
-        n = len(self.traces)
-        if not 1 <= k <= n:
-            raise ValueError(f"pass@k needs 1 <= k <= n; got k={k}, n={n}")
-        c = sum(1 for r in self.rewards if r is not None and r >= threshold)
-        if n - c < k:
-            return 1.0
-        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+        return _pass_at_k(self.rewards, k, threshold)
+
+    def seat_figures(self) -> list[SeatFigures]:
+        """A multi-agent episode's reward figures per seat (in seating order of first
+        appearance), each over that seat's traces only; empty when no trace has a seat."""
+        seats = list(dict.fromkeys(t.seat for t in self.traces if t.seat is not None))
+        out = []
+        for seat in seats:
+            own = [t for t in self.traces if t.seat == seat]
+            rewards = [t.reward for t in own]
+            scored = [r for r in rewards if r is not None]
+            out.append(
+                SeatFigures(
+                    seat=seat,
+                    n=len(own),
+                    mean_reward=sum(scored) / len(scored) if scored else None,
+                    pass_at_1=_pass_at_k(rewards, 1),
+                    pass_at_n=_pass_at_k(rewards, len(own)),
+                    num_ok=sum(1 for t in own if t.ok),
+                )
+            )
+        return out
+
+
+class SeatFigures(BaseModel):
+    """One seat's share of a multi-agent episode: its n traces' mean reward, pass@k, ok count."""
+
+    seat: str
+    n: int
+    mean_reward: float | None
+    pass_at_1: float
+    pass_at_n: float
+    num_ok: int
+
+
+def _pass_at_k(rewards: Sequence[float | None], k: int, threshold: float = 1.0) -> float:
+    n = len(rewards)
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n; got k={k}, n={n}")
+    c = sum(1 for r in rewards if r is not None and r >= threshold)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def _column(raw: Any, n: int) -> list[tuple[float | None, str | None]]:
@@ -206,7 +241,7 @@ async def finalize_episode(
         shared = ids.pop() if len(ids) == 1 else None
         episode_id = shared or new_id()
     group = (
-        await score_group(task, traces, overrides, timeout, count_failed=count_failed)
+        await _score_groups(task, traces, overrides, timeout, count_failed=count_failed)
         if traces
         else {}
     )
@@ -221,3 +256,30 @@ async def finalize_episode(
         trace.episode_id = episode_id
         trace.advantage = advantage
     return episode
+
+
+async def _score_groups(
+    task: Task[Any],
+    traces: Sequence[Trace],
+    overrides: Overrides | None,
+    timeout: float | None,
+    *,
+    count_failed: bool,
+) -> dict[str, list[float | None]]:
+    """The group rewards of all ``traces``; in a multi-agent episode each seat's traces are
+    their own group (as for advantages: a proposer is not compared with a solver), the values
+    laid back out in the traces' order."""
+    seats = list(dict.fromkeys(t.seat for t in traces))
+    if seats == [None]:
+        return await score_group(task, traces, overrides, timeout, count_failed=count_failed)
+    out: dict[str, list[float | None]] = {}
+    for seat in seats:
+        places = [i for i, t in enumerate(traces) if t.seat == seat]
+        scored = await score_group(
+            task, [traces[i] for i in places], overrides, timeout, count_failed=count_failed
+        )
+        for key, values in scored.items():
+            column = out.setdefault(key, [None] * len(traces))
+            for i, value in zip(places, values, strict=True):
+                column[i] = value
+    return out

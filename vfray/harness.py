@@ -67,6 +67,9 @@ class LaunchContext(BaseModel):
     """Seconds this segment may run (what is left of the agent budget)."""
     mcp_servers: dict[str, str] = {}
     """The task's MCP tool servers: name -> streamable-HTTP URL as seen from inside the box."""
+    seat: str | None = None
+    """The seat the rollout plays in a multi-agent episode: seats can share one box, so a
+    harness keeps its per-rollout files there (a transcript) apart by it."""
 
 
 class Harness(abc.ABC):
@@ -142,8 +145,11 @@ class Harness(abc.ABC):
 
         return AgentSession(self, runtime, history)
 
-    async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
-        """The conversation the last segment left in the box, when the program writes one."""
+    async def read_transcript(
+        self, runtime: Runtime, ctx: LaunchContext | None = None
+    ) -> list[Message] | None:
+        """The conversation the last segment of ``ctx``'s rollout left in the box, when the
+        program writes one."""
         return None
 
     async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:

@@ -296,6 +296,7 @@ async def _agent_phase(
             data=task.data,
             timeout=deadline,
             mcp_servers=tools.urls if tools else {},
+            seat=plan.seat,
         )
         session = harness.open_session(runtime, lambda: trace.messages)
         try:

@@ -5,7 +5,9 @@ program (``programs/chat_loop.py``) inside the box, and differ only in the tools
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
 import uuid
 from importlib import resources
 from typing import Any, ClassVar
@@ -22,6 +24,17 @@ PROGRAM_DIR = ".vfray"
 """Folder (relative to the box's work dir) holding the program, prompts and transcript."""
 PROGRAM_PATH = f"{PROGRAM_DIR}/chat_loop.py"
 TRANSCRIPT_PATH = f"{PROGRAM_DIR}/transcript.json"
+
+
+def transcript_path(seat: str | None) -> str:
+    """Where a rollout's transcript lives in its box: seats sharing one box each keep their
+    own (a seat resuming after another used the box must not read the other's)."""
+    if seat is None:
+        return TRANSCRIPT_PATH
+    # Seat names are free text: a safe file name, with a digest so two never collide.
+    slug = re.sub(r"[^A-Za-z0-9_-]", "_", seat)[:40]
+    digest = hashlib.sha256(seat.encode()).hexdigest()[:8]
+    return f"{PROGRAM_DIR}/transcript-{slug}-{digest}.json"
 
 
 class ChatLoopConfig(HarnessConfig):
@@ -81,7 +94,11 @@ class ChatLoopHarness(Harness):
         return {PROGRAM_PATH: program_source()}
 
     def argv(
-        self, prompt_path: str, python: str = "python3", mcp: dict[str, str] | None = None
+        self,
+        prompt_path: str,
+        python: str = "python3",
+        mcp: dict[str, str] | None = None,
+        transcript: str = TRANSCRIPT_PATH,
     ) -> list[str]:
         """The program's command line for one segment."""
         c = self.config
@@ -96,7 +113,7 @@ class ChatLoopHarness(Harness):
             "--messages",
             prompt_path,
             "--transcript",
-            TRANSCRIPT_PATH,
+            transcript,
             "--tools",
             ",".join(self.TOOLS),
             "--max-steps",
@@ -126,16 +143,19 @@ class ChatLoopHarness(Harness):
         prompt_path = f"{PROGRAM_DIR}/prompt-{uuid.uuid4().hex[:12]}.json"
         prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
         await runtime.write(prompt_path, prompt.encode())
-        argv = self.argv(prompt_path, runtime.python, ctx.mcp_servers)
+        argv = self.argv(prompt_path, runtime.python, ctx.mcp_servers, transcript_path(ctx.seat))
         # The program signals once its interpreter is up: a throttled runtime starts the next
         # launch then (vfray.runtimes.launches).
         return await runtime.run_program(
             argv, self.env(ctx), timeout=ctx.timeout, signals_ready=True
         )
 
-    async def read_transcript(self, runtime: Runtime) -> list[Message] | None:
+    async def read_transcript(
+        self, runtime: Runtime, ctx: LaunchContext | None = None
+    ) -> list[Message] | None:
+        path = transcript_path(None if ctx is None else ctx.seat)
         try:
-            raw = json.loads(await runtime.read(TRANSCRIPT_PATH))
+            raw = json.loads(await runtime.read(path))
         except (OSError, ValueError, SandboxError):
             return None
         if not isinstance(raw, list):

@@ -54,7 +54,7 @@ class AgentSession:
                 prompt = [Message.model_validate(m) for m in self.harness.resolve_prompt(ctx.data)]
                 ctx = with_conversation(ctx, [*prompt, *new])
             return await self.harness.launch(ctx, self.runtime)
-        transcript = await self.harness.read_transcript(self.runtime)
+        transcript = await self.harness.read_transcript(self.runtime, ctx)
         history = transcript if transcript is not None else list(self.history())
         return await self.harness.resume(ctx, self.runtime, [*history, *new])
 

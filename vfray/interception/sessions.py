@@ -25,6 +25,7 @@ from vfray.trace import Trace
 StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
 
+
 @dataclass(frozen=True)
 class PendingRequest:
     """The model call being admitted, while its stop check runs."""

@@ -37,7 +37,13 @@ class Station:
 class Stations:
     """The run's own station, and one per other :class:`~vfray.seats.Agent` a seat names:
     an agent with its own model gets its own endpoint and interception (opened on first use,
-    closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's."""
+    closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's.
+
+    With the Serve pool (``farm.interception = "serve"``) the run's station is the node's replica
+    and a seat's own model still gets an in-process interception here, in the host: the pool's
+    replicas hold one upstream (the run's model), a Serve application per seat model would cost
+    a deployment per model, and a game lives and dies with its host anyway (retried whole), so a
+    session held in the host adds no way to lose one."""
 
     def __init__(self, default: Station) -> None:
         self.default = default
@@ -162,6 +168,13 @@ class _Player:
         """Set when its agent phase is over (it takes no more turns)."""
         self.trace: Trace | None = None
         """Its trace, once the agent phase is over."""
+        self.over = asyncio.Event()
+        """The game's end (shared by its players)."""
+
+    def __reduce__(self) -> tuple[type[_Player], tuple[()]]:
+        # A seat's task copy travels with its stop check to a Serve replica (pickled); the
+        # game's queues, events and futures stay here: the replica never plays a turn.
+        return (_Player, ())
 
     async def next_message(self, trace: Trace) -> str | None:
         if self.asked:  # a segment just ended: its reply is this turn's
@@ -203,9 +216,7 @@ class _Player:
         return f"stopped: {trace.stop_condition.value if trace.stop_condition else 'unknown'}"
 
 
-def _seat_task(
-    task: SeatedTask[Any], seat: Seat, game: Game, player: _Player, over: asyncio.Event
-) -> SeatedTask[Any]:
+def _seat_task(task: SeatedTask[Any], seat: Seat, game: Game, player: _Player) -> SeatedTask[Any]:
     """The task as one seat plays it: no prompt (its turns' messages are its user messages),
     ``seat`` and ``game`` set, the task's own identity on its trace, and a ``finalize`` that
     waits for the game to be over (a seat that crashed is scored knowing it did)."""
@@ -224,7 +235,7 @@ def _seat_task(
     async def finalize(trace: Trace, runtime: Runtime) -> None:
         player.trace = trace
         player.ended.set()
-        await over.wait()
+        await player.over.wait()
         await call_maybe_async(task.finalize.__func__, own, trace, runtime)  # type: ignore[attr-defined]
 
     setattr(own, "finalize", finalize)  # noqa: B010
@@ -295,6 +306,7 @@ async def play_game(
 
     async def seat_up(seat: Seat) -> _Player:
         player = _Player()
+        player.over = over
         station = await stations.station(seat.agent)
         plan = station.plan.model_copy(
             update={
@@ -323,7 +335,7 @@ async def play_game(
             )
         player.rollout = asyncio.ensure_future(
             execute_rollout(
-                _seat_task(task, seat, game, player, over),
+                _seat_task(task, seat, game, player),
                 plan=plan,
                 harness=station.harness,
                 runtime=runtime,

@@ -1,4 +1,5 @@
-"""The episodes table: one row per task group (its n rewards, group rewards, advantages, pass@k)."""
+"""The episodes table: one row per task group (its n rewards, group rewards, advantages, pass@k,
+and in a multi-agent episode the reward figures of each seat)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,23 @@ EPISODE_SCHEMA = pa.schema(
         pa.field("pass_at_n", pa.float64()),
         pa.field("num_ok", pa.int64()),
         pa.field("created_at", pa.float64()),
+        # Multi-agent episodes: the reward figures of each seat over its own traces (the ones
+        # above pool every seat); null otherwise, and in runs written before it.
+        pa.field(
+            "seats",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("seat", pa.string()),
+                        pa.field("n", pa.int64()),
+                        pa.field("mean_reward", pa.float64()),
+                        pa.field("pass_at_1", pa.float64()),
+                        pa.field("pass_at_n", pa.float64()),
+                        pa.field("num_ok", pa.int64()),
+                    ]
+                )
+            ),
+        ),
     ],
     metadata={SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION).encode(), b"vfray.kind": KIND},
 )
@@ -69,6 +87,9 @@ def episodes_to_table(episodes: Iterable[Episode], run_id: str | None = None) ->
                 "pass_at_n": episode.pass_at_k(n) if n else None,
                 "num_ok": sum(1 for t in episode.traces if t.ok),
                 "created_at": time.time(),
+                "seats": [f.model_dump() for f in figures]
+                if (figures := episode.seat_figures())
+                else None,
             }
         )
     return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)
