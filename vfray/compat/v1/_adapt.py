@@ -16,12 +16,14 @@ from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
 from vfray.compat.v1._env import BestOfNEnv, Env, Episode
 from vfray.compat.v1._hooks import boundary, invoke
+from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
 from vfray.errors import ConfigError, TaskError
 from vfray.interception.sessions import PENDING_REQUEST
+from vfray.seats import Game, Seat, SeatedTask, Turn
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
 from vfray.trace import StopCondition, Trace
@@ -75,6 +77,7 @@ class AdaptedTask(Task[V1Row]):
     """One v1 task under vfray; subclasses made by :func:`adapted_class` carry its hooks."""
 
     v1_env_blob: ClassVar[bytes | None] = None
+    seat: str | None = None
 
     def __init__(self, task: V1Task[Any, Any, Any]) -> None:
         super().__init__(to_row(task.data, type(task)), key=task.key)
@@ -126,17 +129,22 @@ class AdaptedTask(Task[V1Row]):
 
     # -- hooks ----------------------------------------------------------------------------------
 
-    def _hook(self, attr: str, name: str) -> Callable[..., Any]:
+    def _hook(self, attr: str, name: str) -> Callable[..., Any] | None:
         for fn in self.v1.hooks(attr):
             if fn.__name__ == name:
                 return fn
+        if self.seat is not None:  # this seat plays another v1 task (a user): not its hook
+            return None
         raise LookupError(f"v1 {attr} {name!r} is gone from the task")
 
     async def _score(self, attr: str, name: str, trace: Trace, runtime: Any) -> Any:
+        fn = self._hook(attr, name)
+        if fn is None:
+            return None
         available: dict[Any, Any] = {"task": self.v1.data, "trace": self.view(trace)}
         if runtime is not None:
             available["runtime"] = RuntimeView(runtime)
-        return await _call(self._hook(attr, name), available)
+        return await _call(fn, available)
 
     async def _stop(self, fn: Callable[..., Any], trace: Trace, where: str) -> bool:
         available: dict[Any, Any] = {V1Trace: self.view(trace)}
@@ -169,6 +177,41 @@ class AdaptedTask(Task[V1Row]):
     def v1_env(cls) -> Env[Any] | None:
         blob = cls.v1_env_blob
         return None if blob is None else _load_env(blob)
+
+
+class AdaptedSeatedTask(AdaptedTask, SeatedTask[V1Row]):
+    """A v1 task under an env with its own ``run()``: the env's agents are the seats, its
+    ``run`` the game (:mod:`vfray.compat.v1._seated`); each seat scores the v1 task it played."""
+
+    def _bridge(self, game: Game) -> EpisodeBridge:
+        env = self.v1_env()
+        assert env is not None
+        return bridge_for(game, env, self.v1)
+
+    def seats(self) -> list[Seat]:
+        env = self.v1_env()
+        assert env is not None
+        return seats_of(env)
+
+    async def next_turn(self, game: Game) -> Turn | None:
+        return await self._bridge(game).next_turn(game)
+
+    async def setup(self, trace: Trace, runtime: Any) -> None:
+        if self.game is not None and self.seat is not None:
+            episode = self._bridge(self.game)
+            played = episode.tasks.get(self.seat)
+            if played is not None:  # the task its interaction was opened with, and its prompt
+                self.v1 = played
+                prompt = played.data.system_prompt
+                self.data = self.data.model_copy(update={"system_prompt": prompt})
+            episode.started.add(self.seat)
+            episode.views[self.seat] = self.view(trace)
+        await super().setup(trace, runtime)
+
+    async def finalize(self, trace: Trace, runtime: Any) -> None:
+        await super().finalize(trace, runtime)
+        if self.game is not None and self.seat is not None:
+            await self._bridge(self.game).seat_ended(self.seat, self.view(trace), self.game)
 
 
 @functools.cache
@@ -207,7 +250,8 @@ def _score_method(attr: str, name: str, runtime: bool) -> Callable[..., Any]:
 
 def _stop_method(name: str, where: str) -> Callable[..., Any]:
     async def check(self: AdaptedTask, trace: Trace) -> bool:
-        return await self._stop(self._hook("stop", name), trace, where)
+        fn = self._hook("stop", name)
+        return False if fn is None else await self._stop(fn, trace, where)
 
     return check
 
@@ -275,7 +319,8 @@ def _adapted_class(
             return await self._env_finalize(traces)
 
         body[ENV_FINALIZE] = scoring.group_reward(weight=0.0)(v1_env_finalize)
-    made = type(f"V1{cls.__name__}", (AdaptedTask,), body)
+    base = AdaptedSeatedTask if env is not None and runs_itself(env) else AdaptedTask
+    made = type(f"V1{cls.__name__}", (base,), body)
     _CLASSES[(cls, config, env_blob)] = made
     return made
 

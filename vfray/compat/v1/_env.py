@@ -1,10 +1,10 @@
 """The parts of v1's agent/env model a taskset package names: ``EnvConfig``/``AgentConfig``,
 ``Env`` (``SingleAgentEnv``, ``BestOfNEnv``), ``Episode``, ``Harness``/``Toolset`` bases.
 
-What vfray runs of them: the single-agent env, and best-of-n's sibling comparison
-(``Env.finalize(task, episode)`` over the n rollouts of a task, vfray's group). An env with its own
-``run()`` (multi-agent, user simulation), a package's own ``Harness`` class and ``Toolset`` servers
-are refused by the adapter until vfray's seats, users and toolsets land.
+What vfray runs of them: the single-agent env, best-of-n's sibling comparison
+(``Env.finalize(task, episode)`` over the n rollouts of a task, vfray's group), and an env with
+its own ``run()`` (multi-agent, user simulation) as vfray seats (:mod:`._seated`). A package's own
+``Harness`` class and ``Toolset`` servers are refused by the adapter.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class Env(Generic[EnvConfigT]):
 
     def __init__(self, config: EnvConfigT | None = None) -> None:
         self.config: Any = config if config is not None else EnvConfig()
+
+    async def setup(self, agents: Any) -> None:
+        return None
 
     async def run(self, task: Any, agents: Any) -> None:
         raise NotImplementedError
