@@ -293,7 +293,7 @@ class Tasks(vf.Taskset):
         (
             _TASKS + "\nclass Duet(vf.Env):\n    async def run(self, task, agents): ...\n",
             "'Tasks', 'Duet'",
-            "has its own run",
+            "declares no agents",
         ),
         (
             _TASKS + "\nclass Mine(vf.Harness):\n    pass\n",

@@ -313,13 +313,14 @@ def _adapted_class(
             _stop_method(fn.__name__, where)
         )
     env = None if env_blob is None else _load_env(env_blob)
-    if env is not None and type(env).finalize is not Env.finalize:
+    seated = env is not None and runs_itself(env)  # its finalize runs once the game is over
+    base = AdaptedSeatedTask if seated else AdaptedTask
+    if env is not None and not seated and type(env).finalize is not Env.finalize:
 
         async def v1_env_finalize(self: AdaptedTask, traces: list[Trace]) -> list[float]:
             return await self._env_finalize(traces)
 
         body[ENV_FINALIZE] = scoring.group_reward(weight=0.0)(v1_env_finalize)
-    base = AdaptedSeatedTask if env is not None and runs_itself(env) else AdaptedTask
     made = type(f"V1{cls.__name__}", (base,), body)
     _CLASSES[(cls, config, env_blob)] = made
     return made

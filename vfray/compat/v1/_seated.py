@@ -93,16 +93,26 @@ class SeatAgent:
         self.trainable = True  # v1's ``Env.setup`` may set it; vfray trains on every seat
 
     @asynccontextmanager
-    async def interaction(self, task: Any, **_: Any) -> AsyncIterator[Interaction]:
+    async def interaction(self, task: Any, **borrowed: Any) -> AsyncIterator[Interaction]:
+        _refuse_borrowed(self.name, borrowed)
         if self.name in self._episode.tasks:
             raise RuntimeError(f"seat {self.name!r} already played: one rollout per seat here")
         self._episode.tasks[self.name] = task
         yield Interaction(self._episode, self.name, task)
 
-    async def run(self, task: Any, **_: Any) -> V1Trace | None:
-        async with self.interaction(task) as interaction:
+    async def run(self, task: Any, **borrowed: Any) -> V1Trace | None:
+        async with self.interaction(task, **borrowed) as interaction:
             await interaction.turn()
         return interaction.trace
+
+
+def _refuse_borrowed(seat: str, borrowed: dict[str, Any]) -> None:
+    given = sorted(k for k, v in borrowed.items() if v not in (None, False))
+    if given:
+        raise NotImplementedError(
+            f"agents.{seat}: {', '.join(given)}= is not supported on vfray (a seat runs in its "
+            "own box, or shares another seat's through vf.Seat(box=...))"
+        )
 
 
 class Agents:

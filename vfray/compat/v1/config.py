@@ -94,7 +94,8 @@ _V1_ROOTS = (
 )
 
 
-_ENV_REFUSED = ("timeout", "retries", "interception", "max_concurrent_agents")
+_ENV_REFUSED = ("agent", "timeout", "retries", "interception", "max_concurrent_agents")
+"""``env.<x>`` roots that are not an env's own fields (``env.agent.*`` is the run's agent)."""
 
 
 @dataclass

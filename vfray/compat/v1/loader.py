@@ -134,7 +134,13 @@ def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) 
         )
     env = cls(config)
     if runs_itself(env):
-        for name, agent in seat_configs(env).items():
+        seats = seat_configs(env)
+        if not seats:
+            raise ConfigError(
+                f"v1 env {cls.__name__} has its own run() but its config declares no agents "
+                "(AgentConfig fields): vfray plays those as its seats"
+            )
+        for name, agent in seats.items():
             to_agent(name, agent)  # refuse what a seat cannot honour now, not mid-run
     return env
 

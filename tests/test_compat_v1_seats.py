@@ -1,0 +1,148 @@
+"""verifiers v1 envs with their own ``run(task, agents)`` on vfray's seats: a package's two-agent
+env (tests/v1_tasksets/v1seats) and v1's ``user-sim`` env over a user-simulation taskset
+(tests/v1_tasksets/v1user), played in process and on the local farm with the scripted model
+(its ``user`` policy as the simulated user); what does not map is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vfray as vf
+from vfray.cli.main import main
+from vfray.compat.v1 import loader
+from vfray.compat.v1.traces import export_run, read_v1_traces
+from vfray.errors import ConfigError
+from vfray.run.environment import run_game
+from vfray.testing.scripted import scripted_server
+from vfray.trace import Trace
+
+PACKAGES = Path(__file__).parent / "v1_tasksets"
+SEATS = str(PACKAGES / "v1seats")
+USER = str(PACKAGES / "v1user")
+
+
+def _said(trace: Trace, role: str) -> list[str]:
+    return [m.text for m in trace.messages if m.role == role]
+
+
+def _first(taskset: Any) -> Any:
+    return next(iter(taskset.load()))
+
+
+async def test_a_v1_two_agent_env_plays_its_run_as_vfray_seats() -> None:
+    task = _first(loader.load(SEATS, env_args={"bonus": 2}))
+    solver, checker = await run_game(task, model="scripted:arithmetic", harness="null")
+    assert (solver.seat, checker.seat) == ("solver", "checker")
+    # agents.solver.run(task): the task's prompt, one turn.
+    assert _said(solver, "user") == ["What is 2 + 3?"] and solver.last_reply == "5"
+    # agents.checker.interaction(its own task): its system prompt, two turns fed by run().
+    assert _said(checker, "system") == ["You check sums."]
+    assert _said(checker, "user") == ["What is 5 + 2?", "What is 7 + 2?"]
+    assert len(checker.segments) == 2
+    # Each seat scores the v1 task it played: the checker's plain task has no `correct`.
+    assert solver.rewards["correct"].value == 1.0 and checker.rewards["correct"].value is None
+    # Env.finalize saw both traces, stamped with their seat names.
+    assert solver.rewards["chain"].value == checker.rewards["chain"].value == 1.0
+    assert solver.metrics["seats"] == checker.metrics["seats"] == 2.0
+    assert solver.metrics["checker_turns"] == 2.0
+    assert solver.reward == 1.5 and solver.task.key == checker.task.key == task.key
+
+
+async def test_v1_user_sim_hides_the_scenario_from_the_assistant() -> None:
+    taskset = loader.load(USER, env_id="user-sim", env_args={"user": {"model": "scripted:user"}})
+    user, assistant = await run_game(_first(taskset), model="scripted:arithmetic", harness="null")
+    assert (user.seat, assistant.seat) == ("user", "assistant")
+    assert (user.agent.harness, user.agent.model) == ("null", "scripted:user")
+    # The user's persona carries the scenario; it opens after the assistant's greeting ...
+    (persona,) = _said(user, "system")
+    assert "> What is 2 + 3?" in persona and "###DONE###" in persona
+    assert _said(user, "user") == ["Hello! How can I help you today?", "5", "8"]
+    assert _said(user, "assistant")[-1] == "###DONE###"
+    # ... and the assistant only ever hears what the user says.
+    assert _said(assistant, "user") == ["What is 2 + 3?", "What is 4 + 4?"]
+    assert not _said(assistant, "system")
+    assert assistant.rewards["correct"].value == 1.0 and assistant.metrics["replies"] == 2.0
+    assert assistant.metrics["user_turns"] == 3.0  # UserSimEnv.finalize, from the user's trace
+    assert user.rewards["correct"].value is None
+
+
+def test_user_sim_runs_from_vf_eval_flags_on_the_local_farm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = [
+        "--env.id",
+        "user-sim",
+        "--env.user.model",
+        "scripted:user",
+        "--env.user.max-turns",
+        "5",
+    ]
+    assert main(["eval", USER, *flags, "--env.agent.harness.id", "null", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    config = json.loads(captured.out)
+    assert config["taskset_args"]["env"] == {
+        "id": "user-sim",
+        "user": {"model": "scripted:user", "max_turns": 5},
+    }
+    assert "v1 env.user.model = 'scripted:user' -> env user.model" in captured.err
+    taskset = loader.load_from_args(USER, config["taskset_args"])
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path),
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    outcomes = read_v1_traces(export_run(result.run_dir))
+    assistant = [o for o in outcomes if o.rewards.get("correct") is not None]
+    assert sorted(o.rewards["correct"] for o in assistant) == [1.0, 1.0]
+    assert sorted(o.metrics["user_turns"] for o in assistant) == [2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_args", "match"),
+    [
+        ("user-sim", {"user": {"runtime": {"type": "docker"}}}, "env.user.runtime"),
+        ("user-sim", {"user": {"harness": {"id": "opencode"}}}, "env.user.harness.id=opencode"),
+        ("user-sim", {"colour": "red"}, "env.colour"),
+        ("agentic-judge", {}, "'agentic-judge' is not supported"),
+        (None, {"solver": {"model": "x"}}, "no env"),
+    ],
+)
+def test_what_a_v1_env_asks_and_vfray_cannot_honour_is_one_line(
+    env_id: str | None, env_args: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        loader.load(USER, env_id=env_id, env_args=env_args)
+
+
+async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1twice"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import verifiers.v1 as vf\n"
+        "class Tasks(vf.Taskset):\n"
+        "    def load(self):\n"
+        "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
+        "class Twice(vf.Env[vf.SingleAgentEnvConfig]):\n"
+        "    async def run(self, task, agents):\n"
+        "        await agents.agent.run(task)\n"
+        "        await agents.agent.run(task)\n"
+        "__all__ = ['Tasks', 'Twice']\n"
+    )
+    (trace,) = await run_game(
+        _first(loader.load(str(pkg))), model="scripted:arithmetic", harness="null"
+    )
+    assert trace.seat == "agent" and trace.last_reply == "2"  # the first run played
+    error = trace.error()
+    assert error is not None and error.type == "TaskError" and "\n" not in error.message
+    assert "seat 'agent' already played: one rollout per seat here" in error.message
