@@ -2,4 +2,4 @@
 
 from .taskset import Relay, RelayConfig, Sums, SumTask
 
-__all__ = ["Relay", "RelayConfig", "Sums", "SumTask"]
+__all__ = ["Relay", "RelayConfig", "SumTask", "Sums"]

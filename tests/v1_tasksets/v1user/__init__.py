@@ -2,4 +2,4 @@
 
 from .taskset import Chats, ChatTask
 
-__all__ = ["Chats", "ChatTask"]
+__all__ = ["ChatTask", "Chats"]
