@@ -19,6 +19,8 @@ from vfray.errors import ConfigError
 from vfray.run.environment import run_game
 from vfray.testing.scripted import scripted_server
 from vfray.trace import Trace
+from vfray.traces import read_traces
+from vfray.traces.convert import table_to_traces
 
 PACKAGES = Path(__file__).parent / "v1_tasksets"
 SEATS = str(PACKAGES / "v1seats")
@@ -146,3 +148,64 @@ async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path:
     error = trace.error()
     assert error is not None and error.type == "TaskError" and "\n" not in error.message
     assert "seat 'agent' already played: one rollout per seat here" in error.message
+
+
+_JUDGED = """
+import verifiers.v1 as vf
+
+class QA(vf.TaskData):
+    answer: str
+
+class Tasks(vf.Taskset):
+    def load(self):
+        for q, a in (("What is 2 + 3?", "5"), ("What is 1 + 1?", "3")):
+            yield vf.Task(QA(prompt=q, answer=a), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+def test_a_plugged_v1_reference_judge_is_a_vfray_judge_reward(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1judged"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_JUDGED)
+    judges = [{"id": "reference", "name": "matches", "weight": 0.5}]
+    taskset = loader.load(str(pkg), config={"task": {"judges": judges}})
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path / "out"),
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    found = table_to_traces(read_traces(Path(result.run_dir) / "traces"))
+    traces = sorted(found, key=lambda t: t.last_reply or "")
+    # The scripted judge says yes when the reference answer is in the reply: 5 yes, 2 (not 3) no.
+    assert [(t.last_reply, t.rewards["matches"].value) for t in traces] == [("2", 0.0), ("5", 1.0)]
+    assert [t.reward for t in traces] == [0.0, 0.5]
+    for trace in traces:
+        (call,) = trace.side_calls
+        assert call.kind == "judge" and call.name == "matches"
+        assert "Reference answer:" in call.messages[-1].text
+
+
+@pytest.mark.parametrize(
+    ("judges", "match"),
+    [
+        ([{"id": "rubric"}], "v1 judge 'rubric' is not supported"),
+        ([{"id": "reference", "prompt": "p.txt"}], "judge options not supported by vfray: prompt"),
+    ],
+)
+def test_v1_judges_vfray_cannot_run_are_one_line(
+    tmp_path: Path, judges: list[dict[str, Any]], match: str
+) -> None:
+    pkg = tmp_path / f"v1judged_{len(judges[0])}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_JUDGED)
+    with pytest.raises(ConfigError, match=match):
+        loader.load(str(pkg), config={"task": {"judges": judges}}).tasks()

@@ -16,6 +16,7 @@ from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
 from vfray.compat.v1._env import BestOfNEnv, Env, Episode
 from vfray.compat.v1._hooks import boundary, invoke
+from vfray.compat.v1._judges import judge, plugged_judges
 from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
 from vfray.compat.v1._trace import Trace as V1Trace
@@ -248,6 +249,16 @@ def _score_method(attr: str, name: str, runtime: bool) -> Callable[..., Any]:
     return without_runtime
 
 
+def _judge_method(index: int) -> Callable[..., Any]:
+    async def judged(self: AdaptedTask, trace: Trace) -> float | None:
+        judges = plugged_judges(self.v1.config)
+        if index >= len(judges):  # a seat playing another v1 task (a user): not its judge
+            return None
+        return await judge(judges[index], self.v1.data, trace)
+
+    return judged
+
+
 def _stop_method(name: str, where: str) -> Callable[..., Any]:
     async def check(self: AdaptedTask, trace: Trace) -> bool:
         fn = self._hook("stop", name)
@@ -260,10 +271,6 @@ def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     label = type(task).__qualname__
     if type(task).toolsets(task.config):
         raise ConfigError(f"v1 task {label}: toolsets need vfray's MCP toolsets (not merged yet)")
-    if task.config.judges:
-        raise ConfigError(
-            f"v1 task {label}: judges (env.taskset.task.judges) are not supported yet"
-        )
     intercepts = [
         n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
     ]
@@ -307,6 +314,12 @@ def _adapted_class(
                     weight=getattr(fn, "_vf_weight", 1.0), priority=_PRIORITY[attr]
                 )
             body[fn.__name__] = mark(method)
+    for index, plugged in enumerate(plugged_judges(task.config)):
+        if plugged.name in body:
+            raise ConfigError(f"v1 task {cls.__qualname__}: judge {plugged.name!r} names a reward")
+        # v1 scores plugged judges after the task's own rewards.
+        mark = scoring.reward(weight=plugged.weight, priority=_PRIORITY["reward"] - 1)
+        body[plugged.name] = mark(_judge_method(index))
     for fn in task.hooks("stop"):
         where = boundary(fn)
         body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(
