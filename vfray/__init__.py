@@ -26,6 +26,7 @@ from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
 from vfray.task import Task, TaskData
 from vfray.taskset import Taskset
+from vfray.tools.toolset import McpServer, Toolset, intercept, tool
 from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
 from vfray.users import SimulatedUser, user
 
@@ -52,6 +53,7 @@ __all__ = [
     "InterceptionError",
     "Judge",
     "LocalEnvironment",
+    "McpServer",
     "Message",
     "ModelCall",
     "ModelEndpoint",
@@ -68,11 +70,13 @@ __all__ = [
     "TaskError",
     "Taskset",
     "TasksetError",
+    "Toolset",
     "Trace",
     "Turn",
     "VfrayError",
     "finalize_episode",
     "group_reward",
+    "intercept",
     "make_runtime",
     "metric",
     "read_traces",
@@ -81,6 +85,7 @@ __all__ = [
     "run_rollout",
     "stop",
     "to_samples",
+    "tool",
     "user",
     "write_traces",
 ]

@@ -17,6 +17,7 @@
         ├── ProviderError      the model endpoint failed (after the SDK's retries)
         ├── InterceptionError  the interception lost the session or could not record a turn
         ├── PhaseTimeoutError  a phase ran past its deadline
+        ├── ToolError          a tool server did not start, or a tool call failed (on its record)
         └── InfrastructureError  an actor or node died under the rollout (retried elsewhere)
 """
 
@@ -106,6 +107,11 @@ class PhaseTimeoutError(RolloutError):
     """A rollout phase ran past its deadline."""
 
 
+class ToolError(RolloutError):
+    """A task's tool server could not start (the rollout's setup fails), or one tool call
+    raised, timed out or returned too much (recorded on that call, the rollout goes on)."""
+
+
 class InfrastructureError(RolloutError):
     """An actor or node failed under the rollout; the farm retries it elsewhere."""
 
@@ -121,6 +127,7 @@ ROLLOUT_ERROR_TYPES: dict[str, type[RolloutError]] = {
         ProviderError,
         InterceptionError,
         PhaseTimeoutError,
+        ToolError,
         InfrastructureError,
     )
 }

@@ -65,6 +65,8 @@ class LaunchContext(BaseModel):
     data: TaskData
     timeout: float | None = None
     """Seconds this segment may run (what is left of the agent budget)."""
+    mcp_servers: dict[str, str] = {}
+    """The task's MCP tool servers: name -> streamable-HTTP URL as seen from inside the box."""
 
 
 class Harness(abc.ABC):

@@ -32,6 +32,7 @@ from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout
 from vfray.task import Task, TaskData, call_maybe_async
+from vfray.tools.attach import RolloutTools, start_tools
 from vfray.trace import AgentArtifact, AgentInfo, StopCondition, Trace
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ async def _execute(
         episode_id=episode_id,
     )
     setup_ok = cancelled = False
+    tools: RolloutTools | None = None
     try:
         await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
 
@@ -215,11 +217,13 @@ async def _execute(
             except Exception as exc:
                 # Without this it would be wrapped as the task's fault.
                 raise HarnessError(f"harness setup failed: {type(exc).__name__}: {exc}") from exc
+            nonlocal tools
+            tools = await start_tools(task, runtime)
 
         await _run_phase(trace, "setup", timeouts.setup, setup, TaskError)
         setup_ok = True
         trace = await _agent_phase(
-            task, trace, plan, harness, runtime, broker, interception_url, timeouts
+            task, trace, plan, harness, runtime, broker, interception_url, timeouts, tools
         )
 
         async def finalize() -> None:
@@ -252,6 +256,9 @@ async def _execute(
                         TaskError,
                     )
         finally:
+            if tools is not None:
+                with contextlib.suppress(Exception):
+                    await tools.close()
             await _teardown(trace, runtime, timeouts.teardown)
     return trace
 
@@ -265,6 +272,7 @@ async def _agent_phase(
     broker: SessionBroker,
     interception_url: str,
     timeouts: Timeouts,
+    tools: RolloutTools | None = None,
 ) -> Trace:
     """Open a session, run the harness's segments, close the session; returns the recorded
     trace."""
@@ -280,9 +288,14 @@ async def _agent_phase(
         )
         live = secret
         endpoint = await runtime.host_url(broker.endpoint(secret) or interception_url)
-        await runtime.prepare_execution([endpoint])
+        await runtime.prepare_execution([endpoint, *(tools.routes if tools else ())])
         ctx = LaunchContext(
-            endpoint=endpoint, secret=secret, model=plan.model, data=task.data, timeout=deadline
+            endpoint=endpoint,
+            secret=secret,
+            model=plan.model,
+            data=task.data,
+            timeout=deadline,
+            mcp_servers=tools.urls if tools else {},
         )
         session = harness.open_session(runtime, lambda: trace.messages)
         try:
@@ -334,6 +347,10 @@ async def _agent_phase(
         if secret is not None:
             with contextlib.suppress(Exception):
                 trace = _merge_recorded(trace, await broker.conclude(secret))
+        if tools is not None:
+            # Kept however the agent ended: the calls made before a crash are data too.
+            with contextlib.suppress(Exception):
+                trace.tool_calls = await tools.collect()
         trace.end_phase("agent")
     return trace
 

@@ -42,8 +42,9 @@ class HookKind(str, Enum):
 INJECTABLE: dict[HookKind, frozenset[str]] = {
     HookKind.REWARD: frozenset({"trace", "task", "runtime"}),
     HookKind.METRIC: frozenset({"trace", "task", "runtime"}),
-    # Stop hooks run inside the interception before each model call, where no runtime exists.
-    HookKind.STOP: frozenset({"trace", "task"}),
+    # Stop hooks run inside the interception before each model call, where no runtime exists;
+    # they may see that call's body (``request``) and the model's last reply (``response``).
+    HookKind.STOP: frozenset({"trace", "task", "request", "response"}),
     HookKind.GROUP_REWARD: frozenset({"traces", "task"}),
 }
 """Parameter names each kind of hook may ask for."""
@@ -371,13 +372,25 @@ async def check_stop(
 ) -> str | None:
     """Run the ``@stop`` hooks; return the name of the first that says stop (truthy), else None.
 
-    They run inside the interception before each model call. Sync ones run on the hooks' own
-    bounded pool of threads (:mod:`vfray._hook_calls`): inline, one slow hook stalled every
-    rollout served by the same loop (a 3 s hook made every rollout on the host take 60 s). A
-    hook that raises is noted on the trace once and does not stop the rollout.
+    They run inside the interception before each model call; a hook may take ``request`` (the
+    pending call's JSON body, None outside the interception) and ``response`` (the model's last
+    reply as a :class:`~vfray.trace.Message`, None before the first). Sync ones run on the
+    hooks' own bounded pool of threads (:mod:`vfray._hook_calls`): inline, one slow hook
+    stalled every rollout served by the same loop (a 3 s hook made every rollout on the host
+    take 60 s). A hook that raises is noted on the trace once and does not stop the rollout.
     """
+    from vfray.interception.sessions import PENDING_REQUEST
+
     hooks = select_hooks(task, overrides, HookKind.STOP)
-    levels = run_levels(hooks, task, {"trace": trace, "task": task}, offload=True)
+    replies = [m for m in trace.messages if m.role == "assistant"] if trace.calls else []
+    pending = PENDING_REQUEST.get()
+    values = {
+        "trace": trace,
+        "task": task,
+        "request": pending.body if pending is not None else None,
+        "response": replies[-1] if replies else None,
+    }
+    levels = run_levels(hooks, task, values, offload=True)
     async with contextlib.aclosing(levels):  # closed promptly when a hook says stop
         async for level in levels:
             for hook, result in level:

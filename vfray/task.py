@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -156,6 +156,13 @@ class Task(Generic[DataT]):
         spent here is not charged to the agent. When the task has no prompt it is asked first.
         """
         return None
+
+    def toolsets(self) -> Sequence[Any]:
+        """The tool servers this task gives its agent over MCP: ``vfray.Toolset`` instances
+        (a fresh one per rollout for per-rollout toolsets) and ``vfray.McpServer`` records.
+        Called once per rollout; a task that overrides it needs a harness with
+        ``SUPPORTS_MCP``."""
+        return ()
 
     def validate(self, runtime: Runtime) -> Awaitable[None] | None:
         """Check that the task can run at all in this runtime; raise to reject it."""

@@ -223,6 +223,28 @@ class SideCall(BaseModel):
     """Why this attempt gave nothing usable (the endpoint failed, the answer did not parse)."""
 
 
+class ToolCall(BaseModel):
+    """One MCP tool call the agent made, as the tool server saw it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    server: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: str | None = None
+    """What the agent got back (after an ``@intercept`` rewrite, when one applied)."""
+    original_result: str | None = None
+    """The tool's own result when an ``@intercept`` hook rewrote it, else None."""
+    error: ErrorInfo | None = None
+    """A ``ToolError`` when the tool raised, timed out or returned too much."""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.ended_at - self.started_at)
+
+
 class Branch(BaseModel):
     """One linear, append-only context: message ids in order, and the calls that grew it."""
 
@@ -307,6 +329,8 @@ class Trace(BaseModel):
     errors: list[ErrorInfo] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     """Non-fatal observations (a skipped hook, an ignored retry) a user should be able to see."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """MCP tool calls of the rollout, in the order they were made (``vfray.tools``)."""
     artifacts: list[AgentArtifact] = Field(default_factory=list)
     """Files the harness kept from the box (:meth:`vfray.harness.Harness.collect_artifacts`)."""
     timing: dict[str, PhaseTiming] = Field(default_factory=dict)

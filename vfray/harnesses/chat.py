@@ -73,15 +73,19 @@ class ChatLoopHarness(Harness):
     config: ChatLoopConfig
 
     APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_MCP = True
     SUPPORTS_RESUME = True
     NEEDS_CONTAINER = False
 
     def program_files(self) -> dict[str, bytes]:
         return {PROGRAM_PATH: program_source()}
 
-    def argv(self, prompt_path: str, python: str = "python3") -> list[str]:
+    def argv(
+        self, prompt_path: str, python: str = "python3", mcp: dict[str, str] | None = None
+    ) -> list[str]:
         """The program's command line for one segment."""
         c = self.config
+        servers = [f"--mcp={name}={url}" for name, url in (mcp or {}).items()]
         return [
             c.python or python,
             # Isolated and without site: the program is stdlib-only, and scanning a big
@@ -105,6 +109,7 @@ class ChatLoopHarness(Harness):
             f"{c.request_timeout:g}",
             "--retries",
             str(c.retries),
+            *servers,
             *c.extra_args,
         ]
 
@@ -121,7 +126,7 @@ class ChatLoopHarness(Harness):
         prompt_path = f"{PROGRAM_DIR}/prompt-{uuid.uuid4().hex[:12]}.json"
         prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
         await runtime.write(prompt_path, prompt.encode())
-        argv = self.argv(prompt_path, runtime.python)
+        argv = self.argv(prompt_path, runtime.python, ctx.mcp_servers)
         # The program signals once its interpreter is up: a throttled runtime starts the next
         # launch then (vfray.runtimes.launches).
         return await runtime.run_program(

@@ -5,6 +5,7 @@ Anthropic dialect against the interception; its stream-json transcript is kept o
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from vfray.harness import HarnessConfig, LaunchContext
@@ -44,6 +45,17 @@ def anthropic_root(endpoint: str) -> str:
     return endpoint.rstrip("/").removesuffix("/v1")
 
 
+def mcp_args(servers: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
+    """``--mcp-config`` naming only the task's servers (``--strict-mcp-config``: none from a
+    user config), and each server's tools allowed (``mcp__NAME``: print mode cannot ask)."""
+    allowed = (*allowed, *(f"mcp__{name}" for name in servers))
+    args = ["--allowedTools", ",".join(allowed)] if allowed else []
+    if servers:
+        config = {"mcpServers": {n: {"type": "http", "url": u} for n, u in servers.items()}}
+        args += ["--mcp-config", json.dumps(config), "--strict-mcp-config"]
+    return args
+
+
 class ClaudeCodeHarness(ProvisionedHarness):
     """Claude Code in print mode with stream-json output."""
 
@@ -52,6 +64,7 @@ class ClaudeCodeHarness(ProvisionedHarness):
     config: ClaudeCodeConfig
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -78,7 +91,7 @@ class ClaudeCodeHarness(ProvisionedHarness):
             ctx.model,
             "--max-turns",
             str(c.max_steps),
-            *(["--allowedTools", ",".join(c.allowed_tools)] if c.allowed_tools else []),
+            *mcp_args(ctx.mcp_servers, c.allowed_tools),
             *c.extra_args,
         ]
         env = {
@@ -88,6 +101,9 @@ class ClaudeCodeHarness(ProvisionedHarness):
             "ANTHROPIC_API_KEY": ctx.secret,
             "CLAUDE_CONFIG_DIR": CONFIG_DIR,
             **OPT_OUTS,
+            # Otherwise MCP tools are deferred behind a ToolSearch tool: the model would see
+            # only a placeholder, not the task's tools.
+            **({"ENABLE_TOOL_SEARCH": "false"} if ctx.mcp_servers else {}),
             **c.env,
         }
         return await self.run_logged(

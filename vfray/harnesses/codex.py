@@ -34,9 +34,14 @@ class CodexConfig(AgentHarnessConfig):
     """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
 
 
-def config_toml(model: str, base_url: str, reasoning_effort: str | None = None) -> str:
+def config_toml(
+    model: str,
+    base_url: str,
+    reasoning_effort: str | None = None,
+    mcp_servers: dict[str, str] | None = None,
+) -> str:
     """Codex's config: the interception as the only provider, update checks, analytics and
-    feedback off."""
+    feedback off, and the task's MCP servers (streamable HTTP) under ``[mcp_servers.NAME]``."""
     q = json.dumps  # a JSON string is a valid TOML basic string
     lines = [
         f"model = {q(model)}",
@@ -60,6 +65,8 @@ def config_toml(model: str, base_url: str, reasoning_effort: str | None = None) 
         'wire_api = "responses"',
         "",
     ]
+    for name, url in (mcp_servers or {}).items():
+        lines += [f"[mcp_servers.{q(name)}]", f"url = {q(url)}", ""]
     return "\n".join(lines)
 
 
@@ -71,6 +78,7 @@ class CodexHarness(ProvisionedHarness):
     config: CodexConfig
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -79,7 +87,12 @@ class CodexHarness(ProvisionedHarness):
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
         tool = await self.installed()
-        toml = config_toml(ctx.model, openai_base_url(ctx.endpoint), self.config.reasoning_effort)
+        toml = config_toml(
+            ctx.model,
+            openai_base_url(ctx.endpoint),
+            self.config.reasoning_effort,
+            ctx.mcp_servers,
+        )
         await runtime.write(f"{CODEX_HOME}/config.toml", toml.encode())
         task = prompt_text(self.resolve_prompt(ctx.data))
         argv = [

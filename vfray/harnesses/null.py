@@ -10,4 +10,5 @@ class NullHarness(ChatLoopHarness):
 
     id = "null"
     TOOLS = ()
+    SUPPORTS_MCP = False  # the tool-less harness: a task with tools needs 'bash' or an agent
     EXECUTES_CODE = False

@@ -25,7 +25,13 @@ from vfray.interception.count_tokens import TokenCounter
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
-from vfray.interception.sessions import PENDING_REQUEST, Session, SessionRegistry, StopCheck
+from vfray.interception.sessions import (
+    PENDING_REQUEST,
+    PendingRequest,
+    Session,
+    SessionRegistry,
+    StopCheck,
+)
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.serving import HeadLimits, serve_in_loop
@@ -258,8 +264,12 @@ class InterceptionApp:
             if same.ok:
                 return await _respond(same)
 
-        PENDING_REQUEST.set(parsed)  # this handler's context only: seen by its stop hooks
-        refusal = await self._refusal(session)
+        pending = PendingRequest(body if isinstance(body, dict) else None, parsed)
+        token = PENDING_REQUEST.set(pending)
+        try:
+            refusal = await self._refusal(session)
+        finally:
+            PENDING_REQUEST.reset(token)
         if refusal is not None:
             raise RequestError(400, f"rollout stopped: {refusal}", final=True)
 

@@ -25,9 +25,20 @@ from vfray.trace import Trace
 StopCheck = Callable[[Trace], Awaitable[str | None]]
 """The task's ``@stop`` hooks as one callable: returns the name of a hook that fired, or None."""
 
-PENDING_REQUEST: ContextVar[ParsedRequest | None] = ContextVar("pending_request", default=None)
-"""The request being admitted while the stop hooks run, for hooks that judge the request
-itself rather than the trace (verifiers v1's request stops, :mod:`vfray.compat.v1`)."""
+@dataclass(frozen=True)
+class PendingRequest:
+    """The model call being admitted, while its stop check runs."""
+
+    body: dict[str, Any] | None
+    """Its JSON body as the client sent it (``@stop`` hooks may ask for it as ``request``)."""
+    parsed: ParsedRequest
+    """The same call normalized across dialects (verifiers v1's request stops read it)."""
+
+
+PENDING_REQUEST: ContextVar[PendingRequest | None] = ContextVar(
+    "vfray_pending_request", default=None
+)
+"""Set by the interception's handler for its stop check only (this request's context)."""
 
 _CONCLUDED_KEPT = 100_000  # tombstones kept so late calls are told the rollout concluded
 _RECENT_KEPT = 8

@@ -22,6 +22,7 @@ from vfray.rollout import RolloutPlan
 from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
 from vfray.runtimes.registry import runtime_options as typed_runtime_options
 from vfray.scoring import validate_group_config
+from vfray.task import Task
 from vfray.users import declared_user
 
 SCRIPTED_PREFIX = "scripted:"
@@ -113,13 +114,18 @@ class RunSpec(BaseModel):
 
     def check_task_type(self, task_cls: type, rollouts_per_task: int) -> None:
         """Refuse a task class whose group rewards (overrides included) need more rollouts,
-        whose user is malformed, or whose user needs a harness that can resume."""
+        whose user is malformed, whose user needs a harness that can resume, or whose tools
+        need a harness that speaks MCP."""
         validate_group_config(task_cls, rollouts_per_task, self.scoring_overrides)
-        if declared_user(task_cls) is not None:
+        has_user = declared_user(task_cls) is not None
+        # A task with tools and a harness that cannot speak MCP: refused before anything runs.
+        has_tools = getattr(task_cls, "toolsets", Task.toolsets) is not Task.toolsets
+        if has_user or has_tools:
             check_compatibility(
                 harness_class(self.plan.harness_id),
                 runtime_class(self.plan.runtime_type),
-                has_user=True,
+                has_user=has_user,
+                taskset_has_tools=has_tools,
             )
 
     def preflight(self, *, boxes_here: bool = True) -> None:

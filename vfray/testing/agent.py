@@ -1,6 +1,7 @@
 """The scripted model's ``agent`` policy: drives real coding-agent programs with no real model.
 
-It reads a short plan from the task prompt (``write "TEXT" to PATH``, ``run: COMMAND``), runs one
+It reads a short plan from the task prompt (``write "TEXT" to PATH``, ``run: COMMAND``, ``tool:
+NAME {"arg": ...}`` for an MCP tool offered under that name or prefixed by its server), runs one
 step per request through whatever shell tool the request offers (or a fenced code block, for
 agents that parse commands out of text), then ends: with the submit command when the agent's
 prompt names one (mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), else with a
@@ -10,11 +11,12 @@ conversation the request carries.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Any
 
-from vfray.testing.policies import Conversation, Decision, ShellTool
+from vfray.testing.policies import NAMESPACE_SEP, Conversation, Decision, ShellTool
 
 SHELL_TOOLS = (
     "bash",
@@ -32,13 +34,16 @@ _ARGUMENTS = ("command", "cmd", "script")
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends when a command's output starts with this marker."""
 _SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_TOOL_STEP = "\x00tool\x00"
+"""Marks a plan step that calls a tool by name (``tool: NAME {json}``) instead of a shell."""
 _TEXT_FENCE = "mswea_bash_command"
 """The fence language mini-swe-agent's text-based config parses (``mini_textbased.yaml``)."""
 
 _STEP = re.compile(
     r"""\bwrite\s+(?P<q>["'])(?P<text>.*?)(?P=q)\s+(?:to|into)\s+(?:the\s+file\s+)?"""
     r"""`?(?P<path>[\w./~-]*\w)`?"""
-    r"""|\brun:[ \t]*(?P<run>[^\n]+)""",
+    r"""|\brun:[ \t]*(?P<run>[^\n]+)"""
+    r"""|\btool:[ \t]*(?P<tool>[\w.-]+)[ \t]*(?P<args>\{[^\n]*\})?""",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -57,7 +62,11 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
         text = conv.user_texts[index]
         steps: list[str] = []
         for match in _STEP.finditer(text):
-            if match.group("run"):
+            if match.group("tool"):
+                steps.append(
+                    f"{_TOOL_STEP}{match.group('tool')}{_TOOL_STEP}{match.group('args') or '{}'}"
+                )
+            elif match.group("run"):
                 steps.append(match.group("run").strip().strip("`"))
             else:
                 path = shlex.quote(match.group("path"))
@@ -133,7 +142,28 @@ def decide_agent(conv: Conversation) -> Decision:
     return Decision(text=f"Done. {last}" if last else "Done.")
 
 
+def find_tool(conv: Conversation, name: str) -> str | None:
+    """The offered tool called ``name``: exactly, or as an MCP tool an agent prefixed with its
+    server (Claude Code's ``mcp__server__name``; Codex offers them in a Responses namespace)."""
+    if name in conv.tool_names:
+        return name
+    matches = sorted(
+        t for t in conv.tool_names if t.endswith((f"__{name}", f"{NAMESPACE_SEP}{name}"))
+    )
+    return matches[0] if matches else None
+
+
 def _act(conv: Conversation, command: str) -> Decision:
+    if command.startswith(_TOOL_STEP):
+        _, name, raw = command.split(_TOOL_STEP, 2)
+        offered = find_tool(conv, name)
+        if offered is None:
+            return Decision(text=f"I cannot call {name}: no such tool is offered.")
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            args = {}
+        return Decision(tool_call=(offered, args if isinstance(args, dict) else {}))
     shell = conv.shell
     if shell is None:
         fence = _TEXT_FENCE if any(_TEXT_FENCE in text for text in conv.texts) else "bash"

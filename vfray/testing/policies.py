@@ -94,12 +94,18 @@ class ShellTool:
     """Values for the schema's other required arguments (e.g. a ``timeout``)."""
 
 
+NAMESPACE_SEP = "::"
+"""Joins a Responses tool namespace and a tool in it, in ``Conversation.tool_names``."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
     arguments: str
     """The arguments as a JSON object text, as the OpenAI dialects carry them."""
+    namespace: str | None = None
+    """The Responses namespace the tool was offered in (``name`` is then its own name)."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +277,10 @@ def reply(decision: Decision, conv: Conversation, *, policy: str, call_id: str) 
     tool_call = None
     if decision.tool_call is not None:
         name, args = decision.tool_call
-        tool_call = ToolCall(id=call_id, name=name, arguments=json.dumps(args))
+        namespace, _, short = name.rpartition(NAMESPACE_SEP)
+        tool_call = ToolCall(
+            id=call_id, name=short, arguments=json.dumps(args), namespace=namespace or None
+        )
         # Tool calls are never cut at max_tokens: a half JSON object helps no test.
         pieces, text, finish = tokenize(tool_call.arguments), "", "tool_calls"
     else:

@@ -145,6 +145,7 @@ def _responses_item(reply: Reply, item_id: str, done: bool) -> Json:
             "id": item_id,
             "call_id": call.id,
             "name": call.name,
+            **({"namespace": call.namespace} if call.namespace else {}),
             "arguments": call.arguments if done else "",
             "status": status,
         }

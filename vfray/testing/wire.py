@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfray.testing.agent import find_shell
-from vfray.testing.policies import Conversation
+from vfray.testing.policies import NAMESPACE_SEP, Conversation
 
 Json = dict[str, Any]
 
@@ -97,6 +97,12 @@ def _tool_names(body: Json) -> frozenset[str]:
         name = function.get("name") if isinstance(function, dict) else tool.get("name")
         if isinstance(name, str):
             names.add(name)
+        if tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            # A Responses namespace (Codex groups an MCP server's tools so): its tools as
+            # NAMESPACE::TOOL, which a reply's call splits back (policies.NAMESPACE_SEP).
+            for inner in tool["tools"]:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    names.add(f"{name}{NAMESPACE_SEP}{inner['name']}")
     return frozenset(names)
 
 

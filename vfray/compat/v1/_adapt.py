@@ -153,7 +153,7 @@ class AdaptedTask(Task[V1Row]):
             pending = PENDING_REQUEST.get()
             if pending is None:
                 return False
-            available[Request] = request_of(list(pending.messages), pending.tools)
+            available[Request] = request_of(list(pending.parsed.messages), pending.parsed.tools)
         elif where == "response":
             response = last_response(trace)
             if response is None:

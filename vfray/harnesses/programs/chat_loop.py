@@ -11,15 +11,19 @@ import argparse
 import contextlib
 import json
 import os
-import select
-import shutil
 import signal
-import subprocess
+import socket
 import sys
 import time
-import urllib.error
-import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+
+# Every rollout starts this program afresh, so what it imports is paid per rollout: urllib
+# (with http.client and email) and subprocess cost ~60 ms of CPU of the ~90 ms a start took
+# (benchmarks/program_start.py). Plain-HTTP calls to the interception go over a socket here;
+# urllib is imported only for https or a proxy, subprocess only when the model runs a command.
 
 EXIT_ERROR = 2
 """Exit status for a refused request, a malformed reply or a bad configuration."""
@@ -104,6 +108,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def run_bash(command: str, timeout: float, limit: int) -> str:
     """Run ``command`` in its own process group, streaming its output into bounded head and
     tail buffers so a command that floods stdout cannot exhaust memory."""
+    import select
+    import shutil
+    import subprocess
+
     shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
     proc = subprocess.Popen(
         [shell, "-c", command],
@@ -210,6 +218,206 @@ def call_tool(name: str, raw_args: Any, tools: list[str], args: argparse.Namespa
         return f"error: {name} failed: {exc}"
 
 
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+class HttpError(Exception):
+    """A reply with a status of 400 or more."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.body = status, body
+
+
+_PROXY_VARS = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def http_post(
+    url: str, data: bytes, headers: dict[str, str], timeout: float
+) -> tuple[dict[str, str], bytes]:
+    """POST ``data``; returns the reply's headers (lower-cased names) and body. Raises
+    :class:`HttpError` for a status of 400 or more and ``OSError`` when unreachable."""
+    scheme, _, rest = url.partition("://")
+    if scheme != "http" or any(os.environ.get(v) for v in _PROXY_VARS):
+        return _urllib_post(url, data, headers, timeout)
+    authority, _, path = rest.partition("/")
+    host, port = authority, 80
+    if authority.startswith("["):  # [::1]:8000
+        bracket = authority.index("]")
+        host, after = authority[1:bracket], authority[bracket + 1 :]
+        port = int(after[1:]) if after.startswith(":") else 80
+    elif ":" in authority:
+        name, _, digits = authority.rpartition(":")
+        host, port = name, int(digits)
+    lines = [f"POST /{path} HTTP/1.1", f"Host: {authority}", f"Content-Length: {len(data)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines += ["Connection: close", "", ""]
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn.sendall("\r\n".join(lines).encode("latin-1") + data)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
+    if not sep:
+        raise OSError(f"the connection to {authority} closed before a complete reply")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise OSError(f"not an HTTP reply from {authority}: {status_line[:100]!r}")
+    reply = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        reply[name.strip().lower()] = value.strip()
+    if "chunked" in reply.get("transfer-encoding", "").lower():
+        body = _dechunk(body)
+    elif reply.get("content-length", "").isdigit():
+        body = body[: int(reply["content-length"])]
+    if int(parts[1]) >= 400:
+        raise HttpError(int(parts[1]), body)
+    return reply, body
+
+
+def _dechunk(raw: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = raw.find(b"\r\n", at)
+        if end < 0:
+            raise OSError("a chunked reply ended early")
+        size = int(raw[at:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2
+
+
+def _urllib_post(
+    url: str, data: bytes, headers: dict[str, str], timeout: float
+) -> tuple[dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            found = {name.lower(): value for name, value in response.headers.items()}
+            return found, response.read()
+    except urllib.error.HTTPError as exc:
+        raise HttpError(exc.code, exc.read()) from None
+    except urllib.error.URLError as exc:
+        raise OSError(str(exc.reason)) from None
+
+
+# -- MCP tools (streamable HTTP, stdlib only) ---------------------------------------------------
+
+
+class McpClient:
+    """One MCP server over streamable HTTP: JSON-RPC POSTs answered as JSON or as an SSE
+    stream; the session id the server hands out (if any) goes back on every request."""
+
+    def __init__(self, name: str, url: str, timeout: float) -> None:
+        self.name, self.url, self.timeout = name, url, timeout
+        self.session: str | None = None
+        self.next_id = 0
+
+    def post(self, method: str, params: dict[str, Any] | None = None, notify: bool = False) -> Any:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            body["params"] = params
+        if not notify:
+            self.next_id += 1
+            body["id"] = self.next_id
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        try:
+            found, data = http_post(self.url, json.dumps(body).encode(), headers, self.timeout)
+        except HttpError as exc:
+            raise RuntimeError(f"{exc}: {exc.body[:500].decode('utf-8', 'replace')}") from None
+        self.session = found.get("mcp-session-id") or self.session
+        kind = found.get("content-type", "")
+        raw = data.decode("utf-8", "replace")
+        if notify:
+            return None
+        replies = (
+            [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+            if "text/event-stream" in kind
+            else [json.loads(raw)]
+        )
+        for reply in replies:
+            if isinstance(reply, dict) and reply.get("id") == body["id"]:
+                if "error" in reply:
+                    raise RuntimeError(f"MCP error from {self.name}: {reply['error']}")
+                return reply.get("result")
+        raise RuntimeError(f"no MCP reply from {self.name} to {method}")
+
+    def start(self) -> list[dict[str, Any]]:
+        self.post(
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "vfray-chat-loop", "version": "1"},
+            },
+        )
+        self.post("notifications/initialized", notify=True)
+        return list((self.post("tools/list", {}) or {}).get("tools", []))
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        result = self.post("tools/call", {"name": name, "arguments": arguments}) or {}
+        text = "\n".join(
+            str(part.get("text", "")) if part.get("type") == "text" else json.dumps(part)
+            for part in result.get("content", [])
+            if isinstance(part, dict)
+        )
+        return f"error: {text}" if result.get("isError") else text
+
+
+def connect_mcp(
+    specs: list[str], timeout: float
+) -> dict[str, tuple[McpClient, str, dict[str, Any]]]:
+    """``NAME=URL`` specs -> {exposed tool name: (client, tool name, chat tool schema)}. A tool
+    whose name another tool already has is exposed as ``server__tool``."""
+    exposed: dict[str, tuple[McpClient, str, dict[str, Any]]] = {}
+    for spec in specs:
+        name, _, url = spec.partition("=")
+        client = McpClient(name, url, timeout)
+        try:
+            tools = client.start()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise Fatal(f"MCP server {name!r} at {url} did not answer: {exc}") from None
+        for tool in tools:
+            tname = str(tool.get("name"))
+            key = (
+                tname if tname not in exposed and tname not in TOOL_SCHEMAS else f"{name}__{tname}"
+            )
+            schema = {
+                "type": "function",
+                "function": {
+                    "name": key,
+                    "description": tool.get("description") or "",
+                    "parameters": tool.get("inputSchema") or {"type": "object"},
+                },
+            }
+            exposed[key] = (client, tname, schema)
+    return exposed
+
+
+def call_mcp(entry: tuple[McpClient, str, dict[str, Any]], raw_args: Any, limit: int) -> str:
+    client, name, _ = entry
+    try:
+        params = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args or {})
+    except (ValueError, TypeError) as exc:
+        return f"error: the arguments are not valid JSON: {exc}"
+    try:
+        return truncate_middle(client.call(name, params if isinstance(params, dict) else {}), limit)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"error: the MCP call to {client.name}.{name} failed: {exc}"
+
+
 # -- the model endpoint ------------------------------------------------------------------------
 
 
@@ -225,19 +433,17 @@ def post_chat(url: str, key: str, body: dict[str, Any], args: argparse.Namespace
             "Authorization": f"Bearer {key}",
             "x-stainless-retry-count": str(attempt),
         }
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")
-            if exc.code < 500 and "rollout stopped" in detail:
+            return json.loads(http_post(url, data, headers, args.request_timeout)[1])
+        except HttpError as exc:
+            detail = exc.body.decode("utf-8", "replace")
+            if exc.status < 500 and "rollout stopped" in detail:
                 raise Stopped(_error_message(detail)) from None
-            if exc.code != 429 and exc.code < 500:
-                raise Fatal(f"HTTP {exc.code} from {url}: {detail[:2000]}") from None
-            problem = f"HTTP {exc.code}: {detail[:500]}"
-        except (urllib.error.URLError, OSError) as exc:
-            problem = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
+            if exc.status != 429 and exc.status < 500:
+                raise Fatal(f"HTTP {exc.status} from {url}: {detail[:2000]}") from None
+            problem = f"HTTP {exc.status}: {detail[:500]}"
+        except OSError as exc:
+            problem = f"cannot reach {url}: {exc}"
         except ValueError as exc:
             raise Fatal(f"the endpoint returned invalid JSON: {exc}") from None
         if attempt < args.retries:
@@ -298,11 +504,13 @@ def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
     if unknown:
         raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
     messages = state["messages"] = load_messages(args)
+    mcp = connect_mcp(args.mcp, args.request_timeout)
+    schemas = [TOOL_SCHEMAS[t] for t in tools] + [entry[2] for entry in mcp.values()]
     url = f"{base}/chat/completions"
     while state["steps"] < args.max_steps:
         body: dict[str, Any] = {"model": model, "messages": messages}
-        if tools:
-            body["tools"] = [TOOL_SCHEMAS[t] for t in tools]
+        if schemas:
+            body["tools"] = schemas
         reply = post_chat(url, key, body, args)
         state["steps"] += 1
         choices = reply.get("choices") if isinstance(reply, dict) else None
@@ -319,7 +527,11 @@ def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
             return
         for tool_call in calls:
             function = tool_call.get("function") or {}
-            output = call_tool(str(function.get("name")), function.get("arguments"), tools, args)
+            fname = str(function.get("name"))
+            if fname in mcp:
+                output = call_mcp(mcp[fname], function.get("arguments"), args.max_output_chars)
+            else:
+                output = call_tool(fname, function.get("arguments"), tools, args)
             state["tool_calls"] += 1
             messages.append(
                 {"role": "tool", "tool_call_id": tool_call.get("id"), "content": output}
@@ -332,6 +544,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="chat_loop", description=__doc__)
     parser.add_argument("--messages", help="JSON file with the prompt messages")
     parser.add_argument("--tools", default="", help="comma-separated tools: bash,edit")
+    parser.add_argument(
+        "--mcp", action="append", default=[], help="an MCP server as NAME=URL (repeatable)"
+    )
     parser.add_argument("--transcript", help="write the conversation here after each step")
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--command-timeout", type=float, default=120.0)
