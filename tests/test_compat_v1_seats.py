@@ -209,3 +209,42 @@ def test_v1_judges_vfray_cannot_run_are_one_line(
     (pkg / "__init__.py").write_text(_JUDGED)
     with pytest.raises(ConfigError, match=match):
         loader.load(str(pkg), config={"task": {"judges": judges}}).tasks()
+
+
+_TOOLED = """
+import verifiers.v1 as vf
+
+class Doubler(vf.Toolset):
+    @vf.tool
+    async def double(self, x: int) -> str:
+        "Twice x."
+        return str(2 * x)
+
+class Tooled(vf.Task):
+    @classmethod
+    def toolsets(cls, config):
+        return [Doubler()]
+
+    @vf.reward
+    async def doubled(self, trace) -> float:
+        return float("42" in trace.last_reply)
+
+class Tasks(vf.Taskset):
+    def load(self):
+        yield Tooled(vf.TaskData(prompt='tool: double {"x": 21}'), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+async def test_a_v1_tasks_toolset_is_served_as_a_vfray_toolset(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1tooled"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_TOOLED)
+    task = _first(loader.load(str(pkg), harness_chosen=True))
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="bash", runtime="subprocess")
+    assert trace.errors == []
+    assert [(c.server, c.name, c.arguments, c.result) for c in trace.tool_calls] == [
+        ("doubler", "double", {"x": 21}, "42")
+    ]
+    assert trace.rewards["doubled"].value == 1.0

@@ -27,6 +27,7 @@ from vfray.interception.sessions import PENDING_REQUEST
 from vfray.seats import Game, Seat, SeatedTask, Turn
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
+from vfray.tools.toolset import Toolset as VfrayToolset
 from vfray.trace import StopCondition, Trace
 
 ENV_FINALIZE = "v1_env_finalize"
@@ -269,8 +270,12 @@ def _stop_method(name: str, where: str) -> Callable[..., Any]:
 
 def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     label = type(task).__qualname__
-    if type(task).toolsets(task.config):
-        raise ConfigError(f"v1 task {label}: toolsets need vfray's MCP toolsets (not merged yet)")
+    for toolset in type(task).toolsets(task.config):
+        if not isinstance(toolset, VfrayToolset):
+            raise ConfigError(
+                f"v1 task {label}: toolset {toolset!r} is not a verifiers.v1 Toolset with @tool "
+                "methods (the only kind vfray serves)"
+            )
     intercepts = [
         n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
     ]
@@ -325,6 +330,12 @@ def _adapted_class(
         body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(
             _stop_method(fn.__name__, where)
         )
+    if type(task).toolsets(task.config):
+
+        def toolsets(self: AdaptedTask) -> list[Any]:
+            return list(type(self.v1).toolsets(self.v1.config))
+
+        body["toolsets"] = toolsets
     env = None if env_blob is None else _load_env(env_blob)
     seated = env is not None and runs_itself(env)  # its finalize runs once the game is over
     base = AdaptedSeatedTask if seated else AdaptedTask

@@ -190,7 +190,7 @@ def load(
     taskset = package.taskset(v1_config)
     if package.taskset.toolsets(v1_config):
         raise ConfigError(
-            f"v1 taskset {target!r}: shared toolsets need vfray's MCP toolsets (not merged yet)"
+            f"v1 taskset {target!r}: shared toolsets (Taskset.toolsets) are not supported"
         )
     if select:
         taskset = taskset.select(SelectConfig.model_validate(select))
