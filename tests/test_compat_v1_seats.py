@@ -127,6 +127,27 @@ def test_what_a_v1_env_asks_and_vfray_cannot_honour_is_one_line(
         loader.load(USER, env_id=env_id, env_args=env_args)
 
 
+def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None:
+    seat = {
+        "model": "judge-m",
+        "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": "K"},
+        "harness": {"id": "mini_swe_agent"},
+        "max_turns": 3,
+    }
+    task = _first(loader.load(SEATS, env_args={"checker": seat}))
+    solver, checker = task.seats()
+    assert solver.agent == vf.Agent(name="solver")  # left open: the run's own
+    assert (checker.agent.model, checker.agent.base_url, checker.agent.api_key_var) == (
+        "judge-m",
+        "http://127.0.0.1:9/v1",
+        "K",
+    )
+    assert checker.agent.harness == "mini-swe-agent" and checker.agent.limits is not None
+    assert checker.agent.limits.max_turns == 3
+    with pytest.raises(ConfigError, match="env.checker.client.headers"):
+        loader.load(SEATS, env_args={"checker": {"client": {"headers": {"a": "b"}}}})
+
+
 async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path: Path) -> None:
     pkg = tmp_path / "v1twice"
     pkg.mkdir()

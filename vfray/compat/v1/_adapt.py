@@ -281,7 +281,8 @@ def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     ]
     if intercepts:
         raise ConfigError(
-            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported"
+            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported "
+            "(vfray's @vf.intercept rewrites tool results, not model requests / responses)"
         )
 
 

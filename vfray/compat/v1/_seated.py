@@ -20,6 +20,7 @@ from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.seats import Agent, Game, Seat, Turn
 
+_CLIENT = frozenset({"base_url", "api_key_var"})
 _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
 
 
@@ -32,7 +33,11 @@ def seat_configs(env: Env[Any]) -> dict[str, AgentConfig]:
 
 def to_agent(name: str, config: AgentConfig) -> Agent:
     """vfray's agent for a v1 seat config; what vfray cannot honour is refused naming it."""
-    extra = sorted(config.model_extra or {})
+    extras = dict(config.model_extra or {})
+    client = extras.pop("client", None) or {}
+    if not isinstance(client, dict):
+        client = {"?": client}
+    extra = sorted(extras) + [f"client.{k}" for k in sorted(set(client) - _CLIENT)]
     if extra or (config.harness is not None and config.harness.model_extra):
         sub = sorted((config.harness.model_extra or {}) if config.harness else {})
         named = [f"env.{name}.{k}" for k in extra] + [f"env.{name}.harness.{k}" for k in sub]
@@ -47,7 +52,12 @@ def to_agent(name: str, config: AgentConfig) -> Agent:
         harness = HARNESSES[config.harness.id]
     limits = {k: getattr(config, k) for k in _LIMITS if getattr(config, k) is not None}
     return Agent(
-        name=name, model=config.model, harness=harness, limits=Limits(**limits) if limits else None
+        name=name,
+        model=config.model,
+        base_url=client.get("base_url"),
+        api_key_var=client.get("api_key_var"),
+        harness=harness,
+        limits=Limits(**limits) if limits else None,
     )
 
 
