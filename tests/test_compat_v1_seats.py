@@ -144,7 +144,7 @@ def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None
     )
     assert checker.agent.harness == "mini-swe-agent" and checker.agent.limits is not None
     assert checker.agent.limits.max_turns == 3
-    with pytest.raises(ConfigError, match="env.checker.client.headers"):
+    with pytest.raises(ConfigError, match=r"env\.checker\.client\.headers"):
         loader.load(SEATS, env_args={"checker": {"client": {"headers": {"a": "b"}}}})
 
 
