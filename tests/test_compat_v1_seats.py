@@ -113,7 +113,8 @@ def test_user_sim_runs_from_vf_eval_flags_on_the_local_farm(
 @pytest.mark.parametrize(
     ("env_id", "env_args", "match"),
     [
-        ("user-sim", {"user": {"runtime": {"type": "docker"}}}, "env.user.runtime"),
+        ("user-sim", {"user": {"runtime": {"type": "prime"}}}, "env.user.runtime.type=prime"),
+        ("user-sim", {"user": {"runtime": {"image": "x"}}}, "env.user.runtime.image"),
         ("user-sim", {"user": {"harness": {"id": "opencode"}}}, "env.user.harness.id=opencode"),
         ("user-sim", {"colour": "red"}, "env.colour"),
         ("agentic-judge", {}, "'agentic-judge' is not supported"),
@@ -133,6 +134,7 @@ def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None
         "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": "K"},
         "harness": {"id": "mini_swe_agent"},
         "max_turns": 3,
+        "runtime": {"type": "docker"},
     }
     task = _first(loader.load(SEATS, env_args={"checker": seat}))
     solver, checker = task.seats()
@@ -142,7 +144,8 @@ def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None
         "http://127.0.0.1:9/v1",
         "K",
     )
-    assert checker.agent.harness == "mini-swe-agent" and checker.agent.limits is not None
+    assert (checker.agent.harness, checker.agent.runtime) == ("mini-swe-agent", "docker")
+    assert checker.agent.limits is not None
     assert checker.agent.limits.max_turns == 3
     with pytest.raises(ConfigError, match=r"env\.checker\.client\.headers"):
         loader.load(SEATS, env_args={"checker": {"client": {"headers": {"a": "b"}}}})

@@ -15,7 +15,7 @@ from typing import Any
 
 from vfray.compat.v1._env import AgentConfig, Env, Episode
 from vfray.compat.v1._trace import Trace as V1Trace
-from vfray.compat.v1.config import HARNESSES
+from vfray.compat.v1.config import HARNESSES, RUNTIMES
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.seats import Agent, Game, Seat, Turn
@@ -37,7 +37,14 @@ def to_agent(name: str, config: AgentConfig) -> Agent:
     client = extras.pop("client", None) or {}
     if not isinstance(client, dict):
         client = {"?": client}
+    box = extras.pop("runtime", None) or {}
+    if not isinstance(box, dict):
+        box = {"?": box}
     extra = sorted(extras) + [f"client.{k}" for k in sorted(set(client) - _CLIENT)]
+    extra += [f"runtime.{k}" for k in sorted(set(box) - {"type"})]
+    runtime = box.get("type")
+    if runtime is not None and runtime not in RUNTIMES:
+        extra.append(f"runtime.type={runtime} (vfray runs subprocess, docker, modal; also bwrap)")
     if extra or (config.harness is not None and config.harness.model_extra):
         sub = sorted((config.harness.model_extra or {}) if config.harness else {})
         named = [f"env.{name}.{k}" for k in extra] + [f"env.{name}.harness.{k}" for k in sub]
@@ -57,6 +64,7 @@ def to_agent(name: str, config: AgentConfig) -> Agent:
         base_url=client.get("base_url"),
         api_key_var=client.get("api_key_var"),
         harness=harness,
+        runtime=None if runtime is None else RUNTIMES[runtime],
         limits=Limits(**limits) if limits else None,
     )
 
