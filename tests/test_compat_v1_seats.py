@@ -272,3 +272,24 @@ async def test_a_v1_tasks_toolset_is_served_as_a_vfray_toolset(tmp_path: Path) -
         ("doubler", "double", {"x": 21}, "42")
     ]
     assert trace.rewards["doubled"].value == 1.0
+
+
+def test_a_v1_two_agent_env_plays_on_ray_workers(ray_local: None, tmp_path: Path) -> None:
+    # The package ships by value; each host serves verifiers.v1 from vfray and plays the game.
+    taskset = loader.load(SEATS)
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    traces = table_to_traces(read_traces(Path(result.run_dir) / "traces"))
+    by_seat: dict[str, list[Trace]] = {}
+    for trace in traces:
+        by_seat.setdefault(trace.seat or "", []).append(trace)
+    assert sorted(by_seat) == ["checker", "solver"] and len(traces) == 4
+    assert sorted(t.last_reply for t in by_seat["solver"]) == ["5", "8"]
+    assert sorted(t.last_reply for t in by_seat["checker"]) == ["10", "7"]
+    assert all(t.rewards["chain"].value == 1.0 for t in traces)
+    assert all(t.rewards["correct"].value == 1.0 for t in by_seat["solver"])
