@@ -293,7 +293,7 @@ class Tasks(vf.Taskset):
         (
             _TASKS + "\nclass Duet(vf.Env):\n    async def run(self, task, agents): ...\n",
             "'Tasks', 'Duet'",
-            "has its own run",
+            "declares no agents",
         ),
         (
             _TASKS + "\nclass Mine(vf.Harness):\n    pass\n",
@@ -301,10 +301,10 @@ class Tasks(vf.Taskset):
             "exports its own Harness",
         ),
         (
-            _TASKS.replace("yield vf.Task", "yield Tooled") + "\nclass Tooled(vf.Task):\n"
-            "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
+            _TASKS
+            + "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
             "'Tasks'",
-            "toolsets need vfray's MCP toolsets",
+            "shared toolsets",
         ),
     ],
 )

@@ -16,14 +16,18 @@ from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
 from vfray.compat.v1._env import BestOfNEnv, Env, Episode
 from vfray.compat.v1._hooks import boundary, invoke
+from vfray.compat.v1._judges import judge, plugged_judges
+from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
 from vfray.errors import ConfigError, TaskError
 from vfray.interception.sessions import PENDING_REQUEST
+from vfray.seats import Game, Seat, SeatedTask, Turn
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
+from vfray.tools.toolset import Toolset as VfrayToolset
 from vfray.trace import StopCondition, Trace
 
 ENV_FINALIZE = "v1_env_finalize"
@@ -75,6 +79,7 @@ class AdaptedTask(Task[V1Row]):
     """One v1 task under vfray; subclasses made by :func:`adapted_class` carry its hooks."""
 
     v1_env_blob: ClassVar[bytes | None] = None
+    seat: str | None = None
 
     def __init__(self, task: V1Task[Any, Any, Any]) -> None:
         super().__init__(to_row(task.data, type(task)), key=task.key)
@@ -126,17 +131,22 @@ class AdaptedTask(Task[V1Row]):
 
     # -- hooks ----------------------------------------------------------------------------------
 
-    def _hook(self, attr: str, name: str) -> Callable[..., Any]:
+    def _hook(self, attr: str, name: str) -> Callable[..., Any] | None:
         for fn in self.v1.hooks(attr):
             if fn.__name__ == name:
                 return fn
+        if self.seat is not None:  # this seat plays another v1 task (a user): not its hook
+            return None
         raise LookupError(f"v1 {attr} {name!r} is gone from the task")
 
     async def _score(self, attr: str, name: str, trace: Trace, runtime: Any) -> Any:
+        fn = self._hook(attr, name)
+        if fn is None:
+            return None
         available: dict[Any, Any] = {"task": self.v1.data, "trace": self.view(trace)}
         if runtime is not None:
             available["runtime"] = RuntimeView(runtime)
-        return await _call(self._hook(attr, name), available)
+        return await _call(fn, available)
 
     async def _stop(self, fn: Callable[..., Any], trace: Trace, where: str) -> bool:
         available: dict[Any, Any] = {V1Trace: self.view(trace)}
@@ -169,6 +179,41 @@ class AdaptedTask(Task[V1Row]):
     def v1_env(cls) -> Env[Any] | None:
         blob = cls.v1_env_blob
         return None if blob is None else _load_env(blob)
+
+
+class AdaptedSeatedTask(AdaptedTask, SeatedTask[V1Row]):
+    """A v1 task under an env with its own ``run()``: the env's agents are the seats, its
+    ``run`` the game (:mod:`vfray.compat.v1._seated`); each seat scores the v1 task it played."""
+
+    def _bridge(self, game: Game) -> EpisodeBridge:
+        env = self.v1_env()
+        assert env is not None
+        return bridge_for(game, env, self.v1)
+
+    def seats(self) -> list[Seat]:
+        env = self.v1_env()
+        assert env is not None
+        return seats_of(env)
+
+    async def next_turn(self, game: Game) -> Turn | None:
+        return await self._bridge(game).next_turn(game)
+
+    async def setup(self, trace: Trace, runtime: Any) -> None:
+        if self.game is not None and self.seat is not None:
+            episode = self._bridge(self.game)
+            played = episode.tasks.get(self.seat)
+            if played is not None:  # the task its interaction was opened with, and its prompt
+                self.v1 = played
+                prompt = played.data.system_prompt
+                self.data = self.data.model_copy(update={"system_prompt": prompt})
+            episode.started.add(self.seat)
+            episode.views[self.seat] = self.view(trace)
+        await super().setup(trace, runtime)
+
+    async def finalize(self, trace: Trace, runtime: Any) -> None:
+        await super().finalize(trace, runtime)
+        if self.game is not None and self.seat is not None:
+            await self._bridge(self.game).seat_ended(self.seat, self.view(trace), self.game)
 
 
 @functools.cache
@@ -205,27 +250,39 @@ def _score_method(attr: str, name: str, runtime: bool) -> Callable[..., Any]:
     return without_runtime
 
 
+def _judge_method(index: int) -> Callable[..., Any]:
+    async def judged(self: AdaptedTask, trace: Trace) -> float | None:
+        judges = plugged_judges(self.v1.config)
+        if index >= len(judges):  # a seat playing another v1 task (a user): not its judge
+            return None
+        return await judge(judges[index], self.v1.data, trace)
+
+    return judged
+
+
 def _stop_method(name: str, where: str) -> Callable[..., Any]:
     async def check(self: AdaptedTask, trace: Trace) -> bool:
-        return await self._stop(self._hook("stop", name), trace, where)
+        fn = self._hook("stop", name)
+        return False if fn is None else await self._stop(fn, trace, where)
 
     return check
 
 
 def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     label = type(task).__qualname__
-    if type(task).toolsets(task.config):
-        raise ConfigError(f"v1 task {label}: toolsets need vfray's MCP toolsets (not merged yet)")
-    if task.config.judges:
-        raise ConfigError(
-            f"v1 task {label}: judges (env.taskset.task.judges) are not supported yet"
-        )
+    for toolset in type(task).toolsets(task.config):
+        if not isinstance(toolset, VfrayToolset):
+            raise ConfigError(
+                f"v1 task {label}: toolset {toolset!r} is not a verifiers.v1 Toolset with @tool "
+                "methods (the only kind vfray serves)"
+            )
     intercepts = [
         n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
     ]
     if intercepts:
         raise ConfigError(
-            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported"
+            f"v1 task {label}: @intercept hooks ({', '.join(intercepts)}) are not supported "
+            "(vfray's @vf.intercept rewrites tool results, not model requests / responses)"
         )
 
 
@@ -263,19 +320,33 @@ def _adapted_class(
                     weight=getattr(fn, "_vf_weight", 1.0), priority=_PRIORITY[attr]
                 )
             body[fn.__name__] = mark(method)
+    for index, plugged in enumerate(plugged_judges(task.config)):
+        if plugged.name in body:
+            raise ConfigError(f"v1 task {cls.__qualname__}: judge {plugged.name!r} names a reward")
+        # v1 scores plugged judges after the task's own rewards.
+        mark = scoring.reward(weight=plugged.weight, priority=_PRIORITY["reward"] - 1)
+        body[plugged.name] = mark(_judge_method(index))
     for fn in task.hooks("stop"):
         where = boundary(fn)
         body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(
             _stop_method(fn.__name__, where)
         )
+    if type(task).toolsets(task.config):
+
+        def toolsets(self: AdaptedTask) -> list[Any]:
+            return list(type(self.v1).toolsets(self.v1.config))
+
+        body["toolsets"] = toolsets
     env = None if env_blob is None else _load_env(env_blob)
-    if env is not None and type(env).finalize is not Env.finalize:
+    seated = env is not None and runs_itself(env)  # its finalize runs once the game is over
+    base = AdaptedSeatedTask if seated else AdaptedTask
+    if env is not None and not seated and type(env).finalize is not Env.finalize:
 
         async def v1_env_finalize(self: AdaptedTask, traces: list[Trace]) -> list[float]:
             return await self._env_finalize(traces)
 
         body[ENV_FINALIZE] = scoring.group_reward(weight=0.0)(v1_env_finalize)
-    made = type(f"V1{cls.__name__}", (AdaptedTask,), body)
+    made = type(f"V1{cls.__name__}", (base,), body)
     _CLASSES[(cls, config, env_blob)] = made
     return made
 

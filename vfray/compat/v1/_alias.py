@@ -18,7 +18,7 @@ _OURS = "__vfray_compat__"
 
 
 def install() -> None:
-    """Make ``import verifiers.v1`` (and ``verifiers.v1.envs.best_of_n``) give vfray's layer."""
+    """Make ``import verifiers.v1`` (and its ``envs.best_of_n``, ``envs.user_sim``) vfray's."""
     present = sys.modules.get("verifiers")
     if present is not None:
         if getattr(present, _OURS, False):
@@ -27,7 +27,7 @@ def install() -> None:
     if importlib.util.find_spec("verifiers") is not None:
         raise ConfigError(_shadow_message())
     import vfray.compat.v1 as layer
-    from vfray.compat.v1 import _env
+    from vfray.compat.v1 import _env, _user_sim
 
     root = types.ModuleType("verifiers", "vfray's verifiers v1 compatibility layer")
     root.__path__ = []
@@ -39,12 +39,17 @@ def install() -> None:
     best.BestOfNEnv = _env.BestOfNEnv  # type: ignore[attr-defined]
     best.BestOfNEnvConfig = _env.BestOfNEnvConfig  # type: ignore[attr-defined]
     envs.best_of_n = best  # type: ignore[attr-defined]
+    user_sim = types.ModuleType("verifiers.v1.envs.user_sim")
+    user_sim.UserSimEnv = _user_sim.UserSimEnv  # type: ignore[attr-defined]
+    user_sim.UserSimEnvConfig = _user_sim.UserSimEnvConfig  # type: ignore[attr-defined]
+    envs.user_sim = user_sim  # type: ignore[attr-defined]
     sys.modules.update(
         {
             "verifiers": root,
             "verifiers.v1": layer,
             "verifiers.v1.envs": envs,
             "verifiers.v1.envs.best_of_n": best,
+            "verifiers.v1.envs.user_sim": user_sim,
         }
     )
 

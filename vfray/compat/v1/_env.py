@@ -1,10 +1,10 @@
 """The parts of v1's agent/env model a taskset package names: ``EnvConfig``/``AgentConfig``,
 ``Env`` (``SingleAgentEnv``, ``BestOfNEnv``), ``Episode``, ``Harness``/``Toolset`` bases.
 
-What vfray runs of them: the single-agent env, and best-of-n's sibling comparison
-(``Env.finalize(task, episode)`` over the n rollouts of a task, vfray's group). An env with its own
-``run()`` (multi-agent, user simulation), a package's own ``Harness`` class and ``Toolset`` servers
-are refused by the adapter until vfray's seats, users and toolsets land.
+What vfray runs of them: the single-agent env, best-of-n's sibling comparison
+(``Env.finalize(task, episode)`` over the n rollouts of a task, vfray's group), and an env with
+its own ``run()`` (multi-agent, user simulation) as vfray seats (:mod:`._seated`); a task's
+``Toolset`` instances are vfray toolsets. A package's own ``Harness`` class is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
 from vfray.compat.v1._data import TasksetConfig
+from vfray.tools.toolset import Toolset as VfrayToolset
 
 
 class HarnessConfig(BaseModel):
@@ -66,6 +67,9 @@ class Env(Generic[EnvConfigT]):
     def __init__(self, config: EnvConfigT | None = None) -> None:
         self.config: Any = config if config is not None else EnvConfig()
 
+    async def setup(self, agents: Any) -> None:
+        return None
+
     async def run(self, task: Any, agents: Any) -> None:
         raise NotImplementedError
 
@@ -107,8 +111,9 @@ class Harness:
     """Base of a v1 harness class; vfray runs its own harnesses (see the id mapping)."""
 
 
-class Toolset:
-    """Base of a v1 MCP toolset; served once vfray's toolsets are merged."""
+class Toolset(VfrayToolset):
+    """Base of a v1 MCP toolset: a vfray :class:`~vfray.tools.Toolset` (per rollout, served on
+    the host), its ``@vf.tool`` methods its tools."""
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

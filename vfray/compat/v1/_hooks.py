@@ -70,8 +70,14 @@ def tool(func: F, name: str | None = None) -> F: ...
 @overload
 def tool(func: None = None, name: str | None = None) -> Callable[[F], F]: ...
 def tool(func: Any = None, name: str | None = None) -> Any:
-    """An MCP tool of a ``Toolset`` (served once vfray's toolsets are merged)."""
-    decorator = _mark("tool", tool_name=name)
+    """An MCP tool of a ``Toolset``: also marked as a ``vfray`` tool, which serves it."""
+    from vfray.tools.toolset import TOOL_ATTR
+
+    def decorator(f: F) -> F:
+        _mark("tool", tool_name=name)(f)
+        setattr(f, TOOL_ATTR, name or f.__name__)
+        return f
+
     return decorator if func is None else decorator(func)
 
 

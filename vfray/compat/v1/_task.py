@@ -87,7 +87,7 @@ class Task(Generic[DataT, StateT, ConfigT]):
 
     @classmethod
     def toolsets(cls, config: Any) -> list[Any]:
-        """Per-rollout tool servers (run once vfray's toolsets are merged)."""
+        """Per-rollout tool servers (``Toolset`` instances; vfray serves them on the host)."""
         return []
 
     def hooks(self, attr: str) -> list[Callable[..., Any]]:

@@ -153,7 +153,7 @@ class Taskset(abc.ABC, Generic[TaskT, TasksetConfigT]):
 
     @classmethod
     def toolsets(cls, config: Any) -> list[Any]:
-        """Shared tool servers (run once vfray's toolsets are merged)."""
+        """Shared tool servers (refused by vfray's loader)."""
         return []
 
 

@@ -26,6 +26,13 @@ class TraceTask:
     hash: str
 
 
+@dataclass(frozen=True)
+class TraceAgent:
+    name: str
+    model: str
+    harness: str
+
+
 class Trace:
     """v1's view of one vfray trace (``verifiers.v1.Trace`` for hooks)."""
 
@@ -43,6 +50,12 @@ class Trace:
     @property
     def id(self) -> str:
         return self._trace.trace_id
+
+    @property
+    def agent(self) -> TraceAgent:
+        """Who played it: in a multi-agent env, the seat's name (v1's ``agent.name`` stamp)."""
+        info = self._trace.agent
+        return TraceAgent(self._trace.seat or "agent", info.model, info.harness)
 
     @property
     def messages(self) -> list[Message]:

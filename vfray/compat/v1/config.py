@@ -72,6 +72,10 @@ _V1_ROOTS = (
     "env.id",
     "env.n",
     "env.threshold",
+    "env.user",
+    "env.assistant",
+    "env.persona",
+    "env.done_marker",
     "client",
     "select",
     "run",
@@ -88,6 +92,10 @@ _V1_ROOTS = (
     "env.interception",
     "env.max_concurrent_agents",
 )
+
+
+_ENV_REFUSED = ("agent", "timeout", "retries", "interception", "max_concurrent_agents")
+"""``env.<x>`` roots that are not an env's own fields (``env.agent.*`` is the run's agent)."""
 
 
 @dataclass
@@ -219,6 +227,11 @@ def translate(options: Mapping[str, Any], taskset: str | None = None) -> Mapped:
         elif key in ("env.n", "env.threshold"):
             env_args[key[4:]] = value
             note(key, value, f"env {key[4:]}")
+        elif key.startswith("env.") and key.split(".")[1] not in _ENV_REFUSED:
+            # An env's own fields (user-sim's seats ``env.user.*``, ``env.persona``, a package
+            # env's seats): validated against that env's config when it is built.
+            _set(env_args, key[len("env.") :], value)
+            note(key, value, f"env {key[len('env.') :]}")
         elif key in ("client.type",) and value == "eval":
             note(key, value, "(vfray's client relays the eval model)")
         elif key == "dry_run":

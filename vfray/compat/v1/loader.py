@@ -20,7 +20,9 @@ from pydantic import ValidationError
 from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset
 from vfray.compat.v1._alias import install
 from vfray.compat.v1._env import BestOfNEnv, Env, Harness, SingleAgentEnv
+from vfray.compat.v1._seated import runs_itself, seat_configs, to_agent
 from vfray.compat.v1._taskset import SelectConfig, Taskset
+from vfray.compat.v1._user_sim import UserSimEnv
 from vfray.compat.v1.config import PREFIX
 from vfray.errors import ConfigError, TasksetError
 
@@ -107,34 +109,44 @@ def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) 
     (single agent). Envs vfray cannot run yet are refused in one line."""
     if env_id in ("best-of-n", "best_of_n"):
         cls: type[Env[Any]] | None = BestOfNEnv
+    elif env_id in ("user-sim", "user_sim"):
+        cls = UserSimEnv
     elif env_id:
         raise ConfigError(
-            f"v1 env {env_id!r} is not supported: vfray runs the single-agent env and best-of-n "
-            "(multi-agent and user-simulation envs wait for vfray's seats and users)"
+            f"v1 env {env_id!r} is not supported: vfray runs best-of-n, user-sim and a "
+            "package's own env"
         )
     else:
         cls = package.env
     if cls is None:
+        if env_args:
+            raise ConfigError(f"v1 options not supported by vfray: {_env_keys(env_args)} (no env)")
         return None
-    if not issubclass(cls, BestOfNEnv) and "run" in _overridden(cls):
-        raise ConfigError(
-            f"v1 env {cls.__name__} has its own run(): multi-agent / user envs wait for vfray's "
-            "seats and users"
-        )
     config_type = _env_config_type(cls)
     try:
-        return cls(config_type.model_validate(env_args))
+        config = config_type.model_validate(env_args)
     except ValidationError as exc:
         raise ConfigError(f"v1 env {cls.__name__}: {_first_error(exc, 'env')}") from None
+    if config.model_extra:
+        raise ConfigError(
+            f"v1 options not supported by vfray: {_env_keys(config.model_extra)} "
+            f"({cls.__name__}'s config has no such field)"
+        )
+    env = cls(config)
+    if runs_itself(env):
+        seats = seat_configs(env)
+        if not seats:
+            raise ConfigError(
+                f"v1 env {cls.__name__} has its own run() but its config declares no agents "
+                "(AgentConfig fields): vfray plays those as its seats"
+            )
+        for name, agent in seats.items():
+            to_agent(name, agent)  # refuse what a seat cannot honour now, not mid-run
+    return env
 
 
-def _overridden(cls: type) -> set[str]:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass in (Env, SingleAgentEnv, BestOfNEnv):
-            break
-        names |= set(vars(klass))
-    return names
+def _env_keys(args: dict[str, Any]) -> str:
+    return ", ".join(f"env.{k}" for k in sorted(args))
 
 
 def _env_config_type(cls: type[Env[Any]]) -> Any:
@@ -178,7 +190,7 @@ def load(
     taskset = package.taskset(v1_config)
     if package.taskset.toolsets(v1_config):
         raise ConfigError(
-            f"v1 taskset {target!r}: shared toolsets need vfray's MCP toolsets (not merged yet)"
+            f"v1 taskset {target!r}: shared toolsets (Taskset.toolsets) are not supported"
         )
     if select:
         taskset = taskset.select(SelectConfig.model_validate(select))

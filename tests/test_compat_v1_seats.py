@@ -1,0 +1,295 @@
+"""verifiers v1 envs with their own ``run(task, agents)`` on vfray's seats: a package's two-agent
+env (tests/v1_tasksets/v1seats) and v1's ``user-sim`` env over a user-simulation taskset
+(tests/v1_tasksets/v1user), played in process and on the local farm with the scripted model
+(its ``user`` policy as the simulated user); what does not map is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vfray as vf
+from vfray.cli.main import main
+from vfray.compat.v1 import loader
+from vfray.compat.v1.traces import export_run, read_v1_traces
+from vfray.errors import ConfigError
+from vfray.run.environment import run_game
+from vfray.testing.scripted import scripted_server
+from vfray.trace import Trace
+from vfray.traces import read_traces
+from vfray.traces.convert import table_to_traces
+
+PACKAGES = Path(__file__).parent / "v1_tasksets"
+SEATS = str(PACKAGES / "v1seats")
+USER = str(PACKAGES / "v1user")
+
+
+def _said(trace: Trace, role: str) -> list[str]:
+    return [m.text for m in trace.messages if m.role == role]
+
+
+def _first(taskset: Any) -> Any:
+    return next(iter(taskset.load()))
+
+
+async def test_a_v1_two_agent_env_plays_its_run_as_vfray_seats() -> None:
+    task = _first(loader.load(SEATS, env_args={"bonus": 2}))
+    solver, checker = await run_game(task, model="scripted:arithmetic", harness="null")
+    assert (solver.seat, checker.seat) == ("solver", "checker")
+    # agents.solver.run(task): the task's prompt, one turn.
+    assert _said(solver, "user") == ["What is 2 + 3?"] and solver.last_reply == "5"
+    # agents.checker.interaction(its own task): its system prompt, two turns fed by run().
+    assert _said(checker, "system") == ["You check sums."]
+    assert _said(checker, "user") == ["What is 5 + 2?", "What is 7 + 2?"]
+    assert len(checker.segments) == 2
+    # Each seat scores the v1 task it played: the checker's plain task has no `correct`.
+    assert solver.rewards["correct"].value == 1.0 and checker.rewards["correct"].value is None
+    # Env.finalize saw both traces, stamped with their seat names.
+    assert solver.rewards["chain"].value == checker.rewards["chain"].value == 1.0
+    assert solver.metrics["seats"] == checker.metrics["seats"] == 2.0
+    assert solver.metrics["checker_turns"] == 2.0
+    assert solver.reward == 1.5 and solver.task.key == checker.task.key == task.key
+
+
+async def test_v1_user_sim_hides_the_scenario_from_the_assistant() -> None:
+    taskset = loader.load(USER, env_id="user-sim", env_args={"user": {"model": "scripted:user"}})
+    user, assistant = await run_game(_first(taskset), model="scripted:arithmetic", harness="null")
+    assert (user.seat, assistant.seat) == ("user", "assistant")
+    assert (user.agent.harness, user.agent.model) == ("null", "scripted:user")
+    # The user's persona carries the scenario; it opens after the assistant's greeting ...
+    (persona,) = _said(user, "system")
+    assert "> What is 2 + 3?" in persona and "###DONE###" in persona
+    assert _said(user, "user") == ["Hello! How can I help you today?", "5", "8"]
+    assert _said(user, "assistant")[-1] == "###DONE###"
+    # ... and the assistant only ever hears what the user says.
+    assert _said(assistant, "user") == ["What is 2 + 3?", "What is 4 + 4?"]
+    assert not _said(assistant, "system")
+    assert assistant.rewards["correct"].value == 1.0 and assistant.metrics["replies"] == 2.0
+    assert assistant.metrics["user_turns"] == 3.0  # UserSimEnv.finalize, from the user's trace
+    assert user.rewards["correct"].value is None
+
+
+def test_user_sim_runs_from_vf_eval_flags_on_the_local_farm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = [
+        "--env.id",
+        "user-sim",
+        "--env.user.model",
+        "scripted:user",
+        "--env.user.max-turns",
+        "5",
+    ]
+    assert main(["eval", USER, *flags, "--env.agent.harness.id", "null", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    config = json.loads(captured.out)
+    assert config["taskset_args"]["env"] == {
+        "id": "user-sim",
+        "user": {"model": "scripted:user", "max_turns": 5},
+    }
+    assert "v1 env.user.model = 'scripted:user' -> env user.model" in captured.err
+    taskset = loader.load_from_args(USER, config["taskset_args"])
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path),
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    outcomes = read_v1_traces(export_run(result.run_dir))
+    assistant = [o for o in outcomes if o.rewards.get("correct") is not None]
+    assert sorted(o.rewards["correct"] for o in assistant) == [1.0, 1.0]
+    assert sorted(o.metrics["user_turns"] for o in assistant) == [2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_args", "match"),
+    [
+        ("user-sim", {"user": {"runtime": {"type": "prime"}}}, "env.user.runtime.type=prime"),
+        ("user-sim", {"user": {"runtime": {"image": "x"}}}, "env.user.runtime.image"),
+        ("user-sim", {"user": {"harness": {"id": "opencode"}}}, "env.user.harness.id=opencode"),
+        ("user-sim", {"colour": "red"}, "env.colour"),
+        ("agentic-judge", {}, "'agentic-judge' is not supported"),
+        (None, {"solver": {"model": "x"}}, "no env"),
+    ],
+)
+def test_what_a_v1_env_asks_and_vfray_cannot_honour_is_one_line(
+    env_id: str | None, env_args: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        loader.load(USER, env_id=env_id, env_args=env_args)
+
+
+def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None:
+    seat = {
+        "model": "judge-m",
+        "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": "K"},
+        "harness": {"id": "mini_swe_agent"},
+        "max_turns": 3,
+        "runtime": {"type": "docker"},
+    }
+    task = _first(loader.load(SEATS, env_args={"checker": seat}))
+    solver, checker = task.seats()
+    assert solver.agent == vf.Agent(name="solver")  # left open: the run's own
+    assert (checker.agent.model, checker.agent.base_url, checker.agent.api_key_var) == (
+        "judge-m",
+        "http://127.0.0.1:9/v1",
+        "K",
+    )
+    assert (checker.agent.harness, checker.agent.runtime) == ("mini-swe-agent", "docker")
+    assert checker.agent.limits is not None
+    assert checker.agent.limits.max_turns == 3
+    with pytest.raises(ConfigError, match=r"env\.checker\.client\.headers"):
+        loader.load(SEATS, env_args={"checker": {"client": {"headers": {"a": "b"}}}})
+
+
+async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1twice"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import verifiers.v1 as vf\n"
+        "class Tasks(vf.Taskset):\n"
+        "    def load(self):\n"
+        "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
+        "class Twice(vf.Env[vf.SingleAgentEnvConfig]):\n"
+        "    async def run(self, task, agents):\n"
+        "        await agents.agent.run(task)\n"
+        "        await agents.agent.run(task)\n"
+        "__all__ = ['Tasks', 'Twice']\n"
+    )
+    (trace,) = await run_game(
+        _first(loader.load(str(pkg))), model="scripted:arithmetic", harness="null"
+    )
+    assert trace.seat == "agent" and trace.last_reply == "2"  # the first run played
+    error = trace.error()
+    assert error is not None and error.type == "TaskError" and "\n" not in error.message
+    assert "seat 'agent' already played: one rollout per seat here" in error.message
+
+
+_JUDGED = """
+import verifiers.v1 as vf
+
+class QA(vf.TaskData):
+    answer: str
+
+class Tasks(vf.Taskset):
+    def load(self):
+        for q, a in (("What is 2 + 3?", "5"), ("What is 1 + 1?", "3")):
+            yield vf.Task(QA(prompt=q, answer=a), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+def test_a_plugged_v1_reference_judge_is_a_vfray_judge_reward(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1judged"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_JUDGED)
+    judges = [{"id": "reference", "name": "matches", "weight": 0.5}]
+    taskset = loader.load(str(pkg), config={"task": {"judges": judges}})
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted",
+            base_url=url,
+            harness="null",
+            backend="local",
+            progress=False,
+            output_dir=str(tmp_path / "out"),
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    found = table_to_traces(read_traces(Path(result.run_dir) / "traces"))
+    traces = sorted(found, key=lambda t: t.last_reply or "")
+    # The scripted judge says yes when the reference answer is in the reply: 5 yes, 2 (not 3) no.
+    assert [(t.last_reply, t.rewards["matches"].value) for t in traces] == [("2", 0.0), ("5", 1.0)]
+    assert [t.reward for t in traces] == [0.0, 0.5]
+    for trace in traces:
+        (call,) = trace.side_calls
+        assert call.kind == "judge" and call.name == "matches"
+        assert "Reference answer:" in call.messages[-1].text
+
+
+@pytest.mark.parametrize(
+    ("judges", "match"),
+    [
+        ([{"id": "rubric"}], "v1 judge 'rubric' is not supported"),
+        ([{"id": "reference", "prompt": "p.txt"}], "judge options not supported by vfray: prompt"),
+    ],
+)
+def test_v1_judges_vfray_cannot_run_are_one_line(
+    tmp_path: Path, judges: list[dict[str, Any]], match: str
+) -> None:
+    pkg = tmp_path / f"v1judged_{len(judges[0])}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_JUDGED)
+    with pytest.raises(ConfigError, match=match):
+        loader.load(str(pkg), config={"task": {"judges": judges}}).tasks()
+
+
+_TOOLED = """
+import verifiers.v1 as vf
+
+class Doubler(vf.Toolset):
+    @vf.tool
+    async def double(self, x: int) -> str:
+        "Twice x."
+        return str(2 * x)
+
+class Tooled(vf.Task):
+    @classmethod
+    def toolsets(cls, config):
+        return [Doubler()]
+
+    @vf.reward
+    async def doubled(self, trace) -> float:
+        return float("42" in trace.last_reply)
+
+class Tasks(vf.Taskset):
+    def load(self):
+        yield Tooled(vf.TaskData(prompt='tool: double {"x": 21}'), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+async def test_a_v1_tasks_toolset_is_served_as_a_vfray_toolset(tmp_path: Path) -> None:
+    pkg = tmp_path / "v1tooled"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_TOOLED)
+    task = _first(loader.load(str(pkg), harness_chosen=True))
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="bash", runtime="subprocess")
+    assert trace.errors == []
+    assert [(c.server, c.name, c.arguments, c.result) for c in trace.tool_calls] == [
+        ("doubler", "double", {"x": 21}, "42")
+    ]
+    assert trace.rewards["doubled"].value == 1.0
+
+
+def test_a_v1_two_agent_env_plays_on_ray_workers(ray_local: None, tmp_path: Path) -> None:
+    # The package ships by value; each host serves verifiers.v1 from vfray and plays the game.
+    taskset = loader.load(SEATS)
+    with (
+        scripted_server("arithmetic") as url,
+        vf.Farm(
+            model="scripted", base_url=url, harness="null", progress=False, output_dir=str(tmp_path)
+        ) as farm,
+    ):
+        result = farm.run(taskset)
+    traces = table_to_traces(read_traces(Path(result.run_dir) / "traces"))
+    by_seat: dict[str, list[Trace]] = {}
+    for trace in traces:
+        by_seat.setdefault(trace.seat or "", []).append(trace)
+    assert sorted(by_seat) == ["checker", "solver"] and len(traces) == 4
+    assert sorted(t.last_reply for t in by_seat["solver"]) == ["5", "8"]
+    assert sorted(t.last_reply for t in by_seat["checker"]) == ["10", "7"]
+    assert all(t.rewards["chain"].value == 1.0 for t in traces)
+    assert all(t.rewards["correct"].value == 1.0 for t in by_seat["solver"])

@@ -1,0 +1,224 @@
+"""v1 envs with their own ``run(task, agents)`` (user simulation, multi-agent) as vfray seated
+tasks: each top-level ``AgentConfig`` field of the env's config is a :class:`~vfray.seats.Seat`,
+and the env's ``run`` is driven as the game's ``next_turn`` — every ``interaction.turn(message)``
+it awaits is one vfray :class:`~vfray.seats.Turn` of that seat, answered with the seat's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from vfray.compat.v1._env import AgentConfig, Env, Episode
+from vfray.compat.v1._trace import Trace as V1Trace
+from vfray.compat.v1.config import HARNESSES, RUNTIMES
+from vfray.errors import ConfigError
+from vfray.interception.limits import Limits
+from vfray.seats import Agent, Game, Seat, Turn
+
+_CLIENT = frozenset({"base_url", "api_key_var"})
+_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
+
+
+def seat_configs(env: Env[Any]) -> dict[str, AgentConfig]:
+    """The env's agents, by field name, in declaration order (v1's ``Agents`` scrape)."""
+    config = env.config
+    found = {n: getattr(config, n) for n in type(config).model_fields}
+    return {n: c for n, c in found.items() if isinstance(c, AgentConfig)}
+
+
+def to_agent(name: str, config: AgentConfig) -> Agent:
+    """vfray's agent for a v1 seat config; what vfray cannot honour is refused naming it."""
+    extras = dict(config.model_extra or {})
+    client = extras.pop("client", None) or {}
+    if not isinstance(client, dict):
+        client = {"?": client}
+    box = extras.pop("runtime", None) or {}
+    if not isinstance(box, dict):
+        box = {"?": box}
+    extra = sorted(extras) + [f"client.{k}" for k in sorted(set(client) - _CLIENT)]
+    extra += [f"runtime.{k}" for k in sorted(set(box) - {"type"})]
+    runtime = box.get("type")
+    if runtime is not None and runtime not in RUNTIMES:
+        extra.append(f"runtime.type={runtime} (vfray runs subprocess, docker, modal; also bwrap)")
+    if extra or (config.harness is not None and config.harness.model_extra):
+        sub = sorted((config.harness.model_extra or {}) if config.harness else {})
+        named = [f"env.{name}.{k}" for k in extra] + [f"env.{name}.harness.{k}" for k in sub]
+        raise ConfigError(f"v1 options not supported by vfray: {', '.join(named)}")
+    harness = None
+    if config.harness is not None:
+        if config.harness.id not in HARNESSES:
+            raise ConfigError(
+                f"v1 options not supported by vfray: env.{name}.harness.id={config.harness.id} "
+                f"(vfray harnesses for v1 ids: {', '.join(sorted(HARNESSES))})"
+            )
+        harness = HARNESSES[config.harness.id]
+    limits = {k: getattr(config, k) for k in _LIMITS if getattr(config, k) is not None}
+    return Agent(
+        name=name,
+        model=config.model,
+        base_url=client.get("base_url"),
+        api_key_var=client.get("api_key_var"),
+        harness=harness,
+        runtime=None if runtime is None else RUNTIMES[runtime],
+        limits=Limits(**limits) if limits else None,
+    )
+
+
+@dataclass
+class Segment:
+    """What ``Interaction.turn`` returns (v1's ``Segment``): the reply, or ``terminated``."""
+
+    messages: list[Any] = field(default_factory=list)
+    root_reply: str | None = None
+    terminated: bool = False
+
+    @property
+    def last_reply(self) -> str:
+        return (self.root_reply or "").strip()
+
+
+class Interaction:
+    """One seat's open rollout, as the v1 env holds it: ``turn(message)`` is one vfray turn."""
+
+    def __init__(self, episode: EpisodeBridge, seat: str, task: Any) -> None:
+        self._episode, self._seat, self._task = episode, seat, task
+        self._started = False
+
+    @property
+    def trace(self) -> V1Trace | None:
+        return self._episode.views.get(self._seat)
+
+    async def turn(self, message: str | None = None) -> Segment:
+        if message is None:
+            if self._started:
+                raise ValueError("turn() without a message only opens a prompted task")
+            message = self._task.data.prompt_text
+        self._started = True
+        reply = await self._episode.ask(Turn(seat=self._seat, message=message))
+        return Segment(root_reply=reply)
+
+
+class SeatAgent:
+    """``agents.<seat>`` for the v1 env: ``interaction(task)`` and ``run(task)``."""
+
+    def __init__(self, episode: EpisodeBridge, name: str) -> None:
+        self._episode, self.name = episode, name
+        self.trainable = True  # v1's ``Env.setup`` may set it; vfray trains on every seat
+
+    @asynccontextmanager
+    async def interaction(self, task: Any, **borrowed: Any) -> AsyncIterator[Interaction]:
+        _refuse_borrowed(self.name, borrowed)
+        if self.name in self._episode.tasks:
+            raise RuntimeError(f"seat {self.name!r} already played: one rollout per seat here")
+        self._episode.tasks[self.name] = task
+        yield Interaction(self._episode, self.name, task)
+
+    async def run(self, task: Any, **borrowed: Any) -> V1Trace | None:
+        async with self.interaction(task, **borrowed) as interaction:
+            await interaction.turn()
+        return interaction.trace
+
+
+def _refuse_borrowed(seat: str, borrowed: dict[str, Any]) -> None:
+    given = sorted(k for k, v in borrowed.items() if v not in (None, False))
+    if given:
+        raise NotImplementedError(
+            f"agents.{seat}: {', '.join(given)}= is not supported on vfray (a seat runs in its "
+            "own box, or shares another seat's through vf.Seat(box=...))"
+        )
+
+
+class Agents:
+    def __init__(self, episode: EpisodeBridge, names: list[str]) -> None:
+        for name in names:
+            setattr(self, name, SeatAgent(episode, name))
+
+
+class EpisodeBridge:
+    """One game: the v1 env's ``run`` as a coroutine whose turns are handed to vfray's game
+    one at a time, and its ``finalize`` over the seats' traces once every seat has ended."""
+
+    def __init__(self, env: Env[Any], task: Any, seats: list[str]) -> None:
+        self.env, self.task, self.seats = env, task, seats
+        self.tasks: dict[str, Any] = {}
+        """The v1 task each seat plays (the one its ``interaction`` was opened with)."""
+        self.views: dict[str, V1Trace] = {}
+        self.started: set[str] = set()
+        self.finished: dict[str, V1Trace] = {}
+        self._requests: asyncio.Queue[tuple[Turn, asyncio.Future[str]]] = asyncio.Queue()
+        self._pending: asyncio.Future[str] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._finalized: asyncio.Future[None] | None = None
+
+    async def _run(self) -> None:
+        agents = Agents(self, self.seats)
+        await self.env.setup(agents)
+        await self.env.run(self.task, agents)
+
+    async def ask(self, turn: Turn) -> str:
+        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait((turn, reply))
+        return await reply
+
+    async def next_turn(self, game: Game) -> Turn | None:
+        if self._runner is None:
+            self._runner = asyncio.ensure_future(self._run())
+        elif self._pending is not None and not self._pending.done():
+            last = game.last
+            self._pending.set_result((last.reply or "") if last is not None else "")
+        request = asyncio.ensure_future(self._requests.get())
+        await asyncio.wait({request, self._runner}, return_when=asyncio.FIRST_COMPLETED)
+        if request.done():
+            turn, self._pending = request.result()
+            return turn
+        request.cancel()
+        self._runner.result()  # the env's own failure ends the game with it
+        return None
+
+    async def seat_ended(self, seat: str, view: V1Trace, game: Game) -> None:
+        """Called by each seat once the game is over; the last runs the env's ``finalize``
+        (a seat that failed may end without reaching here: it is not waited for)."""
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()  # the game ended under it (a seat failed, a limit)
+        self.finished[seat] = view
+        if self._finalized is None:
+            self._finalized = asyncio.get_running_loop().create_future()
+        if not self._finalized.done() and set(self.finished) >= self.started - set(game.failed):
+            try:
+                ok = all(v.ok for v in self.finished.values())
+                views = list(self.finished.values())
+                await self.env.finalize(self.task, Episode(ok=ok, traces=views))
+            except BaseException as exc:
+                self._finalized.set_exception(exc)
+            else:
+                self._finalized.set_result(None)
+        await asyncio.shield(self._finalized)
+
+
+_EPISODES: weakref.WeakKeyDictionary[Game, EpisodeBridge] = weakref.WeakKeyDictionary()
+
+
+def bridge_for(game: Game, env: Env[Any], task: Any) -> EpisodeBridge:
+    found = _EPISODES.get(game)
+    if found is None:
+        found = _EPISODES[game] = EpisodeBridge(env, task, [s.name for s in game.seats])
+    return found
+
+
+def seats_of(env: Env[Any]) -> list[Seat]:
+    return [Seat(name=n, agent=to_agent(n, c)) for n, c in seat_configs(env).items()]
+
+
+def runs_itself(env: Env[Any]) -> bool:
+    """Whether the env plays its agents itself (its own ``run``), as opposed to best-of-n's
+    independent attempts (vfray's group) or the single-agent default."""
+    from vfray.compat.v1._env import BestOfNEnv, SingleAgentEnv
+
+    if isinstance(env, BestOfNEnv):
+        return False
+    return type(env).run is not SingleAgentEnv.run and type(env).run is not Env.run
