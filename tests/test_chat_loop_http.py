@@ -117,8 +117,9 @@ def test_a_proxy_in_the_environment_is_honoured(
     chat_loop: ModuleType, serve: type[OneShotServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = serve(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    for var in (*chat_loop._PROXY_VARS, "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)  # urllib skips an empty no_proxy, not a set one
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.port}")
-    monkeypatch.setenv("no_proxy", "")
     _, body = chat_loop.http_post("http://model.example:8000/v1/chat", b"{}", {}, 5.0)
     assert body == b"{}"
     # A forward proxy is sent the whole URL on the request line.

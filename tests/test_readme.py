@@ -20,7 +20,9 @@ def test_readme_python_blocks_run_as_written(tmp_path: Path) -> None:
     blocks = python_blocks()
     assert len(blocks) >= 2, "the README lost its taskset and RL examples"
     script = tmp_path / "readme.py"
-    script.write_text("\n\n".join(blocks))
+    # A block that hangs prints every thread's stack before the test gives up on it.
+    watchdog = "import faulthandler\nfaulthandler.dump_traceback_later(200, exit=True)\n"
+    script.write_text(watchdog + "\n\n".join(blocks))
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,

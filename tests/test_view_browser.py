@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -55,6 +56,18 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
+def click_and_load(driver: Any, element: Any) -> None:
+    """Click a link or submit button and wait until the next page has replaced this one (read
+    too early, an element of the old page goes stale under the test)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(old))
+
+
 def shots_dir(tmp_path: Path) -> Path:
     folder = Path(os.environ.get("VFRAY_ARTIFACTS_DIR") or tmp_path) / "view-screenshots"
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,12 +105,12 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
 
         driver.get(f"{url}/run/0/rollouts")
         Select(driver.find_element(By.NAME, "status")).select_by_value("error")
-        driver.find_element(By.ID, "apply").click()
+        click_and_load(driver, driver.find_element(By.ID, "apply"))
         count = driver.find_element(By.ID, "count").text
         assert count.startswith(f"{errored} rollouts match"), count
         driver.save_screenshot(str(shots / "rollouts-errored.png"))
 
-        driver.find_element(By.CSS_SELECTOR, "a.open").click()
+        click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "a.open"))
         errors = driver.find_element(By.ID, "errors").text
         assert "RuntimeError" in errors and "finalize" in errors and "is missing" in errors
         conversation = driver.find_element(By.ID, "conversation").text
@@ -122,7 +135,7 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
         more = [t.model_copy(update={"attempt": 1}) for t in table_to_traces(final.slice(0, 1))]
         write_traces(more, result.run_dir / "traces")
         WebDriverWait(driver, 30).until(lambda d: banner.is_displayed())
-        banner.find_element(By.TAG_NAME, "a").click()
+        click_and_load(driver, banner.find_element(By.TAG_NAME, "a"))
         WebDriverWait(driver, 30).until(
             lambda d: "attempts (with retries) 17" in d.find_element(By.TAG_NAME, "main").text
         )

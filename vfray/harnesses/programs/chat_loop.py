@@ -298,7 +298,8 @@ def _urllib_post(
 
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        # Its own opener: proxies from the environment, whatever a host process installed.
+        with urllib.request.build_opener().open(request, timeout=timeout) as response:
             found = {name.lower(): value for name, value in response.headers.items()}
             return found, response.read()
     except urllib.error.HTTPError as exc:
