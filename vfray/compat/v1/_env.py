@@ -96,8 +96,11 @@ class BestOfNEnv(Env[BestOfNEnvConfig]):
     def __init__(self, config: BestOfNEnvConfig | None = None) -> None:
         super().__init__(config if config is not None else BestOfNEnvConfig())
 
-    async def run(self, task: Any, agents: Any) -> None:  # fanned out by vfray as its group
-        raise NotImplementedError
+    async def run(self, task: Any, agents: Any) -> None:
+        raise RuntimeError(
+            "BestOfNEnv is not run turn by turn on vfray: its n attempts are vfray's group of n "
+            "rollouts (run it with -r N)"
+        )
 
     async def finalize(self, task: Any, episode: Episode) -> None:
         top = max(t.reward for t in episode.traces)

@@ -127,7 +127,7 @@ class SeatAgent:
 def _refuse_borrowed(seat: str, borrowed: dict[str, Any]) -> None:
     given = sorted(k for k, v in borrowed.items() if v not in (None, False))
     if given:
-        raise NotImplementedError(
+        raise ConfigError(
             f"agents.{seat}: {', '.join(given)}= is not supported on vfray (a seat runs in its "
             "own box, or shares another seat's through vf.Seat(box=...))"
         )
