@@ -1,5 +1,6 @@
-"""The run driver's own logic without Ray: the in-flight window, retries (at once for lost hosts
-and interception failures, after a backoff for provider failures), the endpoint circuit, resume,
+"""The run driver's own logic without Ray: the in-flight window, retries (at once for
+interception failures, after a short wait on another host for lost hosts, after a backoff for
+provider failures), a lost host picked last while Ray restarts it, the endpoint circuit, resume,
 cancellation, a failing task source, and how stale streamed groups can get.
 
 The backend here is a small in-memory implementation of the driver's backend protocol whose
@@ -21,7 +22,8 @@ import pytest
 import vfray as vf
 from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
 from vfray.retry import EndpointCircuit, RetryPolicy
-from vfray.run.driver import HostLost, ResumeState, RunDriver, RunPlan
+from vfray.run import driver as run_driver
+from vfray.run.driver import HostLost, HostPool, ResumeState, RunDriver, RunPlan
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
@@ -203,6 +205,22 @@ async def test_lost_host_is_retried_on_another_host_and_the_lost_attempt_kept() 
     for call in backend.calls:
         by_rollout.setdefault((call.key, call.index), []).append(call.host)
     assert all(len(hosts) == 2 and hosts[0] != hosts[1] for hosts in by_rollout.values())
+
+
+def test_a_lost_host_is_picked_last_until_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = HostPool(3)
+    pool.lost(0)
+    # Hosts 1 and 2 take the work even once they are busier than the restarting host 0.
+    assert sorted(pool.acquire() for _ in range(4)) == [1, 1, 2, 2]
+    pool.answered(0)
+    assert pool.acquire() == 0
+    # The cooldown also ends on its own: a restarted host that got no rollout is used again.
+    monkeypatch.setattr(run_driver, "HOST_COOLDOWN_S", 0.0)
+    pool.lost(1)
+    pool.release(2)
+    pool.release(2)
+    assert pool.load == [1, 2, 0] and pool.acquire() == 2
+    assert pool.acquire() == 0 and pool.acquire() == 2
 
 
 async def test_a_host_lost_on_every_attempt_fails_the_rollout_as_infrastructure() -> None:

@@ -291,3 +291,30 @@ async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
     assert answer.status_code == 503
     assert "shutting down" in answer.text
     assert "Exception in ASGI application" not in caplog.text
+
+
+def test_a_request_in_flight_when_its_loop_is_closed_gets_503_and_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A training coroutine that returns while a server on its loop still has a request in
+    flight (a plain ``with vf.Farm`` left inside ``asyncio.run``): ``asyncio.run`` cancels the
+    handler, and the client gets a 503 instead of the log getting a traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vfray.serving import serve_in_loop
+
+    slow = ScriptedModel("echo", latency=30)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def main(pool: ThreadPoolExecutor) -> Any:
+        serving = serve_in_loop(slow)
+        url = await serving.__aenter__()  # never left: the loop's closing cancels the server
+        answer = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=60)
+        await asyncio.sleep(1.0)  # the handler is sleeping in the model's latency
+        return answer
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = asyncio.run(main(pool)).result(timeout=30)
+    assert answer.status_code == 503
+    assert "shutting down" in answer.text
+    assert "Exception in ASGI application" not in caplog.text

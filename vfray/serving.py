@@ -2,7 +2,8 @@
 interception endpoint, the scripted model, tests and demos.
 
 The socket is bound before uvicorn starts, so port 0 yields a free port with no race. Every
-request head is bounded in size, header count and read time (:class:`HeadLimits`).
+request head is bounded in size, header count and read time (:class:`HeadLimits`), and a handler
+cancelled by its server's or loop's shutdown answers 503 instead of logging a traceback.
 """
 
 from __future__ import annotations
@@ -38,6 +39,44 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _AnswerWhenCancelled:
+    """Wraps a served ASGI app. A request handler is cancelled only when its server or its loop
+    shuts down: uvicorn cancels the handlers still running when its graceful shutdown ends, and
+    ``asyncio.run`` cancels every task left when a coroutine returns while a server on its loop
+    still has requests in flight (a training loop leaving a plain ``with vf.Farm``). uvicorn
+    logs whatever leaves the app as an "Exception in ASGI application" traceback; instead the
+    client gets a plain 503 when no response had started (and one log line when it had)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if started:
+                return
+            with contextlib.suppress(Exception):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"the server is shutting down"})
+
+
 def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) -> uvicorn.Config:
     # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
     options: dict[str, Any] = {
@@ -53,7 +92,7 @@ def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) ->
         "http": guarded_protocol(head_limits or HeadLimits()),
     }
     options.update(uvicorn_options)
-    return uvicorn.Config(app, **options)
+    return uvicorn.Config(_AnswerWhenCancelled(app), **options)
 
 
 @contextlib.contextmanager

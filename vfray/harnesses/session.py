@@ -62,6 +62,20 @@ class AgentSession:
         """End whatever the session still runs (always called, also after a failure)."""
 
 
+async def _segment_until_stopped(
+    session: AgentSession,
+    ctx: LaunchContext,
+    message: str | None,
+    stopped: Callable[[], bool],
+    grace: float,
+    interrupt: Callable[[], Awaitable[None]] | None,
+) -> ProgramResult:
+    # The segment's coroutine is made here, inside the task wait_for runs, not by the caller:
+    # a rollout cancelled before that task's first step (its loop closing) would otherwise
+    # leave a "coroutine was never awaited" warning behind.
+    return await run_until_stopped(session.segment(ctx, message), stopped, grace, interrupt)
+
+
 async def run_segments(
     task: Task[Any],
     trace: Trace,
@@ -105,8 +119,10 @@ async def run_segments(
         try:
             # In this process the session records into ``trace`` itself, so a refusal shows
             # here at once; a remote session's copy does not, and its program ends on its own.
-            program = run_until_stopped(
-                session.segment(ctx.model_copy(update={"timeout": remaining}), message),
+            program = _segment_until_stopped(
+                session,
+                ctx.model_copy(update={"timeout": remaining}),
+                message,
                 lambda: trace.stop_condition is not None,
                 stop_grace,
                 interrupt,

@@ -104,7 +104,7 @@ class InterceptionApp:
         self.forwarder = Forwarder(upstream, connection_limit=connection_limit)
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
-        """Set when the server is shutting down: cancelled requests are answered 503, quietly."""
+        """Set when the listener is closing (a Serve replica then fails its health check)."""
         # A plain path → (method, handler) table instead of a Starlette router: routing and
         # Starlette's default middlewares were ~10% of the proxy's CPU per turn.
         self._routes: dict[str, tuple[str, Callable[[Request], Awaitable[Response]]]] = {
@@ -127,14 +127,8 @@ class InterceptionApp:
         elif scope["method"] != route[0] and not (route[0] == "GET" and scope["method"] == "HEAD"):
             response = _plain_error(405, f"{scope['path']} accepts {route[0]} only")
         else:
-            try:
-                response = await route[1](Request(scope, receive))
-            except asyncio.CancelledError:
-                if not self.closing:
-                    raise
-                # uvicorn cancels the handlers still waiting when its graceful shutdown ends; the
-                # agent gets a plain 503 instead of a traceback in the run's log.
-                response = _plain_error(503, "the interception is shutting down")
+            # A handler cancelled by its server's shutdown is answered by vfray.serving.
+            response = await route[1](Request(scope, receive))
         await response(scope, receive, send)
 
     # -- sessions -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,22 +78,44 @@ class RunBackend(Protocol):
         ...
 
 
+HOST_COOLDOWN_S = 10.0
+"""How long a host that was just lost is picked last: Ray restarts a lost actor on another
+node, which takes seconds, and retries sent to it meanwhile would be lost again."""
+
+HOST_LOST_BACKOFF_S = 0.5
+"""The wait before a lost rollout's next attempt, times the attempt number."""
+
+
 class HostPool:
-    """A backend's hosts by index, picked least-loaded first."""
+    """A backend's hosts by index, picked least-loaded first, and a host lost in the last
+    :data:`HOST_COOLDOWN_S` seconds last (unless a rollout on it has finished since)."""
 
     def __init__(self, count: int) -> None:
         if count < 1:
             raise ValueError("a HostPool needs at least one host")
         self.load = [0] * count
+        self._cooling: dict[int, float] = {}  # host → monotonic time its cooldown ends
 
     def acquire(self, avoid: int | None = None) -> int:
-        order = sorted(range(len(self.load)), key=lambda i: (i == avoid, self.load[i]))
+        now = time.monotonic()
+        self._cooling = {i: end for i, end in self._cooling.items() if end > now}
+        order = sorted(
+            range(len(self.load)), key=lambda i: (i in self._cooling, i == avoid, self.load[i])
+        )
         index = order[0]
         self.load[index] += 1
         return index
 
     def release(self, index: int) -> None:
         self.load[index] -= 1
+
+    def lost(self, index: int) -> None:
+        """The host failed under a rollout: pick it last for a while."""
+        self._cooling[index] = time.monotonic() + HOST_COOLDOWN_S
+
+    def answered(self, index: int) -> None:
+        """A rollout on the host finished: it is up again."""
+        self._cooling.pop(index, None)
 
 
 @dataclass
@@ -300,7 +323,7 @@ class RunDriver:
             while True:
                 probe = await self.circuit.admit()
                 host = self.pool.acquire(avoid)
-                told = provider = outage = False
+                told = provider = outage = lost = False
                 try:
                     job = RolloutJob(
                         task=task,
@@ -310,6 +333,7 @@ class RunDriver:
                         episode_id=episode_id,
                     )
                     outcome, handle = await self.backend.rollout(host, job)
+                    self.pool.answered(host)
                     provider = outcome.error_type == ProviderError.__name__
                     self.circuit.record(provider, probe)
                     told = True
@@ -336,6 +360,8 @@ class RunDriver:
                     )
                     await self.backend.keep_attempt(handle)
                 except HostLost as exc:
+                    self.pool.lost(host)
+                    lost = True
                     failed = self._infra_trace(task, index, attempt, episode_id, exc)
                     if attempt >= self.plan.max_retries:
                         self.progress.record(RolloutOutcome.of(failed))
@@ -356,6 +382,8 @@ class RunDriver:
                 self.progress.retried += 1
                 attempt += 1
                 avoid = host
+                if lost:
+                    await asyncio.sleep(HOST_LOST_BACKOFF_S * attempt)
                 if provider:
                     if not outage:
                         provider_retries += 1
