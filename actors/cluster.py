@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors import _local_ray
 from actors.interception_pool import PoolRef
 from actors.model_server import LocalModelActor, ScriptedModelServer
-from actors.sandbox_host import SandboxHost
+from actors.sandbox_host import LateUrl, SandboxHost
 from vfray.rollout import RolloutPlan
 from vfray.run.sink import TraceSink
 from vfray.tunnels import TunnelSettings
@@ -98,7 +98,7 @@ def start_hosts(
     placement: list[str],
     plan: RolloutPlan,
     *,
-    base_url: str,
+    base_url: str | LateUrl,
     api_key_var: str | None,
     harness_options: dict[str, Any],
     runtime_options: dict[str, Any],

@@ -16,6 +16,7 @@ import ray
 from actors import cluster
 from actors.backend import RayBackend
 from actors.interception_pool import PoolRef, start_pool, stop_pool
+from actors.sandbox_host import LateUrl
 from actors.shipping import ship_by_value
 from vfray.run.spec import RunSpec
 from vfray.task import Task
@@ -43,24 +44,30 @@ class RayFarm:
         spec.preflight(boxes_here=local_ray)
         self._started_ray = cluster.connect(spec.address, num_cpus=spec.concurrency.num_cpus)
         endpoint = spec.endpoint
+        model_url: Any = None  # the built-in model actor's URL, as it will be
         if endpoint.kind == "scripted":
             assert endpoint.scripted_policy is not None
             self.model_actor = cluster.start_scripted_model(
                 endpoint.scripted_policy, dict(endpoint.scripted_options)
             )
-            base_url = ray.get(self.model_actor.url.remote())
+            model_url = self.model_actor.url.remote()
         elif endpoint.kind == "local":
             self.model_actor = cluster.start_local_model(endpoint.model)
-            base_url = ray.get(self.model_actor.url.remote())
+            model_url = self.model_actor.url.remote()
+        # The hosts start while the model actor does (each is a worker process to start and an
+        # import of vfray: seconds before a first rollout); a host reads the URL when it is up.
+        if model_url is None:
+            assert endpoint.base_url is not None, "a remote endpoint has a base URL"
+            base_url: str | LateUrl = endpoint.base_url
         else:
-            base_url = endpoint.base_url
+            base_url = LateUrl(model_url)
         layout = spec.config.farm
         placement = cluster.host_placement(
             spec.concurrency.hosts, layout.hosts_per_node, layout.cpus_per_host
         )
         if layout.interception == "serve":
             self.pool = start_pool(
-                base_url=base_url,
+                base_url=base_url if isinstance(base_url, str) else base_url.get(),
                 model=endpoint.model,
                 sampling=spec.plan.sampling,
                 api_key_var=endpoint.api_key_var,
@@ -78,7 +85,9 @@ class RayFarm:
             interception=self.pool,
             tunnel=layout.tunnel,
         )
-        # Fail here, with the host's own error, when a host cannot come up.
+        # Fail here, with the model actor's or the host's own error, when one cannot come up.
+        if model_url is not None:
+            ray.get(model_url)
         ray.get([h.url.remote() for h in self.hosts])
         if self.policy_version is not None:
             self.set_policy_version(self.policy_version)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -37,6 +38,19 @@ from vfray.trace import Trace
 from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 
+@dataclass(frozen=True)
+class LateUrl:
+    """A URL that an actor still starting will answer (its ``url`` method's ObjectRef). Held
+    in a record, not passed bare: Ray would wait for a bare ObjectRef argument before it even
+    starts the receiving actor's worker."""
+
+    ref: Any
+
+    def get(self) -> str:
+        url: str = ray.get(self.ref)
+        return url
+
+
 class SandboxHost:
     """Runs rollouts; created with ``ray.remote(SandboxHost).options(max_concurrency=...)``."""
 
@@ -44,7 +58,7 @@ class SandboxHost:
         self,
         plan: RolloutPlan,
         *,
-        base_url: str,
+        base_url: str | LateUrl,
         api_key_var: str | None = None,
         harness_options: dict[str, Any] | None = None,
         runtime_options: dict[str, Any] | None = None,
@@ -53,6 +67,8 @@ class SandboxHost:
         tunnel: TunnelSettings | None = None,
     ) -> None:
         self.plan = plan
+        if isinstance(base_url, LateUrl):  # the built-in model actor, started beside this host
+            base_url = base_url.get()
         # The key is read here, on the host's node, so it never travels through the driver (the
         # host needs it with the Serve pool too: users and judges call the model from here).
         api_key = os.environ.get(api_key_var) if api_key_var else None
