@@ -8,15 +8,22 @@ has one file to re-check; ``tests/test_ray_security.py`` fails if a listener lea
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import ray
 
 from vfray.runtimes.lifeline import OWNER_ENV, owner_id
+from vfray.runtimes.processes import kill_pids
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+START_ATTEMPTS = 2
+_STARTUP_TIMEOUT = "timed out during startup"
 
 # Whether this process's cached Ray auth settings are a local start's (see restore_auth_settings).
 _state = {"auth_overridden": False}
@@ -86,13 +93,36 @@ def start(num_cpus: int | None) -> None:
     that can read this user's other processes — the ``subprocess`` runtime isolates nothing —
     can find it. Raises RuntimeError if Ray came up anywhere but loopback.
     """
+    for attempt in range(START_ATTEMPTS):
+        token = secrets.token_hex(32)
+        try:
+            _init(num_cpus, token)
+            break
+        except Exception as exc:
+            # Ray waits a hard-coded 30 s for its raylet to register with the GCS
+            # (ray/_private/node.py) and raises a bare Exception past it; on a loaded 2-core
+            # machine that wait was missed (CI). The half-started processes are not known to
+            # ray.shutdown(): they are found by this attempt's token and killed, then a fresh
+            # start is tried.
+            if _STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS - 1:
+                raise
+            log.warning("the local Ray did not come up in time (%s); starting it again", exc)
+            ray.shutdown()
+            kill_pids(_pids_with_token(token))
+    node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if node_ip != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray came up on {node_ip}, not {LOOPBACK}; stopped it")
+
+
+def _init(num_cpus: int | None, token: str) -> None:
     token_env: dict[str, str | None] = {
         # The owner's lifeline (vfray.runtimes.lifeline) kills every process carrying this
         # process's token once it dies, SIGKILL included: Ray's own agents otherwise linger a
         # minute or more after their driver was killed, retrying a GCS that died with it.
         OWNER_ENV: owner_id(),
         "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_AUTH_TOKEN": token,
         "RAY_AUTH_TOKEN_PATH": None,
     }
     with _loopback_node_address(), _environment(token_env):
@@ -107,10 +137,18 @@ def start(num_cpus: int | None) -> None:
             log_to_driver=False,
             configure_logging=False,
         )
-    node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    if node_ip != LOOPBACK:
-        ray.shutdown()
-        raise RuntimeError(f"the local Ray came up on {node_ip}, not {LOOPBACK}; stopped it")
+
+
+def _pids_with_token(token: str) -> list[int]:
+    """PIDs of the processes started with this auth token (one start's Ray processes)."""
+    needle = f"RAY_AUTH_TOKEN={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
 
 
 def restore_auth_settings() -> None:

@@ -22,7 +22,6 @@ from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"
 """Folder (relative to the box's work dir) for the agent's config and transcript files."""
-"""Characters of one transcript file kept on the trace (its head)."""
 HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap", "docker")
 """Runtimes whose boxes see the node's tool dir (bwrap and docker mount it read-only)."""
 

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import secrets
 import weakref
-from typing import Any
 
 from vfray.tools._mcp_app import Binding, build_app
 from vfray.tools.toolset import Toolset
@@ -71,10 +70,3 @@ def host_server() -> HostToolServer:
     if server is None:
         server = _SERVERS[loop] = HostToolServer()
     return server
-
-
-def reset_shared() -> dict[tuple[str, str], Any]:
-    """Drop this loop's shared toolset instances (a new run starts fresh); returns them."""
-    server = host_server()
-    dropped, server.shared = server.shared, {}
-    return dropped

@@ -30,7 +30,8 @@ class Scope(str, Enum):
     ROLLOUT = "rollout"
     """A fresh instance per rollout, started with it and dropped when it ends."""
     SHARED = "shared"
-    """One instance for the run (one per node on Ray); per-rollout state in ``self.state``."""
+    """One instance per process that serves rollouts (the farm process on the local backend,
+    each SandboxHost on Ray), kept while it lives; per-rollout state in ``self.state``."""
 
 
 class Placement(str, Enum):

@@ -37,12 +37,6 @@ PREFIX_BREAK = "prefix_break"
 history was re-tokenised differently, or edited): the sample cannot be trained on exactly."""
 
 
-def branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | None:
-    """Line up the token ids of a branch's calls, or None when they cannot be lined up."""
-    tokens = check_branch_tokens(calls)
-    return tokens if isinstance(tokens, BranchTokens) else None
-
-
 def check_branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | str | None:
     """Line up the token ids of a branch's calls; the reason (:data:`MISSING`,
     :data:`PREFIX_BREAK`) when they cannot be, None when no call was answered.
