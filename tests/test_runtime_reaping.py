@@ -240,3 +240,46 @@ def test_the_reaper_kills_a_marked_process_and_children_whose_environment_was_re
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the unmarked child outlived the reaper")
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_a_snapshot_kills_an_unmarked_child_whose_marked_parent_died_first() -> None:
+    """Ray's raylet dies with its driver before the watchdog reaps, and its agents (titles
+    written over their environment) are reparented: only the watchdog's snapshot, taken while
+    the owner lived, still knows them. A PID whose start time changed is never killed."""
+    token = os.urandom(16).hex()
+    env = {**os.environ, _reap.OWNER_ENV: token}
+    parent = subprocess.Popen(
+        ["bash", "-c", "env -i sleep 600 & echo $!; wait"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"):
+        time.sleep(0.01)
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        known = _reap.snapshot(token)
+        assert set(known) == {parent.pid, child}
+        parent.kill()  # the marked parent goes first: the child is orphaned and unmarked
+        parent.wait()
+        assert _reap.snapshot(token) == {}
+        stale = {bystander.pid: "0"}  # a reused PID: its start time is not the one noted
+        _reap.kill_processes(token, {**known, **stale})
+        for _ in range(200):
+            if _gone(child):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the orphaned child outlived the reaper")
+        assert bystander.poll() is None, "a PID whose start time changed was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait()

@@ -33,6 +33,8 @@ DIR_NAME = re.compile(rf"^vfray-.+?-({_TOKEN})-")
 """Work dirs: ``vfray-<runtime>-<token>-<random>``."""
 CGROUP_NAME = re.compile(rf"^vfray-({_TOKEN})-")
 """bwrap cgroups: ``vfray-<token>-<box id>`` in each v1 controller."""
+SNAPSHOT_S = 2.0
+"""How often the watchdog notes the owner's process tree while the owner lives."""
 
 
 def lock_dead(owners_dir: str, token: str) -> int | None:
@@ -97,9 +99,41 @@ def _with_descendants(pids: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
-def kill_processes(token: str) -> None:
-    """SIGKILL every process carrying the token, and everything below them, until three walks
-    in a row find none (one may be mid-fork), for at most a minute."""
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with the PID, its identity."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def snapshot(token: str) -> dict[int, str]:
+    """The processes carrying the token and everything below them, by PID -> start time.
+
+    Taken while the owner lives: a process whose environment was rewritten (Ray's agents set
+    their title over it) is found only through its parent, and that parent may die before the
+    owner's reaping (Ray's raylet goes with its driver), leaving the child reparented and
+    unmarked. A PID is killed from the snapshot only while its start time still matches."""
+    marked = _environ_tokens().get(token, [])
+    found = {}
+    for pid in _with_descendants(marked) if marked else []:
+        started = _start_time(pid)
+        if started is not None:
+            found[pid] = started
+    return found
+
+
+def kill_processes(token: str, known: dict[int, str] | None = None) -> None:
+    """SIGKILL the ``known`` processes (a :func:`snapshot`) that are still the same, then every
+    process carrying the token and everything below them, until three walks in a row find none
+    (one may be mid-fork), for at most a minute."""
+    for pid, started in (known or {}).items():
+        if _start_time(pid) == started:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     quiet, deadline = 0, time.monotonic() + 60
     while quiet < 3 and time.monotonic() < deadline:
         marked = _environ_tokens().get(token, [])
@@ -212,12 +246,18 @@ def remove_containers(token: str, urls: Iterable[str]) -> None:
 
 
 def reap(
-    token: str, owners_dir: str, roots: Iterable[str], urls: Iterable[str], *, unlock: bool
+    token: str,
+    owners_dir: str,
+    roots: Iterable[str],
+    urls: Iterable[str],
+    *,
+    unlock: bool,
+    known: dict[int, str] | None = None,
 ) -> None:
     """Remove everything the (dead) owner ``token`` left, then (``unlock``) its lock file.
     Processes first: a cgroup can be removed only once empty, a dir is refilled while a writer
     lives."""
-    kill_processes(token)
+    kill_processes(token, known)
     remove_cgroups(token)
     remove_containers(token, urls)
     remove_dirs(token, roots)
@@ -262,7 +302,13 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
     roots: set[str] = set()
     urls: set[str] = set()
     pending = b""
+    known: dict[int, str] = {}
+    next_snapshot = time.monotonic()
     while True:
+        if time.monotonic() >= next_snapshot:
+            # A walk of /proc costs a few ms: every SNAPSHOT_S is nothing next to a rollout.
+            known = snapshot(token)
+            next_snapshot = time.monotonic() + SNAPSHOT_S
         # The owner's death shows as EOF, or as a new parent when a fork of it holds the
         # pipe; the lines it wrote before dying are read either way.
         readable = select.select([fd], [], [], 0.0 if os.getppid() != owner else 1.0)[0]
@@ -279,7 +325,7 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
             (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
     held = lock_dead(owners_dir, token)  # None: a fork of the owner still holds it
     try:
-        reap(token, owners_dir, roots, urls, unlock=held is not None)
+        reap(token, owners_dir, roots, urls, unlock=held is not None, known=known)
     finally:
         if held is not None:
             os.close(held)
