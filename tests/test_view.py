@@ -21,6 +21,7 @@ import pytest
 
 from tests.view_runs import listing, make_trace, write_run
 from vfray.serving import serve_in_thread
+from vfray.trace import Message, PhaseTiming, RewardRecord, Usage
 from vfray.traces.io import traces_to_table, write_traces
 from vfray.traces.schema import SCHEMA_VERSION_KEY
 from vfray.view import create_app
@@ -63,6 +64,24 @@ def test_summary_shows_counts_reward_pass_at_k_errors_phases_and_config(
     assert "/static/view.css" in page.text and "cdn" not in page.text.lower()
 
 
+def test_summary_shows_the_counted_reward_mean_when_infra_failures_change_it(
+    tmp_path: Path, client: httpx.Client
+) -> None:
+    # The synthetic run's infra failures (TaskError in setup) have no reward: both means agree,
+    # and the counted one is not repeated.
+    assert "infra failures left out" not in client.get("/run/0").text
+    run = write_run(tmp_path / "retried", tasks=2)
+    scored = make_trace(0, 1)  # a TaskError (infrastructure: the task's own code failed)...
+    scored.attempt = 1  # ...retried, failing again but scored (as a failed finalize is)
+    scored.rewards = {"correct": RewardRecord(value=1.0)}
+    write_traces(traces_to_table([scored]), run / "traces")
+    with serve_in_thread(create_app([run])) as url, httpx.Client(base_url=url) as c:
+        seen = text(c.get("/run/0").text)
+    # Rewards 1, 1 (the TaskError), 1, 0: the mean counts four, the counted mean three.
+    assert "reward mean ± stderr 0.75 ± 0.25 " in seen
+    assert "reward mean ± stderr, infra failures left out 0.667 ± 0.333 " in seen
+
+
 def test_static_files_are_served_from_the_package(client: httpx.Client) -> None:
     for name in ("view.js", "view.css"):
         reply = client.get(f"/static/{name}")
@@ -91,6 +110,78 @@ def test_rollout_list_filters_sorts_and_searches_transcripts(client: httpx.Clien
     rewards = re.findall(r"<td>(1|0|&ndash;)</td><td><span class=(?:ok|err)>", ordered)
     assert rewards == sorted(rewards, key=lambda r: {"1": 0, "0": 1, "&ndash;": 2}[r])
     assert rewards[0] == "1" and rewards[-1] == "&ndash;"  # unscored last
+
+
+def listed_rows(html: str) -> set[tuple[str, int]]:
+    """(task key, rollout index) of each row the list shows."""
+    return {
+        (key, int(index))
+        for key, index in re.findall(
+            r"episode\?task=(task-\d+)'>[^<]*</a></td><td><a class=open "
+            r"href='[^']+'>#(\d+)</a>",
+            html,
+        )
+    }
+
+
+def test_rollout_list_filters_by_turns_and_duration(tmp_path: Path) -> None:
+    # Task t's ok rollouts run 0.6 + t seconds; task 3's take a third turn; task 0's rollout 1
+    # fails in setup (no turn, 0.2 s).
+    traces = [make_trace(t, r) for t in range(4) for r in range(2)]
+    for trace in traces:
+        if not trace.ok:
+            continue
+        task = int(trace.task.key.rsplit("-", 1)[1])
+        start = trace.timing["agent"].start
+        if task == 3:
+            trace.record_call(
+                trace.messages,
+                Message(role="assistant", content="Checked: yes."),
+                usage=Usage(input_tokens=40, output_tokens=3),
+                started_at=start + 0.5,
+                ended_at=start + 0.55,
+                finish_reason="stop",
+                model="scripted:bash",
+            )
+        trace.timing["agent"] = PhaseTiming(start=start, end=start + 0.4 + task)
+    write_traces(traces_to_table(traces), tmp_path / "run" / "traces")
+    every = {(f"task-{t:04d}", r) for t in range(4) for r in range(2)}
+    with serve_in_thread(create_app([tmp_path / "run"])) as url, httpx.Client(base_url=url) as c:
+
+        def rows(**params: str) -> set[tuple[str, int]]:
+            page = c.get("/run/0/rollouts", params=params).text
+            found = listed_rows(page)
+            assert f"{len(found)} rollouts match" in page
+            return found
+
+        assert rows() == every
+        assert rows(max_turns="0") == {("task-0000", 1)}
+        assert rows(min_turns="1") == every - {("task-0000", 1)}
+        assert rows(min_turns="3") == {("task-0003", 0), ("task-0003", 1)}
+        assert rows(min_turns="2", max_turns="2") == every - {
+            ("task-0000", 1),
+            ("task-0003", 0),
+            ("task-0003", 1),
+        }
+        assert rows(max_duration="0.5") == {("task-0000", 1)}
+        middle = {("task-0001", 0), ("task-0001", 1), ("task-0002", 0), ("task-0002", 1)}
+        assert rows(min_duration="1", max_duration="3") == middle
+        assert rows(min_turns="2", min_duration="2.5") == {
+            ("task-0002", 0),
+            ("task-0002", 1),
+            ("task-0003", 0),
+            ("task-0003", 1),
+        }
+        assert rows(status="error", min_turns="1") == set()
+        assert rows(min_turns="many") == every  # not a number: no bound, as for the reward
+        page = c.get(
+            "/run/0/rollouts", params={"min_turns": "2", "max_duration": "2.5", "sort": "reward"}
+        ).text
+    # The form shows the bounds as typed, and sorting a column keeps them.
+    assert "name=min_turns size=6 placeholder='turns ≥' value='2'" in page
+    assert "name=max_duration size=9 placeholder='duration s ≤' value='2.5'" in page
+    assert "name=max_turns size=6 placeholder='turns ≤' value=''" in page
+    assert re.search(r"sort=num_turns[^']*min_turns=2|min_turns=2[^']*sort=num_turns", page)
 
 
 def test_rollout_page_renders_branches_tools_reasoning_usage_and_unknown_fields(

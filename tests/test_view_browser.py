@@ -1,7 +1,8 @@
 """``vfray view`` in a real browser (Debian's chromium driven by selenium): open a run made by
 the scripted model, filter to the errored rollouts, open one, and see its conversation and its
-error; the main pages are saved as screenshots (under ``$VFRAY_ARTIFACTS_DIR`` when set, as CI
-does, else under the test's tmp folder)."""
+error; see an episode where the infra-failed rollout has no advantage, and a second run compared
+with the first; the main pages are saved as screenshots (under ``$VFRAY_ARTIFACTS_DIR`` when set,
+as CI does, else under the test's tmp folder)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.skipif(
 
 class Flaky(ArithmeticTask):
     def finalize(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
-        if self.data.a % 3 == 0:
+        # One rollout of the group, so the episode shows the others' advantages next to it.
+        if self.data.a % 3 == 0 and trace.rollout_index == 2:
             raise RuntimeError(f"checker for {self.data.a} is missing")
 
 
@@ -83,23 +85,31 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
     from selenium.webdriver.support.wait import WebDriverWait
 
     driver: WebDriver = browser  # type: ignore[assignment]
-    with vf.Farm(
-        "scripted:arithmetic?accuracy=0.6",
-        harness="null",
-        backend="local",
-        output_dir=str(tmp_path / "outputs"),
-        progress=False,
-        sampling={"logprobs": True},
-    ) as farm:
-        result = farm.run(FlakySums(), rollouts_per_task=2)
+    runs = []
+    for accuracy in (0.6, 0.9):  # the second run is only for the comparison
+        with vf.Farm(
+            f"scripted:arithmetic?accuracy={accuracy}",
+            harness="null",
+            backend="local",
+            output_dir=str(tmp_path / "outputs"),
+            progress=False,
+            sampling={"logprobs": True},
+        ) as farm:
+            runs.append(farm.run(FlakySums(), rollouts_per_task=3))
+    result = runs[0]
     final = result.final_traces
     errored = sum(1 for ok in final.column("ok").to_pylist() if not ok)
     assert 0 < errored < final.num_rows
     shots = shots_dir(tmp_path)
 
-    with serve_in_thread(create_app([result.run_dir])) as url:
-        driver.get(f"{url}/")
-        assert "Counts" in driver.find_element(By.TAG_NAME, "main").text
+    summary = result.summary()
+    with serve_in_thread(create_app([r.run_dir for r in runs])) as url:
+        driver.get(f"{url}/run/0")
+        main = driver.find_element(By.TAG_NAME, "main").text
+        assert "Counts" in main
+        # The failed finalize is a TaskError: scored, but left out of the counted mean.
+        counted = summary["reward_mean_counted"] != summary["reward_mean"]
+        assert ("infra failures left out" in main) == counted
         assert "RuntimeError" in driver.find_element(By.ID, "errors").text
         driver.save_screenshot(str(shots / "summary.png"))
 
@@ -123,10 +133,22 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
         assert slot.find_element(By.CSS_SELECTOR, "table.tokens").text.startswith("#")
         driver.save_screenshot(str(shots / "rollout.png"))
 
-        key = final.column("task_key")[0].as_py()
-        driver.get(f"{url}/run/0/episode?task={quote(key)}")
-        assert len(driver.find_elements(By.CSS_SELECTOR, "div.lane")) == 2
+        failed = [
+            row["task_key"] for row in final.select(["task_key", "ok"]).to_pylist() if not row["ok"]
+        ]
+        driver.get(f"{url}/run/0/episode?task={quote(failed[0])}")
+        lanes = driver.find_elements(By.CSS_SELECTOR, "div.lane")
+        assert len(lanes) == 3
+        # The infra-failed rollout keeps its reward but gets no advantage; the others do.
+        assert "advantage \u2013" in lanes[2].text.replace("\n", " ")
+        assert "TaskError" in lanes[2].text and "is missing" in lanes[2].text
         driver.save_screenshot(str(shots / "episode.png"))
+
+        driver.get(f"{url}/compare?a=0&b=1")
+        shared = driver.find_element(By.TAG_NAME, "main").text
+        assert "tasks in both 8" in shared.replace("\n", " ")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "table.compare tbody tr")) == 8
+        driver.save_screenshot(str(shots / "compare.png"))
 
         # The run goes on being written: the open page notices and offers a reload.
         driver.get(f"{url}/run/0")
@@ -137,7 +159,10 @@ def test_filter_to_errored_rollouts_and_open_one_in_a_browser(
         WebDriverWait(driver, 30).until(lambda d: banner.is_displayed())
         click_and_load(driver, banner.find_element(By.TAG_NAME, "a"))
         WebDriverWait(driver, 30).until(
-            lambda d: "attempts (with retries) 17" in d.find_element(By.TAG_NAME, "main").text
+            lambda d: (
+                f"attempts (with retries) {final.num_rows + 1}"
+                in d.find_element(By.TAG_NAME, "main").text
+            )
         )
-    for name in ("summary", "rollouts-errored", "rollout", "episode"):
+    for name in ("summary", "rollouts-errored", "rollout", "episode", "compare"):
         assert (shots / f"{name}.png").stat().st_size > 10_000

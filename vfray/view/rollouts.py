@@ -1,5 +1,6 @@
-"""The rollout list: filter (status or error type, stop condition, task key, reward range,
-search in transcripts), sort by any column, and page through; each row links to its rollout."""
+"""The rollout list: filter (status or error type, stop condition, task key, reward, turns and
+duration ranges, search in transcripts), sort by any column, and page through; each row links to
+its rollout."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class Filters:
     q: str = ""
     min_reward: float | None = None
     max_reward: float | None = None
+    min_turns: float | None = None
+    max_turns: float | None = None
+    min_duration: float | None = None
+    max_duration: float | None = None
     sort: str = ""
     desc: bool = False
     all_attempts: bool = False
@@ -59,6 +64,10 @@ class Filters:
             q=params.get("q", ""),
             min_reward=number("min_reward"),
             max_reward=number("max_reward"),
+            min_turns=number("min_turns"),
+            max_turns=number("max_turns"),
+            min_duration=number("min_duration"),
+            max_duration=number("max_duration"),
             sort=params.get("sort", ""),
             desc=params.get("dir") == "desc",
             all_attempts=params.get("attempts") == "all",
@@ -73,6 +82,10 @@ class Filters:
             "q": self.q,
             "min_reward": self.min_reward,
             "max_reward": self.max_reward,
+            "min_turns": self.min_turns,
+            "max_turns": self.max_turns,
+            "min_duration": self.min_duration,
+            "max_duration": self.max_duration,
             "sort": self.sort,
             "dir": "desc" if self.desc else "",
             "attempts": "all" if self.all_attempts else "",
@@ -95,10 +108,17 @@ def select(run: RunFolder, snap: Snapshot, f: Filters) -> pa.Table:
         rows = rows.filter(pc.equal(rows.column("stop_condition"), f.stop))
     if f.task:
         rows = rows.filter(pc.match_substring(rows.column("task_key"), f.task, ignore_case=True))
-    if f.min_reward is not None:
-        rows = rows.filter(pc.greater_equal(rows.column("reward"), f.min_reward))
-    if f.max_reward is not None:
-        rows = rows.filter(pc.less_equal(rows.column("reward"), f.max_reward))
+    # A range drops the rows without a value (an unscored reward, an untimed rollout): asking
+    # for "at least 3 turns" does not mean "or unknown".
+    for column, low, high in (
+        ("reward", f.min_reward, f.max_reward),
+        ("num_turns", f.min_turns, f.max_turns),
+        ("duration_s", f.min_duration, f.max_duration),
+    ):
+        if low is not None:
+            rows = rows.filter(pc.greater_equal(rows.column(column), low))
+        if high is not None:
+            rows = rows.filter(pc.less_equal(rows.column(column), high))
     if f.q:
         hits = run.search(snap, f.q).cast(pa.int64())
         rows = rows.filter(pc.is_in(rows.column("_i"), value_set=hits))
@@ -116,6 +136,12 @@ def _options(values: list[str], chosen: str, first: tuple[str, str]) -> str:
     )
 
 
+def _bound(name: str, value: float | None, placeholder: str, size: int = 6) -> str:
+    # 2, not 2.0, back in the box a whole number was typed into.
+    shown = "" if value is None else str(int(value)) if value.is_integer() else repr(value)
+    return f"<input name={name} size={size} placeholder='{esc(placeholder)}' value='{esc(shown)}'>"
+
+
 def _form(snap: Snapshot, f: Filters) -> str:
     final = snap.rows
     errors = sorted({e for e in final.column("error_type").to_pylist() if e})
@@ -126,8 +152,12 @@ def _form(snap: Snapshot, f: Filters) -> str:
         f"<select name=status>{status}</select>"
         f"<select name=stop>{_options(stops, f.stop, ('', 'any stop condition'))}</select>"
         f"<input name=task placeholder='task key contains' value='{esc(f.task)}'>"
-        f"<input name=min_reward size=6 placeholder='reward ≥' value='{esc(f.min_reward)}'>"
-        f"<input name=max_reward size=6 placeholder='reward ≤' value='{esc(f.max_reward)}'>"
+        f"{_bound('min_reward', f.min_reward, 'reward ≥')}"
+        f"{_bound('max_reward', f.max_reward, 'reward ≤')}"
+        f"{_bound('min_turns', f.min_turns, 'turns ≥')}"
+        f"{_bound('max_turns', f.max_turns, 'turns ≤')}"
+        f"{_bound('min_duration', f.min_duration, 'duration s ≥', 9)}"
+        f"{_bound('max_duration', f.max_duration, 'duration s ≤', 9)}"
         f"<input name=q placeholder='search transcripts' value='{esc(f.q)}'>"
         f"<input type=hidden name=sort value='{esc(f.sort)}'>"
         f"<input type=hidden name=dir value='{'desc' if f.desc else ''}'>"

@@ -1,6 +1,7 @@
-"""The run summary page: config, counts, reward mean ± stderr, pass@k, a reward histogram, the
-per-reward and per-metric breakdown, stop conditions, errors by type with their first messages,
-and time per phase."""
+"""The run summary page: config, counts, reward mean ± stderr (and, when it differs, the mean
+over the rollouts that count for training), pass@k, a reward histogram, the per-reward and
+per-metric breakdown, stop conditions, errors by type with their first messages, and time per
+phase."""
 
 from __future__ import annotations
 
@@ -99,14 +100,27 @@ def _summary(base: str, snap: Snapshot) -> str:
     summary: dict[str, Any] = summarize(snap.rows, snap.episodes)
     rollouts = f"{base}/rollouts"
     mean, stderr = summary["reward_mean"], summary["reward_stderr"]
-    reward = num(mean) + (f" ± {num(stderr)}" if stderr is not None else "")
+    counted = summary["reward_mean_counted"]
+    # Rollouts that failed for infrastructure reasons carry no policy signal: group means and
+    # advantages leave them out, and so does this mean (shown only when that changes it).
+    left_out = (
+        [
+            (
+                "reward mean ± stderr, infra failures left out",
+                _plus_minus(counted, summary["reward_stderr_counted"]),
+            )
+        ]
+        if counted is not None and counted != mean
+        else []
+    )
     errored = summary["rollouts"] - summary["ok"]
     counts = [
         ("rollouts", f"<a href='{href(rollouts)}'>{num(summary['rollouts'])}</a>"),
         ("attempts (with retries)", num(summary["attempts"])),
         ("ok", num(summary["ok"])),
         ("errored", f"<a href='{href(rollouts, status='error')}'>{num(errored)}</a>"),
-        ("reward mean ± stderr", reward),
+        ("reward mean ± stderr", _plus_minus(mean, stderr)),
+        *left_out,
         *((k, num(v)) for k, v in summary.items() if k.startswith("pass@")),
         ("tasks", f"<a href='{href(base + '/episodes')}'>{num(len(set(_keys(final))))}</a>"),
         (
@@ -170,6 +184,10 @@ def _summary(base: str, snap: Snapshot) -> str:
         + "</details></section>",
     ]
     return "".join(body)
+
+
+def _plus_minus(mean: float | None, stderr: float | None) -> str:
+    return num(mean) + (f" ± {num(stderr)}" if stderr is not None else "")
 
 
 def _keys(final: pa.Table) -> list[str]:
