@@ -263,7 +263,11 @@ def start_pool(
         name=DEPLOYMENT,
         num_replicas=replicas,
         max_replicas_per_node=per_node,
-        request_router_config=RequestRouterConfig(request_router_class=PinnedRouter),
+        # The class itself, not its path: Serve pickles it for the handles (a class is what
+        # its field takes, whatever the pydantic stub says).
+        request_router_config=RequestRouterConfig(
+            request_router_class=PinnedRouter  # type: ignore[arg-type]
+        ),
         # Session calls are tiny; a replica must never look "full" to the router, or a call
         # would be sent to another node's replica.
         max_ongoing_requests=100_000,
