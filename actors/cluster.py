@@ -111,6 +111,9 @@ def start_hosts(
     whose node dies restarts elsewhere; "" places it anywhere). They reserve no Ray CPUs:
     sandbox processes are theirs to manage, and a reservation would starve the episode tasks."""
     actor_cls = ray.remote(SandboxHost)
+    # Each host's index among those on its node: it spreads a node's hosts over the node's
+    # interception replicas (farm.interception_replicas_per_node).
+    slots = [placement[:i].count(node) for i, node in enumerate(placement)]
     return [
         actor_cls.options(
             num_cpus=0,
@@ -127,8 +130,9 @@ def start_hosts(
             runtime_options=runtime_options,
             interception=interception,
             tunnel=tunnel,
+            slot=slot,
         )
-        for node in placement
+        for node, slot in zip(placement, slots, strict=True)
     ]
 
 

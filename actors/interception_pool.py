@@ -1,8 +1,14 @@
-"""The interception as a Ray Serve deployment (``farm.interception = "serve"``): one replica per
-node, each serving :class:`~vfray.interception.InterceptionApp` on a listener of its own on the
-node (direct ingress: Serve's HTTP proxy measured ~10 ms p50 here, uvicorn in an actor ~0.5 ms),
-and the broker through which a node's SandboxHosts open and close sessions with their node's
+"""The interception as a Ray Serve deployment (``farm.interception = "serve"``):
+``farm.interception_replicas_per_node`` replicas on each node (default one), each serving
+:class:`~vfray.interception.InterceptionApp` on a listener of its own on the node (direct
+ingress: Serve's HTTP proxy measured ~10 ms p50 here, uvicorn in an actor ~0.5 ms), and the
+broker through which a node's SandboxHosts open and close sessions with their node's
 replica over a Serve handle. Serve owns the replicas' placement, health and restarts.
+
+A box talks to one replica's listener directly, so every call for a session must reach the
+replica that opened it: the deployment's :class:`PinnedRouter` sends a call that names a replica
+to that one, and each broker pins itself to one of its node's replicas (its host's ``slot`` on
+the node picks which, so a node's hosts are spread over its replicas).
 
 A replica's sessions die with it. The broker tells that apart from a slow answer: every replica
 has an incarnation id, a session is concluded only by the incarnation that opened it, and a
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import ray
+from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
 from vfray.errors import ConfigError, InterceptionError
 from vfray.interception import InterceptionApp, Limits, Upstream
@@ -36,6 +43,42 @@ DEPLOYMENT = "Interception"
 REPLICA_WAIT_S = 60.0
 """How long a broker waits for its node's replica to (re)appear before a session is refused."""
 _RETRY_PAUSE_S = 0.2
+SPREAD_WAIT_S = 20.0
+"""How long a broker's first call waits for all of its node's replicas to be up, so that the
+node's hosts spread over them, before it pins itself to one of those already up."""
+
+
+class PinnedRouter(LocalityMixin, RequestRouter):
+    """Serve's request router for the pool (it runs in the caller, a SandboxHost). A call with
+    ``replica=<unique id>`` goes to that replica while it is up; one with ``slot=k`` (a broker's
+    first) to the ``k``-th of the caller's node's replicas in a fixed order; otherwise, or when
+    the named replica is gone, to a replica on the caller's node first — which answers "lost"
+    for a session it never held. No FIFOMixin: Serve's default then hands each chosen replica
+    to exactly the request it was chosen for (FIFO would give it to the queue's head)."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        kwargs: Mapping[str, Any] = pending_request.kwargs if pending_request else {}
+        target = kwargs.get("replica")
+        if target is not None:
+            for replica in candidate_replicas:
+                if replica.replica_id.unique_id == target:
+                    return [[replica]]
+        ranked: list[list[RunningReplica]] = self.rank_replicas_via_locality(candidate_replicas)
+        slot = kwargs.get("slot")
+        if slot is not None and pending_request is not None:
+            local = sorted(ranked[0], key=lambda r: r.replica_id.unique_id)
+            expected = int(kwargs.get("per_node") or 1)
+            if len(local) < expected and time.time() - pending_request.created_at < SPREAD_WAIT_S:
+                # Not all of the node's replicas are up yet: ask again after Serve's backoff.
+                pending_request.routing_context.should_backoff = True
+                return []
+            if local:
+                return [[local[int(slot) % len(local)]]]
+        return [rank for rank in ranked if rank]
 
 
 @dataclass(frozen=True)
@@ -43,12 +86,22 @@ class PoolRef:
     """What a SandboxHost needs to reach the pool: the Serve application's name."""
 
     app_name: str
+    per_node: int = 1
+    """Replicas on each node."""
 
 
 class Registration(NamedTuple):
     secret: str
     url: str
     incarnation: str
+    replica: str
+    """The replica's unique id in Serve (what :class:`PinnedRouter` routes by)."""
+
+
+class Endpoint(NamedTuple):
+    url: str
+    incarnation: str
+    replica: str
 
 
 class Concluded(NamedTuple):
@@ -81,8 +134,13 @@ class InterceptionReplica:
         # ``sampling`` is not imposed here: each rollout's session imposes the plan's (once).
         del sampling
         self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=model))
+        from ray import serve
+
         self.node_id: str = ray.get_runtime_context().get_node_id()
         self.incarnation = uuid.uuid4().hex
+        self.replica_id: str = serve.get_replica_context().replica_id.unique_id
+        self.opened = 0
+        """Sessions this replica has opened."""
         self._stack = contextlib.AsyncExitStack()
         # Loopback by default, as the in-host app: boxes on the node reach it directly or through
         # their runtime's unix-socket bridge, boxes elsewhere through the node's tunnel.
@@ -93,11 +151,16 @@ class InterceptionReplica:
         # The node's one tunnel for boxes off the node, opened by the first one's session.
         self.tunnel = TunnelKeeper(tunnel or TunnelSettings(), self.url)
 
-    async def endpoint(self, node_id: str) -> tuple[str, str] | None:
-        """(url, incarnation) when this replica is on ``node_id``, else None."""
+    # Every method takes the router's keywords (``replica``, ``slot``, ``per_node``: see
+    # :class:`PinnedRouter`); Serve passes them on to the call.
+
+    async def endpoint(self, node_id: str, remote: bool = False, **route: Any) -> Endpoint | None:
+        """This replica's URL (the node tunnel's for a ``remote`` box) when it is on
+        ``node_id``, else None."""
         if node_id != self.node_id:
             return None
-        return self.url, self.incarnation
+        url = await self.tunnel.public_url(self.url) if remote else self.url
+        return Endpoint(url, self.incarnation, self.replica_id)
 
     async def register(
         self,
@@ -108,6 +171,7 @@ class InterceptionReplica:
         sampling: Mapping[str, Any] | None,
         policy_version: int | None,
         remote: bool = False,
+        **route: Any,
     ) -> Registration | None:
         """Open a session; None when this replica is not on ``node_id`` (nothing opened).
         A ``remote`` box (off the node) is handed the URL of the node's tunnel."""
@@ -118,9 +182,12 @@ class InterceptionReplica:
         secret = self.app.register(
             trace, limits, stop_check, dict(sampling) if sampling is not None else None
         )
-        return Registration(secret, url, self.incarnation)
+        self.opened += 1
+        return Registration(secret, url, self.incarnation, self.replica_id)
 
-    async def conclude(self, node_id: str, incarnation: str, secret: str) -> Concluded:
+    async def conclude(
+        self, node_id: str, incarnation: str, secret: str, **route: Any
+    ) -> Concluded:
         if node_id != self.node_id:
             return Concluded("elsewhere")
         if incarnation != self.incarnation:
@@ -130,7 +197,9 @@ class InterceptionReplica:
         except KeyError:
             return Concluded("lost")
 
-    async def snapshot(self, node_id: str, incarnation: str, secret: str) -> Concluded:
+    async def snapshot(
+        self, node_id: str, incarnation: str, secret: str, **route: Any
+    ) -> Concluded:
         """The live session's trace so far (a copy reaches the caller), for its task's user."""
         if node_id != self.node_id:
             return Concluded("elsewhere")
@@ -141,18 +210,22 @@ class InterceptionReplica:
         except KeyError:
             return Concluded("lost")
 
-    async def set_policy_version(self, node_id: str, version: int | None) -> bool | None:
+    async def set_policy_version(
+        self, node_id: str, version: int | None, **route: Any
+    ) -> bool | None:
         if node_id != self.node_id:
             return None
         self.app.policy_version = version
         return True
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, **route: Any) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
             "pid": os.getpid(),
             "incarnation": self.incarnation,
+            "replica": self.replica_id,
             "sessions": self.app.session_count,
+            "opened": self.opened,
             "url": self.url,
             "tunnels_opened": self.tunnel.opened,
         }
@@ -176,19 +249,25 @@ def start_pool(
     sampling: Mapping[str, Any],
     api_key_var: str | None,
     replicas: int,
+    per_node: int = 1,
     tunnel: TunnelSettings | None = None,
 ) -> PoolRef:
     """Deploy the pool as its own Serve application (Serve started without an HTTP proxy when
-    it is not running yet): ``replicas`` replicas, at most one per node."""
+    it is not running yet): ``replicas`` replicas, at most ``per_node`` on a node."""
     from ray import serve
-    from ray.serve.config import ProxyLocation
+    from ray.serve.config import ProxyLocation, RequestRouterConfig
 
     serve.start(proxy_location=ProxyLocation.Disabled)
     name = f"vfray-interception-{uuid.uuid4().hex[:8]}"
     deployment = serve.deployment(
         name=DEPLOYMENT,
         num_replicas=replicas,
-        max_replicas_per_node=1,
+        max_replicas_per_node=per_node,
+        # The class itself, not its path: Serve pickles it for the handles (a class is what
+        # its field takes, whatever the pydantic stub says).
+        request_router_config=RequestRouterConfig(
+            request_router_class=PinnedRouter  # type: ignore[arg-type]
+        ),
         # Session calls are tiny; a replica must never look "full" to the router, or a call
         # would be sent to another node's replica.
         max_ongoing_requests=100_000,
@@ -197,7 +276,7 @@ def start_pool(
     )(InterceptionReplica)
     app = deployment.bind(base_url, model, dict(sampling), api_key_var, tunnel=tunnel)
     serve.run(app, name=name, route_prefix=None, blocking=False)
-    return PoolRef(name)
+    return PoolRef(name, per_node)
 
 
 def stop_pool(pool: PoolRef) -> None:
@@ -208,31 +287,45 @@ def stop_pool(pool: PoolRef) -> None:
 
 
 class ServeBroker:
-    """A SandboxHost's :class:`~vfray.rollout.SessionBroker` for its node's replica."""
+    """A SandboxHost's :class:`~vfray.rollout.SessionBroker` for one replica on its node: the
+    ``slot``-th (see :class:`PinnedRouter`) when it first asks, then that one until it is gone."""
 
-    def __init__(self, pool: PoolRef, *, remote: bool = False) -> None:
+    def __init__(self, pool: PoolRef, *, remote: bool = False, slot: int = 0) -> None:
         from ray import serve
 
         self.node_id: str = ray.get_runtime_context().get_node_id()
         handle = serve.get_deployment_handle(DEPLOYMENT, pool.app_name)
-        # Its node's replica first (Serve's private switch; its proxies route the same way).
+        # Its node's replicas first (Serve's private switch; its proxies route the same way).
         handle._init(_prefer_local_routing=True)  # type: ignore[no-untyped-call]
         self.handle = handle
+        self.per_node = pool.per_node
+        self.slot = slot
         self.policy_version: int | None = None
         self.remote = remote
         """The run's boxes are off the node: sessions get the node tunnel's URL."""
-        self._endpoint: tuple[str, str] | None = None
+        self._pinned: str | None = None
+        """The replica (Serve's unique id) this broker is pinned to; None: not chosen yet."""
+        self._endpoint: Endpoint | None = None
+        """The pinned replica's own (local) endpoint, as last seen."""
         # Live sessions by secret: the replica incarnation (and its URL) that opened each.
         self._opened: dict[str, Registration] = {}
 
-    async def _ask(self, method: str, *args: Any) -> Any:
+    def _route(self, replica: str | None = None) -> dict[str, Any]:
+        if replica is not None:
+            return {"replica": replica}
+        if self._pinned is not None:
+            return {"replica": self._pinned}
+        return {"slot": self.slot, "per_node": self.per_node}
+
+    async def _ask(self, method: str, *args: Any, route: dict[str, Any] | None = None) -> Any:
         """Call ``method`` until this node's replica answers (not None / not elsewhere), or
         raise InterceptionError after :data:`REPLICA_WAIT_S`."""
         deadline = time.monotonic() + REPLICA_WAIT_S
         while True:
             failure = ""
             try:
-                answer = await getattr(self.handle, method).remote(self.node_id, *args)
+                call = getattr(self.handle, method)
+                answer = await call.remote(self.node_id, *args, **(route or self._route()))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the replica died under the call, or is not up yet
@@ -248,11 +341,27 @@ class ServeBroker:
             await asyncio.sleep(_RETRY_PAUSE_S)
 
     async def url(self) -> str:
-        """The node's replica endpoint (``.../v1``) as last seen; each session is handed the
+        """The pinned replica's endpoint (``.../v1``) as last seen; each session is handed the
         URL of the replica that opened it (:meth:`endpoint`)."""
         if self._endpoint is None:
-            self._endpoint = await self._ask("endpoint")
-        return self._endpoint[0]
+            found: Endpoint = await self._ask("endpoint")
+            self._endpoint, self._pinned = found, found.replica
+        return self._endpoint.url
+
+    async def public_url(self) -> str:
+        """The pinned replica's endpoint through the node's tunnel (opened on first need), as
+        a box off the node reaches it."""
+        found: Endpoint = await self._ask("endpoint", True)
+        self._pin(found.replica)
+        return found.url
+
+    def _pin(self, replica: str) -> None:
+        if replica != self._pinned:
+            # Pinned on first use, or the pinned replica is gone and another one answered:
+            # this host's sessions go to that one from now on.
+            self._pinned = replica
+            if self._endpoint is not None and self._endpoint.replica != replica:
+                self._endpoint = None
 
     async def register(
         self,
@@ -264,6 +373,7 @@ class ServeBroker:
         reg: Registration = await self._ask(
             "register", trace, limits, stop_check, sampling, self.policy_version, self.remote
         )
+        self._pin(reg.replica)
         self._opened[reg.secret] = reg
         return reg.secret
 
@@ -275,7 +385,9 @@ class ServeBroker:
         reg = self._opened.pop(secret, None)
         if reg is None:
             raise KeyError("unknown session")
-        done: Concluded = await self._ask("conclude", reg.incarnation, secret)
+        done: Concluded = await self._ask(
+            "conclude", reg.incarnation, secret, route=self._route(reg.replica)
+        )
         if done.trace is None:
             raise InterceptionError(
                 "the node's interception replica died and took this rollout's session with it"
@@ -286,7 +398,9 @@ class ServeBroker:
         reg = self._opened.get(secret)
         if reg is None:
             raise KeyError("unknown session")
-        seen: Concluded = await self._ask("snapshot", reg.incarnation, secret)
+        seen: Concluded = await self._ask(
+            "snapshot", reg.incarnation, secret, route=self._route(reg.replica)
+        )
         if seen.trace is None:
             raise InterceptionError(
                 "the node's interception replica died and took this rollout's session with it"
@@ -297,6 +411,11 @@ class ServeBroker:
         self.policy_version = version
         with contextlib.suppress(InterceptionError):
             await self._ask("set_policy_version", version)
+
+    @property
+    def replica(self) -> str | None:
+        """The replica this broker is pinned to (Serve's unique id), once chosen."""
+        return self._pinned
 
     @property
     def session_count(self) -> int:

@@ -18,6 +18,7 @@ from actors.backend import RayBackend
 from actors.interception_pool import PoolRef, start_pool, stop_pool
 from actors.sandbox_host import LateUrl
 from actors.shipping import ship_by_value
+from vfray.errors import VfrayError
 from vfray.run.spec import RunSpec
 from vfray.task import Task
 
@@ -71,7 +72,8 @@ class RayFarm:
                 model=endpoint.model,
                 sampling=spec.plan.sampling,
                 api_key_var=endpoint.api_key_var,
-                replicas=max(1, len(cluster.alive_nodes())),
+                replicas=max(1, len(cluster.alive_nodes())) * layout.interception_replicas_per_node,
+                per_node=layout.interception_replicas_per_node,
                 tunnel=layout.tunnel,
             )
         self.hosts = cluster.start_hosts(
@@ -85,9 +87,16 @@ class RayFarm:
             interception=self.pool,
             tunnel=layout.tunnel,
         )
-        # Fail here, with the model actor's or the host's own error, when one cannot come up.
+        # Fail here, with the model actor's or the host's own error, when one cannot come up;
+        # the model's first: the hosts waiting on its URL fail of it too.
         if model_url is not None:
-            ray.get(model_url)
+            try:
+                ray.get(model_url)
+            except ray.exceptions.RayActorError as exc:
+                raise VfrayError(
+                    f"the built-in model actor ({endpoint.model}) could not "
+                    f"start: {_last_line(exc)}"
+                ) from None
         ray.get([h.url.remote() for h in self.hosts])
         if self.policy_version is not None:
             self.set_policy_version(self.policy_version)
@@ -142,3 +151,10 @@ class RayFarm:
         self.model_actor = None
         if self._started_ray:
             ray.shutdown()
+
+
+def _last_line(exc: BaseException) -> str:
+    """An actor's creation error as one line: the last of Ray's message, which is the original
+    exception (``RuntimeError: ...``) after its traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

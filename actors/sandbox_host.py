@@ -65,7 +65,10 @@ class SandboxHost:
         bind_host: str | None = None,
         interception: PoolRef | None = None,
         tunnel: TunnelSettings | None = None,
+        slot: int = 0,
     ) -> None:
+        """``slot``: this host's index among the hosts on its node; with the Serve pool it
+        picks the node's replica (:class:`~actors.interception_pool.ServeBroker`)."""
         self.plan = plan
         if isinstance(base_url, LateUrl):  # the built-in model actor, started beside this host
             base_url = base_url.get()
@@ -97,7 +100,9 @@ class SandboxHost:
         self.tunnel_settings = tunnel or TunnelSettings()
         self.tunnel: TunnelKeeper | None = None
         self.broker = (
-            ServeBroker(interception, remote=self.remote) if interception is not None else None
+            ServeBroker(interception, remote=self.remote, slot=slot)
+            if interception is not None
+            else None
         )
         self._stack = contextlib.AsyncExitStack()
         self._url: str | None = None
@@ -124,8 +129,13 @@ class SandboxHost:
         outcome (for the driver) and the trace(s) (for the episode task) as two Ray objects
         when called with ``num_returns=2``."""
         url = await self.url()
-        if self.remote and self.tunnel is not None:
-            url = await self.tunnel.public_url(url)
+        if self.remote:
+            # Known before the box starts (a runtime may fix its network policy then): the
+            # node tunnel's URL, this host's own or its pinned replica's.
+            if self.tunnel is not None:
+                url = await self.tunnel.public_url(url)
+            elif self.broker is not None:
+                url = await self.broker.public_url()
         ids: dict[str, Any] = {
             "rollout_index": rollout.index,
             "attempt": rollout.attempt,
@@ -195,6 +205,7 @@ class SandboxHost:
             "completed": self.completed,
             "sessions": (self.broker or self._own_app()).session_count,
             "url": self._url if self.broker is None else await self.broker.url(),
+            "replica": self.broker.replica if self.broker is not None else None,
         }
 
     async def shutdown(self) -> int:

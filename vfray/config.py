@@ -115,6 +115,12 @@ class FarmConfig(BaseModel):
         description="where the interception runs: host (inside each SandboxHost) or serve (a "
         "Ray Serve deployment, one replica per node)",
     )
+    interception_replicas_per_node: int = Field(
+        1,
+        ge=1,
+        description="with interception = serve: replicas on each node (more for a big node; "
+        "a node's SandboxHosts are spread over them, each host's sessions on one)",
+    )
     hosts: int | None = Field(
         None, ge=1, description="SandboxHosts in all (default: per node, see hosts_per_node)"
     )

@@ -206,6 +206,9 @@ async def _execute(
     setup_ok = cancelled = False
     tools: RolloutTools | None = None
     try:
+        # Before the box exists: a runtime whose network policy is fixed at creation must let
+        # it reach the interception (a session opened later is handed this same URL).
+        runtime.plan_routes([interception_url])
         await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
 
         async def setup() -> None:

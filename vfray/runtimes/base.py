@@ -196,6 +196,11 @@ class Runtime(abc.ABC):
         """The URL at which a program inside the box reaches ``url`` on the host
         (the interception endpoint), setting up any bridge this needs."""
 
+    def plan_routes(self, urls: Sequence[str]) -> None:  # noqa: B027 - an optional hook
+        """Told before :meth:`start`: the host URLs (the interception's, as later given to
+        :meth:`host_url`) the box will be asked to reach. A runtime that fixes its network
+        policy when it creates the box (Modal) allows exactly these then."""
+
     async def prepare_execution(self, routes: Sequence[str]) -> None:  # noqa: B027
         """Apply the task's network policy right before the agent runs, keeping ``routes``
         (the interception and tool URLs, as returned by :meth:`host_url`) reachable."""

@@ -1,15 +1,26 @@
 """The ``modal`` runtime: one Modal Sandbox per rollout (create, exec, file I/O, terminate).
 
 Written against the Modal Python SDK's async interface (``Sandbox.create.aio``, ``exec.aio``,
-``open.aio``, ``terminate.aio``, ``App.lookup.aio``). UNVERIFIED against the live service: its
-cloud is unreachable where vfray is tested. A sandbox cannot reach the farm's loopback, so
-:meth:`ModalRuntime.host_url` maps host URLs onto a configured ``public_base_url`` (a tunnel or
-ingress in front of the node's interception endpoint); without one it raises ``ConfigError``.
+``open.aio``, ``terminate.aio``, ``App.lookup.aio``); the keyword arguments it passes to
+``Sandbox.create`` are checked against the SDK's signature by the tests (modal 1.6.4), but never
+against the live service: its cloud is unreachable where vfray is tested.
+
+A sandbox cannot reach the farm's loopback: it reaches the node's interception through the
+node's tunnel (``farm.tunnel``), whose public URL :meth:`ModalRuntime.host_url` passes through,
+or through a configured ``public_base_url`` (an ingress in front of the interception) onto which
+it maps host URLs; a loopback URL with neither raises ``ConfigError``.
+
+Network: where the task asks for no network (``network_allow`` is ``["*"]``), the sandbox's
+egress is an allowlist of the interception's public host alone (its addresses as /32 or /128
+CIDRs, and its name as a domain when it has one); with no such route, the network is blocked.
+A task that names hosts gets Modal's default (open) network: a URL list is not a domain list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,9 +37,8 @@ DEFAULT_IMAGE = "python:3.11-slim"
 
 
 class ModalRuntime(Runtime):
-    """A Modal Sandbox per rollout. Network: blocked unless the task asks for hosts, in which
-    case ``outbound_domain_allowlist`` is not used (a URL list is not a domain list) and the
-    sandbox gets Modal's default network."""
+    """A Modal Sandbox per rollout. Network: only the interception's public host where the
+    task asks for none (see the module docstring), Modal's default where it names hosts."""
 
     type = "modal"
     is_container = True
@@ -56,6 +66,11 @@ class ModalRuntime(Runtime):
         """Box ports :meth:`expose` can reach: Modal opens tunnels only when it creates the
         sandbox."""
         self.box_workdir = self.spec.workdir or "/work"
+        self.route_hosts: tuple[str, ...] = ()
+        """Public hosts the box must reach (the interception's, from :meth:`plan_routes`)."""
+        self.allowed: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        """(CIDRs, domains) the created sandbox's egress allows; None: its network is open or
+        blocked."""
         self.sandbox: Any = None
         self._stopped = False
 
@@ -64,19 +79,77 @@ class ModalRuntime(Runtime):
         """The Modal SDK must be importable (its credentials are checked by its first call)."""
         optional_import("modal", "modal")
 
-    def create_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``modal.Sandbox.create`` other than ``app`` and ``image``."""
-        blocked = all(host == "*" for host in self.spec.network_allow)
+    @property
+    def open_network(self) -> bool:
+        """The task names hosts: Modal's default network, not an allowlist."""
+        return any(host != "*" for host in self.spec.network_allow)
+
+    def plan_routes(self, urls: Sequence[str]) -> None:
+        hosts: list[str] = []
+        for url in urls:
+            public = self._public_url(url)
+            host = urlsplit(public).hostname if public is not None else None
+            if host and host not in hosts:
+                hosts.append(host)
+        self.route_hosts = tuple(hosts)
+
+    async def resolve_routes(self) -> dict[str, list[str]]:
+        """Each route host's addresses (an address is its own), as the sandbox's CIDRs."""
+        loop = asyncio.get_running_loop()
+        found: dict[str, list[str]] = {}
+        for host in self.route_hosts:
+            if _is_address(host):
+                found[host] = [host]
+                continue
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError:
+                # Not resolvable here: the domain allowlist alone lets the box reach it.
+                found[host] = []
+                continue
+            found[host] = sorted({str(info[4][0]) for info in infos})
+        return found
+
+    def create_options(self, resolved: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``modal.Sandbox.create`` other than ``app`` and ``image``;
+        ``resolved`` is :meth:`resolve_routes`' answer (the route hosts' addresses)."""
         options: dict[str, Any] = {
             "timeout": self.sandbox_timeout,
             "workdir": self.box_workdir,
             "cpu": self.spec.cpu,
-            "block_network": blocked,
         }
+        options.update(self._network_options(resolved or {}))
         if self.spec.memory_gb is not None:
             options["memory"] = int(self.spec.memory_gb * 1024)  # MiB
         if self.exposed_ports:
             options["encrypted_ports"] = list(self.exposed_ports)
+        return options
+
+    def _network_options(self, resolved: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        self.allowed = None
+        if self.open_network:
+            return {}
+        cidrs: list[str] = []
+        domains: list[str] = []
+        for host in self.route_hosts:
+            if not _is_address(host):
+                domains.append(host)
+            for address in resolved.get(host, [host] if _is_address(host) else []):
+                cidr = str(ipaddress.ip_network(address))  # a bare address is its /32 or /128
+                if cidr not in cidrs:
+                    cidrs.append(cidr)
+        if not cidrs and not domains:
+            # Nothing to reach. Modal refuses open ports with ``block_network``; an empty
+            # allowlist denies all egress as well and keeps them.
+            return (
+                {"outbound_cidr_allowlist": []} if self.exposed_ports else {"block_network": True}
+            )
+        self.allowed = (tuple(cidrs), tuple(domains))
+        # Both lists: an HTTP call to a tunnel's name may be matched by name or by address (which
+        # one Modal's egress filter uses for plain HTTP is not verified here).
+        options: dict[str, Any] = {"outbound_cidr_allowlist": cidrs}
+        if domains:
+            options["outbound_domain_allowlist"] = domains
         return options
 
     async def start(self) -> None:
@@ -84,8 +157,9 @@ class ModalRuntime(Runtime):
         try:
             app = await modal.App.lookup.aio(self.app_name, create_if_missing=True)
             image = modal.Image.from_registry(self.image)
+            options = self.create_options(await self.resolve_routes())
             self.sandbox = await modal.Sandbox.create.aio(
-                "sleep", "infinity", app=app, image=image, **self.create_options()
+                "sleep", "infinity", app=app, image=image, **options
             )
         except Exception as exc:
             raise SandboxError(f"cannot create a Modal sandbox: {exc}") from exc
@@ -178,21 +252,60 @@ class ModalRuntime(Runtime):
         except Exception as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
+    def _public_url(self, url: str) -> str | None:
+        """``url`` as the box reaches it; None for a loopback URL with no ``public_base_url``."""
+        if self.public_base_url is None:
+            if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
+                return None
+            return url
+        base = urlsplit(self.public_base_url)
+        parts = urlsplit(url)
+        path = base.path.rstrip("/") + parts.path
+        return urlunsplit((base.scheme, base.netloc, path, parts.query, parts.fragment))
+
     async def host_url(self, url: str) -> str:
         """Map a host URL onto ``public_base_url``, keeping its path and query; without one,
         ``url`` is already public (the node's tunnel) unless it is a loopback address."""
-        if self.public_base_url is None:
-            if urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1"):
-                return url
+        public = self._public_url(url)
+        if public is None:
             raise ConfigError(
                 "the modal runtime needs a tunnel (farm.tunnel: ssh or command) or "
                 "public_base_url: a public URL in front of the interception endpoint, since "
                 "Modal cannot reach this host"
             )
-        base = urlsplit(self.public_base_url)
-        parts = urlsplit(url)
-        path = base.path.rstrip("/") + parts.path
-        return urlunsplit((base.scheme, base.netloc, path, parts.query, parts.fragment))
+        return public
+
+    async def prepare_execution(self, routes: Sequence[str]) -> None:
+        """Every route must be in the egress allowlist the sandbox was created with. One that
+        is not (a tunnel reopened at another address since the box started) is refused: the
+        rollout fails as a sandbox error and is not run against a box that cannot reach it."""
+        if self.allowed is None:
+            # Open (the task named hosts), or blocked with no route planned: host_url has
+            # already refused a loopback interception URL.
+            if self.open_network or not routes:
+                return
+            raise SandboxError(
+                "the Modal sandbox was created with its network blocked, but must reach "
+                + ", ".join(routes)
+            )
+        cidrs, domains = self.allowed
+        missing = []
+        for route in routes:
+            host = urlsplit(route).hostname or ""
+            if host in domains:
+                continue
+            if _is_address(host) and any(
+                ipaddress.ip_address(host) in ipaddress.ip_network(c) for c in cidrs
+            ):
+                continue
+            missing.append(route)
+        if missing:
+            raise SandboxError(
+                "the Modal sandbox's egress allowlist ("
+                + ", ".join([*cidrs, *domains])
+                + ") does not cover "
+                + ", ".join(missing)
+            )
 
     async def expose(self, port: int) -> str:
         """The URL of the Modal tunnel to ``port`` (one of ``exposed_ports``)."""
@@ -220,3 +333,11 @@ class ModalRuntime(Runtime):
                 await self.sandbox.terminate.aio()
             except Exception as exc:
                 raise SandboxError(f"cannot terminate the Modal sandbox: {exc}") from exc
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

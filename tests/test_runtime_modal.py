@@ -1,0 +1,187 @@
+"""The modal runtime's ``Sandbox.create`` arguments, offline: the network policy built for the
+node's tunnel (only its host reachable where the task asks for no network), checked against the
+installed Modal SDK's own signature and network-access builder. No Modal cloud is reached."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.modal import ModalRuntime
+from vfray.runtimes.registry import make_runtime
+
+TUNNEL = "http://203.0.113.7:40123/v1"
+NAMED_TUNNEL = "https://abc.trycloudflare.example/v1"
+
+
+def modal_runtime(spec: RuntimeSpec | None = None, **options: Any) -> ModalRuntime:
+    rt = make_runtime("modal", spec, **options)
+    assert isinstance(rt, ModalRuntime)
+    return rt
+
+
+def sdk() -> Any:
+    return pytest.importorskip("modal")
+
+
+def binds_to_the_sdk(options: dict[str, Any]) -> inspect.BoundArguments:
+    """The options as ``modal.Sandbox.create`` takes them: a renamed or dropped parameter fails
+    here instead of on the first real sandbox."""
+    modal = sdk()
+    signature = inspect.signature(modal.Sandbox.create)
+    return signature.bind("sleep", "infinity", app=None, image=None, **options)
+
+
+async def test_a_tunnel_address_is_the_only_egress() -> None:
+    rt = modal_runtime(RuntimeSpec(cpu=2, memory_gb=1.5))
+    rt.plan_routes([TUNNEL])
+    options = rt.create_options(await rt.resolve_routes())
+    assert options == {
+        "timeout": 3600,
+        "workdir": "/work",
+        "cpu": 2.0,
+        "memory": 1536,
+        "outbound_cidr_allowlist": ["203.0.113.7/32"],
+    }
+    bound = binds_to_the_sdk(options)
+    assert "block_network" not in bound.arguments  # blocked would cut the tunnel off too
+    # The box is then handed that same URL (host_url passes a public one through).
+    endpoint = await rt.host_url(TUNNEL)
+    await rt.prepare_execution([endpoint])
+
+
+async def test_a_named_tunnel_is_allowed_by_name_and_by_its_addresses() -> None:
+    rt = modal_runtime()
+    rt.plan_routes([NAMED_TUNNEL, NAMED_TUNNEL + "/chat/completions"])
+    assert rt.route_hosts == ("abc.trycloudflare.example",)
+    # As resolve_routes would answer (an IPv4 and an IPv6 address), without a resolver.
+    resolved = {"abc.trycloudflare.example": ["198.51.100.2", "2001:db8::5"]}
+    options = rt.create_options(resolved)
+    assert options["outbound_cidr_allowlist"] == ["198.51.100.2/32", "2001:db8::5/128"]
+    assert options["outbound_domain_allowlist"] == ["abc.trycloudflare.example"]
+    binds_to_the_sdk(options)
+    await rt.prepare_execution([NAMED_TUNNEL])
+
+
+async def test_an_unresolvable_tunnel_name_keeps_the_domain_allowlist() -> None:
+    rt = modal_runtime()
+    rt.plan_routes(["http://no-such-host.invalid:9/v1"])
+    resolved = await rt.resolve_routes()
+    assert resolved == {"no-such-host.invalid": []}
+    options = rt.create_options(resolved)
+    assert options["outbound_cidr_allowlist"] == []
+    assert options["outbound_domain_allowlist"] == ["no-such-host.invalid"]
+
+
+async def test_the_sdk_builds_an_allowlist_from_these_options() -> None:
+    # Modal's own translation of the options into its network-access message (a private helper
+    # of the installed SDK; skipped where it is gone): an allowlist of exactly the tunnel.
+    sdk()
+    common = pytest.importorskip("modal.sandbox._common")
+    build = getattr(common, "_build_outbound_network_access", None)
+    if build is None:
+        pytest.skip("this modal SDK has no _build_outbound_network_access")
+    rt = modal_runtime()
+    rt.plan_routes([TUNNEL])
+    options = rt.create_options(await rt.resolve_routes())
+    access = build(
+        options.get("block_network", False),
+        options.get("outbound_cidr_allowlist"),
+        options.get("outbound_domain_allowlist"),
+    )
+    from modal_proto import api_pb2
+
+    assert access.network_access_type == api_pb2.NetworkAccess.NetworkAccessType.ALLOWLIST
+    assert list(access.allowed_cidrs) == ["203.0.113.7/32"]
+    assert list(access.allowed_domains) == []
+    # And with nothing to reach: blocked.
+    blocked = modal_runtime().create_options()
+    assert blocked["block_network"] is True
+    none = build(True, None, None)
+    assert none.network_access_type == api_pb2.NetworkAccess.NetworkAccessType.BLOCKED
+
+
+async def test_no_route_blocks_the_network_and_ports_keep_an_empty_allowlist() -> None:
+    rt = modal_runtime()
+    assert rt.create_options()["block_network"] is True
+    # Modal refuses open ports with block_network: an empty allowlist denies egress instead.
+    exposing = modal_runtime(exposed_ports=[8000])
+    options = exposing.create_options()
+    assert options["outbound_cidr_allowlist"] == []
+    assert "block_network" not in options
+    assert options["encrypted_ports"] == [8000]
+    binds_to_the_sdk(options)
+    # A loopback URL with no public_base_url plans no route (host_url refuses it).
+    loopback = modal_runtime()
+    loopback.plan_routes(["http://127.0.0.1:8000/v1"])
+    assert loopback.route_hosts == ()
+    with pytest.raises(ConfigError, match="tunnel"):
+        await loopback.host_url("http://127.0.0.1:8000/v1")
+    with pytest.raises(SandboxError, match="blocked"):
+        await loopback.prepare_execution(["https://elsewhere.example/v1"])
+
+
+async def test_public_base_url_is_the_allowed_host() -> None:
+    rt = modal_runtime(public_base_url="https://ingress.example/p")
+    rt.plan_routes(["http://127.0.0.1:8000/v1"])
+    assert rt.route_hosts == ("ingress.example",)
+    options = rt.create_options({"ingress.example": ["192.0.2.9"]})
+    assert options["outbound_cidr_allowlist"] == ["192.0.2.9/32"]
+    assert options["outbound_domain_allowlist"] == ["ingress.example"]
+    await rt.prepare_execution([await rt.host_url("http://127.0.0.1:8000/v1")])
+
+
+async def test_a_task_naming_hosts_gets_the_default_network() -> None:
+    rt = modal_runtime(RuntimeSpec(network_allow=("pypi.org",)))
+    rt.plan_routes([TUNNEL])
+    options = rt.create_options(await rt.resolve_routes())
+    assert not {"block_network", "outbound_cidr_allowlist", "outbound_domain_allowlist"} & set(
+        options
+    )
+    await rt.prepare_execution(["https://anything.example/v1"])
+
+
+async def test_a_route_outside_the_allowlist_is_refused() -> None:
+    # The tunnel reopened at another address after this box was created.
+    rt = modal_runtime()
+    rt.plan_routes([TUNNEL])
+    rt.create_options(await rt.resolve_routes())
+    with pytest.raises(SandboxError, match=r"does not cover http://203\.0\.113\.8"):
+        await rt.prepare_execution(["http://203.0.113.8:40123/v1"])
+
+
+async def test_start_passes_the_allowlist_to_sandbox_create(monkeypatch: Any) -> None:
+    # start() through a stand-in SDK, its call bound to the real SDK's signature.
+    sdk()
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    class Aio:
+        def __init__(self, fn: Any) -> None:
+            self.aio = fn
+
+    async def create(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        raise RuntimeError("no cloud here")
+
+    async def lookup(name: str, create_if_missing: bool = False) -> Any:
+        return SimpleNamespace(name=name)
+
+    fake = SimpleNamespace(
+        App=SimpleNamespace(lookup=Aio(lookup)),
+        Image=SimpleNamespace(from_registry=lambda ref: SimpleNamespace(ref=ref)),
+        Sandbox=SimpleNamespace(create=Aio(create)),
+    )
+    monkeypatch.setattr("vfray.runtimes.modal.optional_import", lambda *a: fake)
+    rt = modal_runtime()
+    rt.plan_routes([TUNNEL])
+    with pytest.raises(SandboxError, match="no cloud here"):
+        await rt.start()
+    ((args, kwargs),) = calls
+    assert kwargs["outbound_cidr_allowlist"] == ["203.0.113.7/32"]
+    signature = inspect.signature(sdk().Sandbox.create)
+    signature.bind(*args, **kwargs)
