@@ -215,10 +215,8 @@ def test_a_sweep_leaves_a_live_owner_alone(root: str) -> None:
     assert wait_until_clean(held) == []
 
 
-def test_the_reaper_kills_a_marked_process_and_children_whose_environment_was_replaced() -> None:
-    """Ray's agents rewrite their process title (and a program may exec with a clean
-    environment): a process below a marked one goes with it even without the token."""
-    token = os.urandom(16).hex()
+def marked_parent_with_unmarked_child(token: str) -> tuple[subprocess.Popen[str], int]:
+    """A process carrying ``token`` and its child that exec'd with an empty environment."""
     env = {**os.environ, _reap.OWNER_ENV: token}
     parent = subprocess.Popen(
         ["bash", "-c", "env -i sleep 600 & echo $!; wait"],
@@ -230,6 +228,14 @@ def test_the_reaper_kills_a_marked_process_and_children_whose_environment_was_re
     child = int(parent.stdout.readline())
     while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"):
         time.sleep(0.01)  # until the fork has exec'd with its empty environment
+    return parent, child
+
+
+def test_the_reaper_kills_a_marked_process_and_children_whose_environment_was_replaced() -> None:
+    """Ray's agents rewrite their process title (and a program may exec with a clean
+    environment): a process below a marked one goes with it even without the token."""
+    token = os.urandom(16).hex()
+    parent, child = marked_parent_with_unmarked_child(token)
     assert _reap.OWNER_ENV.encode() not in Path(f"/proc/{child}/environ").read_bytes()
     _reap.kill_processes(token)
     assert parent.wait(timeout=10) == -signal.SIGKILL
@@ -251,17 +257,7 @@ def test_a_snapshot_kills_an_unmarked_child_whose_marked_parent_died_first() -> 
     written over their environment) are reparented: only the watchdog's snapshot, taken while
     the owner lived, still knows them. A PID whose start time changed is never killed."""
     token = os.urandom(16).hex()
-    env = {**os.environ, _reap.OWNER_ENV: token}
-    parent = subprocess.Popen(
-        ["bash", "-c", "env -i sleep 600 & echo $!; wait"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"):
-        time.sleep(0.01)
+    parent, child = marked_parent_with_unmarked_child(token)
     bystander = subprocess.Popen(["sleep", "600"])
     try:
         known = _reap.snapshot(token)
