@@ -29,11 +29,18 @@ def kernel_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prefix / "share" / "jupyter"
 
 
-def execute(name: str, kernel_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def execute(
+    name: str, kernel_path: Path, monkeypatch: pytest.MonkeyPatch, parameters: str | None = None
+) -> Any:
+    """Run notebook ``name``; ``parameters`` replaces its cell tagged ``parameters`` (the
+    papermill convention), so a long notebook runs in a short mode."""
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_path))
     # The kernel inherits our environment: never let it join a cluster RAY_ADDRESS points at.
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     book = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
+    if parameters is not None:
+        (cell,) = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
+        cell.source = parameters
     client = NotebookClient(
         book,
         kernel_name=KERNEL,
@@ -58,7 +65,7 @@ def text_of(book: Any) -> str:
     return "\n".join(parts)
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "training_stream.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "training_stream.ipynb", "grpo.ipynb"])
 def test_committed_notebooks_have_no_outputs(name: str) -> None:
     book = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
     nbformat.validate(book)
@@ -96,6 +103,27 @@ def test_training_stream_yields_groups_with_tokens(
     assert "loss " in text
     assert text.count("completion tokens [") == 4  # token ids came back with every group
     assert "completion_token_ids" in text  # the last batch as a DataFrame
+
+
+def test_grpo_runs_a_few_steps(
+    kernel_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    parameters = f"steps, groups_per_step = 3, 2\noutput_dir = {str(tmp_path)!r}"
+    book = execute("grpo.ipynb", kernel_path, monkeypatch, parameters)
+    text = text_of(book)
+    for step in range(3):
+        assert f"step {step:3d}  reward " in text
+    assert "logprob mismatch before the first update: " in text
+    assert "rollouts in " in text
+    assert list(tmp_path.glob("*/*/config.json"))  # the run folder went where it was told
+    images = [
+        output
+        for cell in book.cells
+        for output in cell.get("outputs", [])
+        if output.output_type == "display_data" and "image/png" in output.data
+    ]
+    assert len(images) == 1  # the reward curve
 
 
 def test_the_documented_jupyter_lab_command_is_installed() -> None:

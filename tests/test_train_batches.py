@@ -5,6 +5,8 @@ advantage, a re-tokenisation break, no token ids) are counted, not repaired."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,81 @@ def test_a_mismatched_mask_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="do not match"):
         build_batch(bad)
+
+
+class QA(vf.TaskData):
+    answer: str
+
+
+class Sum(vf.Task[QA]):
+    @vf.reward
+    def correct(self, trace: Trace) -> bool:
+        return (trace.last_reply or "").strip() == self.data.answer
+
+
+def test_run_dataset_reads_a_real_run_folder_into_tensors(tmp_path: Path) -> None:
+    # A run written by the scripted model with token ids: RunDataset's tensors hold, row for
+    # row, the tokens each call was sent and returned, the loss on the sampled ones only.
+    pytest.importorskip("torch")
+    from vfray.traces.convert import table_to_traces
+    from vfray.train.torch import RunDataset
+
+    tasks = [
+        Sum(QA(prompt=f"What is {i} + {i % 3}?", answer=str(i + i % 3)), key=f"s{i}")
+        for i in range(6)
+    ]
+    with vf.Farm(
+        "scripted:arithmetic?accuracy=0.5",
+        harness="null",
+        backend="local",
+        output_dir=str(tmp_path),
+        sampling={"return_tokens": True},
+        progress=False,
+    ) as farm:
+        farm.set_policy_version(2)
+        result = farm.run(tasks, rollouts_per_task=4)
+    calls = {t.trace_id: t.calls[-1] for t in table_to_traces(result.final_traces)}
+    advantages = dict(
+        zip(
+            result.final_traces.column("trace_id").to_pylist(),
+            result.final_traces.column("advantage").to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(calls) == 24 and all(a is not None for a in advantages.values())
+
+    batches = list(RunDataset(result.run_dir, 10, pad_id=-1))
+    assert [len(b["trace_ids"]) for b in batches] == [10, 10, 4]
+    seen = []
+    for b in batches:
+        ids, attention, loss = b["input_ids"], b["attention_mask"], b["loss_mask"]
+        rows, width = ids.shape
+        assert attention.shape == loss.shape == b["old_logprobs"].shape == (rows, width)
+        assert b["advantages"].shape == b["policy_version"].shape == b["lengths"].shape == (rows,)
+        assert width == int(b["lengths"].max())
+        assert (attention.sum(1) == b["lengths"]).all()
+        assert ((loss == 1) <= (attention == 1)).all()  # no loss on padding
+        assert (b["old_logprobs"][loss == 0] == 0).all()
+        assert (ids[attention == 0] == -1).all()
+        assert (b["policy_version"] == 2).all()
+        for row, trace_id in enumerate(b["trace_ids"]):
+            call = calls[trace_id]
+            prompt, completion = call.prompt_token_ids, call.completion_token_ids
+            assert prompt and completion and call.completion_logprobs
+            n = len(prompt) + len(completion)
+            assert ids[row, :n].tolist() == prompt + completion
+            assert loss[row].tolist() == [0] * len(prompt) + [1] * len(completion) + [0] * (
+                width - n
+            )
+            np.testing.assert_allclose(
+                b["old_logprobs"][row, len(prompt) : n].numpy(), call.completion_logprobs
+            )
+            assert float(b["advantages"][row]) == pytest.approx(advantages[trace_id])
+            seen.append(trace_id)
+    assert sorted(seen) == sorted(calls)
+    # Packed and shuffled: the same samples, one row back to back.
+    packed = list(RunDataset(result.run_dir, 24, shuffle_seed=0, layout="packed"))
+    (one,) = packed
+    assert one["input_ids"].shape == (1, int(one["lengths"].sum()))
+    assert one["cu_seqlens"].tolist()[-1] == one["input_ids"].shape[1]
+    assert sorted(one["trace_ids"]) == sorted(calls)

@@ -6,6 +6,7 @@ ids in each dialect's way and refuses an endpoint that returns none."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,25 @@ def test_run_summary_reports_both_views(tmp_path: Path) -> None:
     assert "infra failures left out" not in text
 
 
+def test_a_plain_eval_reports_no_untrainable_groups(tmp_path: Path) -> None:
+    # -r 1, the default: no group was meant to be compared, so none is "untrainable", even
+    # with failed rollouts.
+    tasks = [FlakySetup(QA(prompt=f"say {i}", answer=str(i)), key=f"t{i}") for i in range(3)]
+    with vf.Farm(
+        "scripted:echo", harness="null", backend="local", output_dir=str(tmp_path), progress=False
+    ) as farm:
+        summary = farm.run(tasks).summary()
+    assert summary["errors"] == {"TaskError": 3}
+    assert "groups_untrainable" not in summary
+    from rich.console import Console
+
+    from vfray.cli.report import results_table
+
+    console = Console(record=True, width=120)
+    console.print(results_table(summary))
+    assert "counted rollouts" not in console.export_text()
+
+
 def test_each_dialect_asks_for_tokens_its_own_way() -> None:
     chat = ChatDialect().impose({"messages": []}, "m", {"return_tokens": True, "temperature": 1})
     assert chat["logprobs"] is True and chat["return_token_ids"] is True
@@ -158,6 +178,8 @@ def test_each_dialect_asks_for_tokens_its_own_way() -> None:
     assert responses["return_token_ids"] is True
     anthropic = AnthropicDialect().impose({"messages": []}, "m", {"return_tokens": True})
     assert anthropic["return_token_ids"] is True and "return_tokens" not in anthropic
+    required = ChatDialect().impose({"messages": []}, "m", {"return_tokens": "required"})
+    assert required["return_token_ids"] is True and "return_tokens" not in required
     plain = ChatDialect().impose({"messages": []}, "m", {"return_tokens": None})
     assert "logprobs" not in plain and "return_tokens" not in plain
 
@@ -200,18 +222,72 @@ def test_a_training_stream_gets_token_ids_without_asking(tmp_path: Path) -> None
     assert samples.column("completion_token_ids").null_count == 0
 
 
-def test_a_training_stream_refuses_an_endpoint_without_token_ids(tmp_path: Path) -> None:
+def test_a_training_stream_refuses_a_known_tokenless_endpoint_before_anything_runs(
+    tmp_path: Path,
+) -> None:
     # ?tokens=0: the scripted model ignores requests for token ids, as OpenAI's API does.
     model = "scripted:echo?tokens=0"
     opts: dict[str, Any] = {"harness": "null", "backend": "local", "progress": False}
-    refusal = pytest.raises(ConfigError, match="returned no token ids")
-    with vf.Farm(model, output_dir=str(tmp_path), **opts) as farm, refusal as refused:
-        asyncio.run(_first_group(farm))
+    with vf.Farm(model, output_dir=str(tmp_path), **opts) as farm:
+        with pytest.raises(ConfigError, match="returned no token ids") as refused:
+            farm.stream(EndlessSums(), rollouts_per_task=2)  # refused here, not when iterated
+        assert not farm._started
     assert "\n" not in str(refused.value)
+    assert not any(tmp_path.iterdir())  # no run folder: nothing ran
+    openai = vf.Farm("gpt-4o", base_url="https://api.openai.com/v1/", **opts)
+    with openai, pytest.raises(ConfigError, match="'gpt-4o' returned no token ids"):
+        openai.stream(EndlessSums())
     # Streaming to evaluate, not to train, is still possible.
     with vf.Farm(model, output_dir=str(tmp_path), **opts) as farm:
         group = asyncio.run(_first_group(farm, tokens=False))
     assert group.traces[0].calls[0].completion_token_ids is None
+
+
+class SlowSecond(vf.Task[QA]):
+    """Rollout 1 of each task waits a minute before its agent starts."""
+
+    @vf.reward
+    def correct(self, trace: Trace) -> bool:
+        return True
+
+    async def setup(self, trace: Trace, runtime: Any) -> None:
+        if trace.rollout_index == 1:
+            await asyncio.sleep(60)
+
+
+def test_a_training_stream_refuses_an_endpoint_without_token_ids_at_its_first_answer(
+    tmp_path: Path,
+) -> None:
+    # A remote endpoint (the scripted model served on its own, tokens=False) is not known to
+    # lack token ids: the first answer without them stops the stream, long before any group
+    # (whose second rollout is still in its setup) completes.
+    from vfray.testing.scripted import scripted_server
+
+    tasks = [SlowSecond(QA(prompt=f"say {i}", answer=str(i)), key=f"t{i}") for i in range(3)]
+    groups: list[vf.EpisodeGroup] = []
+
+    async def train(farm: vf.Farm) -> None:
+        async for group in farm.stream(tasks, rollouts_per_task=2):
+            groups.append(group)
+
+    refusal = pytest.raises(ConfigError, match="'echo' returned no token ids")
+    with scripted_server("echo", tokens=False) as url:
+        started = time.monotonic()
+        farm = vf.Farm(
+            "echo",
+            base_url=url,
+            harness="null",
+            backend="local",
+            output_dir=str(tmp_path),
+            progress=False,
+        )
+        with farm, refusal as refused:
+            asyncio.run(train(farm))
+        elapsed = time.monotonic() - started
+    assert "\n" not in str(refused.value)
+    assert groups == [] and elapsed < 30  # the slow rollouts were cancelled, not waited for
+    (run_dir,) = tmp_path.iterdir()
+    assert vf.RunResult(run_dir).episodes.num_rows == 0  # no group was scored
 
 
 async def test_summary_leaves_scored_infrastructure_failures_out_of_the_counted_mean() -> None:

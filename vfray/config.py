@@ -44,10 +44,11 @@ class SamplingConfig(BaseModel):
     top_p: float | None = Field(None, description="nucleus sampling")
     max_tokens: int | None = Field(None, description="completion tokens per call")
     seed: int | None = Field(None, description="sampling seed, when the endpoint honours it")
-    return_tokens: bool | None = Field(
+    return_tokens: bool | Literal["required"] | None = Field(
         None,
         description="ask the endpoint for token ids and logprobs, in each wire dialect's way "
-        "(vLLM: logprobs + return_token_ids); Farm.stream turns it on",
+        "(vLLM: logprobs + return_token_ids); 'required' (Farm.stream's): a call answered "
+        "without them stops its rollout with a ConfigError",
     )
 
     def as_params(self) -> dict[str, Any]:

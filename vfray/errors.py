@@ -134,6 +134,14 @@ ROLLOUT_ERROR_TYPES: dict[str, type[RolloutError]] = {
 """Error classes by name, so a recorded ``error_type`` string maps back to its class."""
 
 
+def no_token_ids(model: str) -> str:
+    """The one line a training stream stops with when ``model`` answers without token ids."""
+    return (
+        f"model {model!r} returned no token ids, so its samples cannot be trained on: serve it "
+        "with vLLM (which returns them when asked) or pass tokens=False to stream() to evaluate"
+    )
+
+
 def optional_import(module: str, extra: str) -> object:
     """Import an optional dependency or raise :class:`MissingExtraError` naming the extra."""
     import importlib

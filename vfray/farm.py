@@ -17,18 +17,19 @@ import contextlib
 import functools
 import logging
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfray.config import EvalConfig, ModelConfig
-from vfray.errors import ConfigError
+from vfray.errors import ConfigError, no_token_ids
 from vfray.plugins import load_object
 from vfray.rollout import RolloutPlan
 from vfray.run.backends import FarmBackend
 from vfray.run.driver import RunBackend, RunDriver, RunPlan
 from vfray.run.folders import run_folder, run_header
-from vfray.run.outcomes import EpisodeGroup
+from vfray.run.outcomes import EpisodeGroup, RolloutOutcome
 from vfray.run.progress import Baseline, live_progress
 from vfray.run.spec import RunSpec, resolve_run
 from vfray.run.streams import GroupStream
@@ -283,26 +284,35 @@ class Farm:
         stream.aclose()``); every box is torn down and the rows written so far are kept.
 
         ``tokens`` (training mode, the default): the endpoint is asked for token ids and
-        logprobs (``sampling.return_tokens``), and the stream stops with a
-        :class:`~vfray.errors.ConfigError` at the first group whose model calls came back
-        without token ids, before the trainer sees it. A group with fewer than 2 rollouts that
-        count (:attr:`EpisodeGroup.trainable`) is yielded with no advantages, and logged."""
+        logprobs (``sampling.return_tokens = "required"``). An endpoint known not to return
+        them is refused here, before anything runs; otherwise the first model call answered
+        without them stops its rollout, and the stream stops with a one-line
+        :class:`~vfray.errors.ConfigError` as soon as that rollout is back, before any group
+        reaches the trainer. A group with fewer than 2 rollouts that count
+        (:attr:`EpisodeGroup.trainable`) is yielded with no advantages, and logged."""
         tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
-        if tokens and not self.config.sampling.return_tokens:
-            self._ask_for_tokens()
-        checked = not tokens
+        if self._closed:
+            raise RuntimeError("this Farm is closed")
+        if tokens:
+            refuse_tokenless(self.spec)
+            if self.config.sampling.return_tokens != "required":
+                self._ask_for_tokens()
+        model = self.config.model.name
+
+        def check_tokens(outcome: RolloutOutcome) -> None:
+            # Every rollout is checked, not only the first: a group is delivered only when
+            # none of its rollouts had a call answered without token ids.
+            if outcome.calls_without_tokens:
+                raise ConfigError(no_token_ids(model))
 
         async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
             run_dir, run_id = self._run_dir(name, None)
 
             async def deliver_outcome(outcome: Any) -> None:
-                nonlocal checked
                 if outcome.episode is None:
                     return
                 group = EpisodeGroup(outcome.episode)
-                if not checked:
-                    checked = _check_tokens(group, self.config.model.name)
                 if not group.trainable:
                     log.warning(
                         "task %s: %d of %d rollouts count (the others failed: %s); "
@@ -318,24 +328,28 @@ class Farm:
             plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
             header = self._header(run_id, name, rollouts_per_task)
             async with self._open_run(run_dir, header) as backend:
-                driver = RunDriver(plan, backend, deliver_outcome)
+                driver = RunDriver(
+                    plan, backend, deliver_outcome, on_rollout=check_tokens if tokens else None
+                )
                 await driver.run(self._checked(tasks, rollouts_per_task))
 
-        if self._closed:
-            raise RuntimeError("this Farm is closed")
         stream = GroupStream(produce)
         self._streams.append(stream)
         return stream
 
     def _ask_for_tokens(self) -> None:
-        """Turn ``sampling.return_tokens`` on, before anything started."""
+        """Set ``sampling.return_tokens = "required"``, before anything started. A farm that
+        already started asking for them (``True``) keeps going: the stream still refuses the
+        first rollout whose calls came back without them, only after the agent ran."""
         if self._started:
+            if self.config.sampling.return_tokens:
+                return
             raise ConfigError(
                 "this farm already started without asking the endpoint for token ids; build it "
                 "with sampling={'return_tokens': True} to train, or pass tokens=False"
             )
         cfg = self.config.model_copy(deep=True)
-        cfg.sampling.return_tokens = True
+        cfg.sampling.return_tokens = "required"
         self._resolve(cfg)
 
     def _run_plan(self, run_id: str, n: int, *, streaming: bool) -> RunPlan:
@@ -384,18 +398,22 @@ class Farm:
             yield task
 
 
-def _check_tokens(group: EpisodeGroup, model: str) -> bool:
-    """True once a model call of ``group`` was answered with token ids; a group whose answered
-    calls all lack them stops a training stream (the samples could not be trained on)."""
-    answered = [c for t in group.traces for c in t.calls if c.response_id is not None]
-    if not answered:
-        return False
-    if any(c.completion_token_ids is not None for c in answered):
-        return True
-    raise ConfigError(
-        f"model {model!r} returned no token ids, so its samples cannot be trained on: serve it "
-        "with vLLM (which returns them when asked) or pass tokens=False to stream() to evaluate"
-    )
+TOKENLESS_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
+"""Endpoints that never return token ids (OpenAI's logprobs name tokens as text; Anthropic's
+API has none): a training stream against them is refused before anything runs."""
+
+
+def refuse_tokenless(spec: RunSpec) -> None:
+    """Refuse, in one line, a training stream against an endpoint known to return no token
+    ids: the scripted model with ``tokens=0`` (other than its ``tokens`` policy, which always
+    returns them), or a provider API in :data:`TOKENLESS_HOSTS`."""
+    endpoint = spec.endpoint
+    scripted = endpoint.kind == "scripted" and endpoint.scripted_policy != "tokens"
+    if scripted and endpoint.scripted_options.get("tokens", 1) == 0:
+        raise ConfigError(no_token_ids(endpoint.model))
+    host = urllib.parse.urlsplit(endpoint.base_url or "").hostname
+    if endpoint.kind == "remote" and host in TOKENLESS_HOSTS:
+        raise ConfigError(no_token_ids(endpoint.model))
 
 
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:

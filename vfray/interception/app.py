@@ -286,6 +286,7 @@ class InterceptionApp:
             model=self.upstream.model,
             api_key=self.upstream.api_key,
             policy_version=self.policy_version,
+            require_tokens=sampling.get("return_tokens") == "required",
         )
         # Its own task: a client that hangs up mid-stream must not cancel the upstream call
         # or its recording (a retry will replay it).

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from vfray.errors import ConfigError, no_token_ids
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
@@ -57,6 +58,9 @@ class Turn:
     model: str
     api_key: str | None
     policy_version: int | None
+    require_tokens: bool = False
+    """The session asked for token ids as required (a training stream): an answer without them
+    stops the rollout at once, rather than after the agent ran to its end."""
     started_at: float = 0.0
     streamed: bool = False
     recorded: bool = False
@@ -89,6 +93,16 @@ class Turn:
             completion_token_ids=reply.completion_token_ids,
             completion_logprobs=reply.completion_logprobs,
         )
+        if (
+            self.require_tokens
+            and error is None
+            and reply.message is not None
+            and reply.completion_token_ids is None
+        ):
+            # The later calls are refused and the harness is stopped: its samples could not be
+            # trained on, and the training stream ends the run on this rollout's outcome.
+            self.session.trace.add_error(ConfigError(no_token_ids(self.model)), "agent")
+            self.session.trace.stop(StopCondition.ERROR)
 
     def fail(self, exchange: Exchange, status: int, message: str, kind: str) -> None:
         """Answer with vfray's own error (if nothing was sent yet) and record it on the call."""

@@ -205,7 +205,11 @@ class Progress:
 
 
 class RunDriver:
-    """Drives one run over a backend; ``on_episode`` sees every finished episode."""
+    """Drives one run over a backend; ``on_episode`` sees every finished episode.
+
+    ``on_rollout`` sees each rollout attempt's outcome as soon as it is back; an exception it
+    raises ends the run at once: every rollout in flight is cancelled (its box torn down), no
+    further group is scored or delivered, and :meth:`run` raises that exception."""
 
     def __init__(
         self,
@@ -213,11 +217,15 @@ class RunDriver:
         backend: RunBackend,
         on_episode: Callable[[EpisodeOutcome], Awaitable[None]] | None = None,
         resume: dict[str, ResumeState] | None = None,
+        on_rollout: Callable[[RolloutOutcome], None] | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
         self.pool = HostPool(backend.num_hosts)
         self.on_episode = on_episode
+        self.on_rollout = on_rollout
+        self._stopped: BaseException | None = None
+        self._runner: asyncio.Task[Any] | None = None
         self.resume = resume or {}
         self.progress = Progress()
         self._window = asyncio.Semaphore(plan.max_concurrent)
@@ -235,6 +243,7 @@ class RunDriver:
 
         When the task source fails mid-run, the rollouts already started still finish and are
         written; then the run raises one :class:`TasksetError` saying what failed."""
+        self._runner = asyncio.current_task()
         try:
             source = iter(tasks)
             while self._failure is None:
@@ -244,10 +253,15 @@ class RunDriver:
                 await self._start_episode(task)
             while self._episodes:
                 await asyncio.wait(set(self._episodes))
-        except BaseException:
+        except BaseException as exc:
             for job in self._episodes:
                 job.cancel()
             await asyncio.gather(*self._episodes, return_exceptions=True)
+            if self._stopped is not None and isinstance(exc, asyncio.CancelledError):
+                # The cancellation was _stop's own: the caller sees why the run stopped.
+                if self._runner is not None:
+                    self._runner.uncancel()
+                raise self._stopped from None
             raise
         if self._failure is not None:
             raise self._failure
@@ -300,6 +314,15 @@ class RunDriver:
         self._episodes.add(finisher)
         finisher.add_done_callback(self._episode_done)
 
+    def _stop(self, reason: BaseException) -> None:
+        """End the run now (``on_rollout`` refused an outcome): cancel the loop in :meth:`run`,
+        which cancels every episode and then raises ``reason``."""
+        if self._stopped is not None:
+            return
+        self._stopped = reason
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()
+
     def _episode_done(self, job: asyncio.Task[None]) -> None:
         self._episodes.discard(job)
         if self._groups is not None:
@@ -338,6 +361,14 @@ class RunDriver:
                     self.circuit.record(provider, probe)
                     told = True
                     self.progress.endpoint_down_since = self.circuit.down_since
+                    if self.on_rollout is not None:
+                        try:
+                            self.on_rollout(outcome)
+                        except Exception as exc:
+                            self._stop(exc)
+                            # This rollout fails too, so its group is neither scored nor
+                            # delivered before the cancellation reaches it.
+                            raise
                     if provider:
                         # While the endpoint is judged down the failure is the outage's, not
                         # this rollout's: it waits for the endpoint without spending its budget

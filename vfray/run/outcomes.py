@@ -31,6 +31,9 @@ class RolloutOutcome(BaseModel):
     stop_condition: str | None
     input_tokens: int
     output_tokens: int
+    calls_without_tokens: int = 0
+    """Model calls answered without token ids: a training stream stops at the first rollout
+    that has one (its samples could not be trained on)."""
 
     @classmethod
     def of(cls, trace: Trace) -> RolloutOutcome:
@@ -42,6 +45,7 @@ class RolloutOutcome(BaseModel):
             stop_condition=trace.stop_condition.value if trace.stop_condition else None,
             input_tokens=trace.usage.input_tokens,
             output_tokens=trace.usage.output_tokens,
+            calls_without_tokens=_calls_without_tokens(trace),
         )
 
     @classmethod
@@ -58,7 +62,14 @@ class RolloutOutcome(BaseModel):
             stop_condition=stops[0] if stops else None,
             input_tokens=sum(t.usage.input_tokens for t in traces),
             output_tokens=sum(t.usage.output_tokens for t in traces),
+            calls_without_tokens=sum(_calls_without_tokens(t) for t in traces),
         )
+
+
+def _calls_without_tokens(trace: Trace) -> int:
+    return sum(
+        1 for c in trace.calls if c.response_id is not None and c.completion_token_ids is None
+    )
 
 
 def played(handles: list[Trace | list[Trace]]) -> list[Trace]:

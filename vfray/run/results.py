@@ -93,13 +93,24 @@ def _counted_rewards(final: pa.Table) -> list[float]:
     return out
 
 
-def _untrainable_groups(episodes: pa.Table) -> int:
-    """Groups left with fewer than 2 counted rollouts: no advantage at all."""
-    return sum(
-        1
-        for advantages in episodes.column("advantages").to_pylist()
-        if not any(a is not None for a in advantages or [])
-    )
+def _untrainable_groups(episodes: pa.Table) -> int | None:
+    """Groups left with fewer than 2 counted rollouts: no advantage at all. None when no group
+    was meant to be compared (a ``-r 1`` run, the default eval: every group has one rollout, so
+    counting them all as untrainable would say nothing)."""
+    compared = untrainable = 0
+    for n, indices, advantages in zip(
+        episodes.column("n").to_pylist(),
+        episodes.column("rollout_indices").to_pylist(),
+        episodes.column("advantages").to_pylist(),
+        strict=True,
+    ):
+        # Rollouts, not rows: a multi-agent game has a row per seat.
+        if (len(set(indices)) if indices is not None else n) < 2:
+            continue
+        compared += 1
+        if not any(a is not None for a in advantages or []):
+            untrainable += 1
+    return untrainable if compared else None
 
 
 def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, Any]:
@@ -125,9 +136,12 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
         "reward_stderr": stderr,
         "reward_mean_counted": counted_mean,
         "reward_stderr_counted": counted_stderr,
+        # Only a run with groups of 2 or more rollouts has this key.
         **(
-            {"groups_untrainable": _untrainable_groups(episodes)}
-            if episodes is not None and episodes.num_rows
+            {"groups_untrainable": untrainable}
+            if episodes is not None
+            and episodes.num_rows
+            and (untrainable := _untrainable_groups(episodes)) is not None
             else {}
         ),
         **(_pass_at_k(episodes) if episodes is not None else {}),
