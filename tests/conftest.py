@@ -31,6 +31,16 @@ def start_local_ray() -> None:
     _SHARED["started"] = True
 
 
+@pytest.fixture(scope="session")
+def docker_url() -> Iterator[str]:
+    """A ``dockerd`` started by hand with the test image (tests/docker_engine.py), one per test
+    session (per xdist worker); the tests that ask for it are skipped where it cannot run."""
+    from docker_engine import docker_engine
+
+    with docker_engine() as url:
+        yield url
+
+
 @pytest.fixture
 def ray_local() -> Iterator[None]:
     """A local Ray shared by every test that asks for it (started on first use)."""

@@ -1,10 +1,13 @@
 """Retry coalescing with the real agent programs: Claude Code and mini-swe-agent re-send a request
-that timed out on their side with ``x-stainless-retry-count: 0``; the interception joins or
-replays the call, so the trace holds one ModelCall per turn however many times each was sent.
+that timed out on their side with ``x-stainless-retry-count: 0``, and Codex re-sends a stream
+that went idle (no retry header, the body's ``client_metadata`` keys in a fresh order); the
+interception joins or replays the call, so the trace holds one ModelCall per turn however many
+times each was sent.
 
-The model takes 4 s per call and each agent gives up after 1.5 s, so every turn is sent several
-times. A pass-through spy on the interception app counts what the agents sent (it changes
-nothing). Skipped with the reason when a registry is offline.
+The model takes 4 s per call (Codex: its stream stalls 4 s after the first event) and each agent
+gives up after 1.5 s, so every turn is sent several times. A pass-through spy on the interception
+app counts what the agents sent (it changes nothing). Skipped with the reason when a registry is
+offline.
 """
 
 from __future__ import annotations
@@ -32,14 +35,21 @@ class WriteFile(vf.Task[vf.TaskData]):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("harness_id", "registry", "route", "options"),
+    ("harness_id", "registry", "route", "model", "options"),
     [
-        ("claude-code", "npm", "/v1/messages", {"env": {"API_TIMEOUT_MS": "1500"}}),
+        (
+            "claude-code",
+            "npm",
+            "/v1/messages",
+            "scripted:agent?latency=4",
+            {"env": {"API_TIMEOUT_MS": "1500"}},
+        ),
         # The SDK's own retries off: mini-swe-agent's retry loop (a fresh litellm call, count 0).
         (
             "mini-swe-agent",
             "pypi",
             "/v1/chat/completions",
+            "scripted:agent?latency=4",
             {
                 "extra_args": [
                     *("-c", "model.model_kwargs.timeout=1.5"),
@@ -48,6 +58,16 @@ class WriteFile(vf.Task[vf.TaskData]):
                 "model_retries": 6,
             },
         ),
+        # Codex's idle timeout runs between stream events only (it waits for a head as long as
+        # it takes), so the model sends the head and first event, then stalls past it; Codex
+        # then retries the turn's stream with the same body.
+        (
+            "codex",
+            "npm",
+            "/v1/responses",
+            "scripted:agent?stall=4",
+            {"extra_args": ["-c", "model_providers.vfray.stream_idle_timeout_ms=1500"]},
+        ),
     ],
 )
 async def test_real_agents_retries_marked_zero_are_one_call_each(
@@ -55,6 +75,7 @@ async def test_real_agents_retries_marked_zero_are_one_call_each(
     harness_id: str,
     registry: str,
     route: str,
+    model: str,
     options: dict[str, Any],
 ) -> None:
     need_registry(registry)
@@ -74,7 +95,7 @@ async def test_real_agents_retries_marked_zero_are_one_call_each(
     monkeypatch.setattr(InterceptionApp, "__call__", spy)
     trace = await vf.run_rollout(
         WriteFile(vf.TaskData(prompt=PROMPT)),
-        model="scripted:agent?latency=4",
+        model=model,
         harness=harness_id,
         harness_options=options,
         runtime="subprocess",

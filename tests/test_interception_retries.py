@@ -1,6 +1,7 @@
-"""Retry coalescing: a byte-identical request re-sent in one session while the first is in flight,
-or shortly after it was answered, is the same call (one ModelCall, the answer replayed), whatever
-``x-stainless-retry-count`` says (Claude Code and litellm send 0 on every retry)."""
+"""Retry coalescing: a byte-identical request (or the same JSON, keys reordered) re-sent in one
+session while the first is in flight, or shortly after it was answered, is the same call (one
+ModelCall, the answer replayed), whatever ``x-stainless-retry-count`` says (Claude Code and
+litellm send 0 on every retry)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,29 @@ async def test_failed_call_is_not_replayed_and_other_bodies_are_not_joined(
     assert again.content == retried.content and theirs.content != retried.content
     assert [c.error is not None for c in trace.calls] == [True, False, False]
     assert len(other.calls) == 1 and scripted.calls == 3
+
+
+async def test_a_resend_with_its_keys_reordered_is_the_same_call(
+    model: tuple[ScriptedModel, str],
+) -> None:
+    """Codex re-sends its Responses body with ``client_metadata``'s keys in a fresh order."""
+    scripted, url = model
+    async with Interception(Upstream(url, model=MODEL)) as icpt:
+        trace = new_trace()
+        headers = {"authorization": f"Bearer {icpt.app.register(trace)}", **UNMARKED}
+        meta = {"thread_id": "t", "turn_id": "u", "window": "w"}
+        body = {"model": "x", "input": "hi", "stream": True, "client_metadata": meta}
+        resent = {**body, "client_metadata": dict(reversed(meta.items()))}
+        # As long as the first, not the same JSON: its own call.
+        other = {**body, "client_metadata": {**meta, "window": "v"}}
+        async with httpx.AsyncClient(base_url=icpt.url, timeout=30) as http:
+            first = await http.post("/responses", content=json.dumps(body), headers=headers)
+            second = await http.post("/responses", content=json.dumps(resent), headers=headers)
+            third = await http.post("/responses", content=json.dumps(other), headers=headers)
+    assert json.dumps(body) != json.dumps(resent)
+    assert len(json.dumps(other)) == len(json.dumps(body))
+    assert first.content == second.content != third.content
+    assert len(trace.calls) == 2 and scripted.calls == 2
 
 
 def test_retry_window_must_not_be_negative() -> None:

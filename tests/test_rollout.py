@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_engine import IMAGE, VOLUMES
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from test_runtime_docker import IMAGE, PYTHON_ROOT, docker_url  # noqa: F401 - the fixture
 
 import vfray as vf
 from vfray.errors import ConfigError, IncompatibleError
@@ -209,12 +209,12 @@ async def test_builtin_harness_on_local_runtime(harness: str, runtime: str) -> N
 
 @pytest.mark.docker
 @pytest.mark.parametrize("harness", ["null", "bash"])
-async def test_builtin_harness_on_docker(harness: str, docker_url: str) -> None:  # noqa: F811
+async def test_builtin_harness_on_docker(harness: str, docker_url: str) -> None:
     trace = await run_builtin(
         harness,
         "docker",
         base_url=docker_url,
-        volumes={"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT},
+        volumes=dict(VOLUMES),
     )
     check_builtin(trace, harness)
 

@@ -1,21 +1,17 @@
-"""Docker runtime tests against a ``dockerd`` this module starts by hand (skipped without one)."""
+"""Docker runtime tests against a ``dockerd`` the tests start by hand (``docker_url``, see
+tests/docker_engine.py; skipped without one)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+from docker_engine import IMAGE, VOLUMES, runtime_options
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -27,85 +23,13 @@ from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
 
 pytestmark = pytest.mark.docker
-IMAGE = "vfray-test:latest"
-PYTHON_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
-
-
-def _rootfs() -> bytes:
-    """An almost empty rootfs; /usr and the host Python are bind-mounted read-only instead."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name in ("bin", "sbin", "lib", "lib64"):
-            link = tarfile.TarInfo(name)
-            link.type, link.linkname = tarfile.SYMTYPE, f"usr/{name}"
-            tar.addfile(link)
-        for name in ("usr", "etc", "tmp", "work", "root", "proc", "sys", "dev"):
-            folder = tarfile.TarInfo(name)
-            folder.type, folder.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
-            tar.addfile(folder)
-        passwd = b"root:x:0:0:root:/root:/bin/sh\n"
-        entry = tarfile.TarInfo("etc/passwd")
-        entry.size = len(passwd)
-        tar.addfile(entry, io.BytesIO(passwd))
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module")
-def docker_url() -> Iterator[str]:
-    dockerd = shutil.which("dockerd")
-    if dockerd is None or shutil.which("docker") is None or os.geteuid() != 0:
-        pytest.skip(
-            "no engine: dockerd/docker not installed (apt-get install docker.io) or not root"
-        )
-    pytest.importorskip("docker", reason="the docker SDK is missing (pip install 'vfray[docker]')")
-    root = Path(tempfile.mkdtemp(prefix="vfray-dockerd-"))
-    url = f"unix://{root}/docker.sock"
-    log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - lives as long as the daemon
-    proc = subprocess.Popen(
-        [
-            dockerd, "--host", url, "--data-root", str(root / "data"),
-            "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-            "--bridge=none", "--iptables=false", "--ip6tables=false",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while subprocess.run(["docker", "-H", url, "info"], capture_output=True).returncode:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(
-                    f"no engine: dockerd did not start: {(root / 'dockerd.log').read_text()[-500:]}"
-                )
-            time.sleep(0.2)
-        env = "ENV PATH=" + os.path.dirname(os.path.realpath(sys.executable)) + ":/usr/bin:/bin"
-        made = subprocess.run(
-            ["docker", "-H", url, "import", "-c", env, "-", IMAGE],
-            input=_rootfs(),
-            capture_output=True,
-        )
-        if made.returncode:
-            pytest.skip(f"no engine: cannot import the test image: {made.stderr.decode()}")
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        with contextlib.suppress(OSError):
-            subprocess.run(["umount", "-R", str(root)], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def docker_factory(url: str, **spec: object) -> Callable[[], Runtime]:
-    mounts = {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT}
     return lambda: DockerRuntime(
         RuntimeSpec(image=IMAGE, **spec),
         base_url=url,
-        volumes=mounts,
+        volumes=dict(VOLUMES),
     )
 
 
@@ -147,7 +71,7 @@ def test_a_sigkilled_owners_containers_are_removed(docker_url: str) -> None:
     docker = {
         "url": docker_url,
         "image": IMAGE,
-        "volumes": {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT},
+        "volumes": dict(VOLUMES),
     }
     root = tempfile.mkdtemp(prefix="vfray-test-reap-")
     try:
@@ -192,10 +116,6 @@ async def test_an_agent_harness_rollout_in_docker(
         model="scripted:agent",
         harness=harness_id,
         runtime="docker",
-        runtime_options={
-            "base_url": docker_url,
-            "default_image": IMAGE,
-            "volumes": {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT},
-        },
+        runtime_options=runtime_options(docker_url),
     )
     _check_solved(trace, calls=3)

@@ -341,6 +341,21 @@ async def test_latency_is_applied_and_reported() -> None:
         assert order == ["fast", "slow"]
 
 
+async def test_stall_holds_a_stream_after_its_head_and_first_event() -> None:
+    model = ScriptedModel("echo", stall=0.5)
+    async with serve_in_loop(model) as base, httpx.AsyncClient(timeout=10) as http:
+        body = {"model": "m", "input": "hi", "stream": True}
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with http.stream("POST", f"{base}/v1/responses", json=body) as answer:
+            arrivals = [(loop.time() - start, chunk) async for chunk in answer.aiter_text()]
+    first_at, first = arrivals[0]
+    assert first.startswith("event: response.created") and first_at < 0.4
+    assert arrivals[-1][0] >= 0.5 and "response.completed" in arrivals[-1][1]
+    with pytest.raises(ValueError, match="stall"):
+        ScriptedModel("echo", stall=-1)
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("status", [500, 429, 503])
 def test_injected_errors_reach_the_sdk(echo_url: str, dialect: str, status: int) -> None:

@@ -92,9 +92,10 @@ class InterceptionApp:
             raise ValueError(f"retry_window_s must be >= 0 or None, got {retry_window_s!r}")
         self.upstream = upstream
         self.retry_window_s = retry_window_s
-        """A byte-identical request in the same session while the first is in flight, or this
-        many seconds after it was answered, is a retry of it: answered from it, never sampled
-        (and recorded) again. None: only requests marked ``x-stainless-retry-count > 0``."""
+        """A byte-identical request (or the same JSON, keys reordered) in the same session while
+        the first is in flight, or this many seconds after it was answered, is a retry of it:
+        answered from it, never sampled (and recorded) again. None: only requests marked
+        ``x-stainless-retry-count > 0``."""
         self.max_body_bytes = max_body_bytes
         self.forward_headers = frozenset(h.lower() for h in forward_headers)
         """Client headers relayed upstream as they are (e.g. a session-affinity header)."""
@@ -250,7 +251,7 @@ class InterceptionApp:
             raise RequestError(400, message, client_input=True) from None
 
         digest = hashlib.sha256(raw).digest()
-        same = session.same_call(digest, _is_retry(request), self.retry_window_s)
+        same = session.same_call(digest, _is_retry(request), self.retry_window_s, raw, body)
         if same is not None:
             # A retry of a call in flight or just answered: join or replay it rather than
             # sample again, unless it failed (then the retry is a fresh attempt, as intended).
@@ -270,7 +271,7 @@ class InterceptionApp:
         sampling = self.upstream.sampling
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}
-        exchange = Exchange(digest, parsed.stream)
+        exchange = Exchange(digest, parsed.stream, raw)
         session.remember(exchange, self.retry_window_s)
         turn = Turn(
             session=session,

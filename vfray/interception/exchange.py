@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator
 class Exchange:
     """A response being produced: readers see every chunk, from the first, as it arrives."""
 
-    def __init__(self, body_digest: bytes, stream: bool) -> None:
+    def __init__(self, body_digest: bytes, stream: bool, request: bytes = b"") -> None:
         self.body_digest = body_digest
+        self.request = request
+        """The request body as sent, kept to recognise a re-send with its keys reordered."""
         self.stream = stream
         self.status = 0
         self.headers: dict[str, str] = {}

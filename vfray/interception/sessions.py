@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from collections import OrderedDict
@@ -70,17 +71,28 @@ class Session:
     """The session's recent requests as parsed, so each call parses only its new messages."""
 
     def same_call(
-        self, body_digest: bytes, marked_retry: bool, window: float | None
+        self,
+        body_digest: bytes,
+        marked_retry: bool,
+        window: float | None,
+        raw: bytes = b"",
+        body: Any = None,
     ) -> Exchange | None:
         """The exchange a request with this body repeats, if it is a retry of it.
 
-        A request marked as a retry (``x-stainless-retry-count > 0``) repeats any remembered
-        exchange with its body. An unmarked one (Claude Code and litellm send 0 on every retry)
-        repeats it while it is in flight, or for ``window`` seconds after it finished: an agent
-        that used the answer sends a longer history next, so the same bytes again mean the
-        answer was lost on the way. ``window=None`` coalesces marked retries only.
+        The same body is the same bytes, or (given ``raw`` and its parsed ``body``) the same JSON
+        with its object keys in another order: Codex serializes a map in its requests
+        (``client_metadata``) in a fresh order on every send, retries included. A request marked
+        as a retry
+        (``x-stainless-retry-count > 0``) repeats any remembered exchange with its body. An unmarked
+        one (Claude Code and litellm send 0 on every retry) repeats it while it is in flight, or for
+        ``window`` seconds after it finished: an agent that used the answer sends a longer history
+        next, so the same bytes again mean the answer was lost on the way. ``window=None`` coalesces
+        marked retries only.
         """
         exchange = self.recent.get(body_digest)
+        if exchange is None and raw:
+            exchange = self._reordered(raw, body)
         if exchange is None or marked_retry:
             return exchange
         if window is None:
@@ -88,6 +100,15 @@ class Session:
         finished = exchange.finished_at
         if finished is None or time.monotonic() - finished <= window:
             return exchange
+        return None
+
+    def _reordered(self, raw: bytes, body: Any) -> Exchange | None:
+        """The newest remembered exchange whose request is ``body`` with its keys reordered.
+        Reordering keeps the byte length, so only requests as long as this one are parsed
+        (rarely any but a re-send): the common miss costs a length comparison per exchange."""
+        for old in reversed(self.recent.values()):
+            if len(old.request) == len(raw) and json.loads(old.request) == body:
+                return old
         return None
 
     def remember(self, exchange: Exchange, window: float | None) -> None:

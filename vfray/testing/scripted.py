@@ -106,7 +106,10 @@ class ScriptedModel:
     vfray's simulated users and judges get the ``user`` and ``judge`` policies
     (:mod:`vfray.testing.side_policies`) by their ``x-vfray-role`` header. ``accuracy`` is the
     chance an arithmetic answer is right, drawn from ``seed``, the prompt and a per-call nonce
-    (see :class:`Sampler`). ``latency`` is slept before every completion. With
+    (see :class:`Sampler`). ``latency`` is slept before every completion; ``stall`` is slept
+    inside every stream, after its head and first event: an agent whose timeout covers the
+    wait between events but not the wait for the head (Codex's ``stream_idle_timeout_ms``)
+    gives up on the stalled stream and sends the request again. With
     ``context_window`` set, a request whose prompt tokens plus ``max_tokens`` exceed it is
     refused as a context-length error. ``count_tokens=False`` leaves out Anthropic's
     ``/v1/messages/count_tokens`` (as vLLM does). ``tokens=False`` ignores requests for token
@@ -118,6 +121,7 @@ class ScriptedModel:
         policy: str = "echo",
         *,
         latency: float = 0.0,
+        stall: float = 0.0,
         accuracy: float = 1.0,
         seed: int = 0,
         model_name: str = "scripted",
@@ -128,9 +132,10 @@ class ScriptedModel:
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-        if latency < 0 or not 0.0 <= accuracy <= 1.0:
-            raise ValueError("latency must be >= 0 and accuracy within [0, 1]")
+        if latency < 0 or stall < 0 or not 0.0 <= accuracy <= 1.0:
+            raise ValueError("latency and stall must be >= 0 and accuracy within [0, 1]")
         self.policy, self.latency, self.accuracy, self.seed = policy, latency, accuracy, seed
+        self.stall = stall
         self.model_name, self.context_window = model_name, context_window
         self.tokens = bool(tokens)
         self.calls = 0
@@ -254,7 +259,7 @@ class ScriptedModel:
         else:
             events = render.anthropic_events(answer, model)
         return StreamingResponse(
-            _drip(events),
+            _drip(events, self.stall),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
@@ -330,9 +335,11 @@ def _latency(header: str | None, default: float) -> float:
     return value
 
 
-async def _drip(events: list[str]) -> AsyncIterator[bytes]:
-    for event in events:
+async def _drip(events: list[str], stall: float = 0.0) -> AsyncIterator[bytes]:
+    for i, event in enumerate(events):
         yield event.encode()
+        if i == 0 and stall:
+            await asyncio.sleep(stall)
 
 
 @contextlib.contextmanager
