@@ -83,12 +83,11 @@ class Session:
         The same body is the same bytes, or (given ``raw`` and its parsed ``body``) the same JSON
         with its object keys in another order: Codex serializes a map in its requests
         (``client_metadata``) in a fresh order on every send, retries included. A request marked
-        as a retry
-        (``x-stainless-retry-count > 0``) repeats any remembered exchange with its body. An unmarked
-        one (Claude Code and litellm send 0 on every retry) repeats it while it is in flight, or for
-        ``window`` seconds after it finished: an agent that used the answer sends a longer history
-        next, so the same bytes again mean the answer was lost on the way. ``window=None`` coalesces
-        marked retries only.
+        as a retry (``x-stainless-retry-count > 0``) repeats any remembered exchange with its
+        body. An unmarked one (Claude Code and litellm send 0 on every retry) repeats it while it
+        is in flight, or for ``window`` seconds after it finished: an agent that used the answer
+        sends a longer history next, so the same bytes again mean the answer was lost on the way.
+        ``window=None`` coalesces marked retries only.
         """
         exchange = self.recent.get(body_digest)
         if exchange is None and raw:
