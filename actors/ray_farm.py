@@ -76,7 +76,7 @@ class RayFarm:
                 per_node=layout.interception_replicas_per_node,
                 tunnel=layout.tunnel,
             )
-        self.hosts = cluster.start_hosts(
+        hosts = cluster.HostLayout(
             placement,
             spec.plan,
             base_url=base_url,
@@ -87,6 +87,7 @@ class RayFarm:
             interception=self.pool,
             tunnel=layout.tunnel,
         )
+        self.hosts = hosts.start_all()
         # Fail here, with the model actor's or the host's own error, when one cannot come up;
         # the model's first: the hosts waiting on its URL fail of it too.
         if model_url is not None:
@@ -98,6 +99,7 @@ class RayFarm:
                     f"start: {_last_line(exc)}"
                 ) from None
         ray.get([h.url.remote() for h in self.hosts])
+        self.hosts = hosts.settle(self.hosts)
         if self.policy_version is not None:
             self.set_policy_version(self.policy_version)
 

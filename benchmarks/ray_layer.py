@@ -31,6 +31,9 @@ from typing import Any
 
 import psutil
 
+# Read by Ray once, at its import: keeps the cluster_utils nodes on 127.0.0.1 (else Ray
+# rewrites a loopback node address to the machine's outward one).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -141,6 +144,11 @@ def run_nodes(args: argparse.Namespace) -> None:
     from vfray.tasksets.arithmetic import ArithmeticTaskset
 
     print("\n== 3 nodes (cluster_utils, 1 CPU each), default hosts per node ==")
+    # The CPU part's local Rays left their auth settings cached in this process: without
+    # dropping them the driver's GCS client waits forever on the cluster's own.
+    from actors import _local_ray
+
+    _local_ray.restore_auth_settings()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
@@ -169,6 +177,7 @@ def run_nodes(args: argparse.Namespace) -> None:
             for h in farm.host_stats():
                 done = h["completed"] - before.get(h["pid"], 0)
                 per_node[h["node_id"][:8]] = per_node.get(h["node_id"][:8], 0) + done
+                print(f"  host pid {h['pid']} on node {h['node_id'][:8]}: {done} rollouts")
     finally:
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
