@@ -140,6 +140,14 @@ def load_object(spec: str, base_dir: str | Path | None = None) -> Any:
     return obj
 
 
+@functools.lru_cache(maxsize=32)
+def _entry_points(group: str, path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The ``(name, module:attr)`` entry points of ``group`` installed on ``path``. Cached:
+    a scan reads every installed distribution's metadata (~10 ms here), and runtimes are looked
+    up once per rollout; keyed by ``sys.path`` so a distribution put on it later is seen."""
+    return tuple((ep.name, ep.value) for ep in entry_points(group=group))
+
+
 class Registry:
     """One plugin family (harnesses, runtimes, tasksets), looked up the same way everywhere:
     an id registered at run time, a built-in id, an installed entry point (``group``), then
@@ -168,8 +176,8 @@ class Registry:
     def targets(self) -> dict[str, str]:
         """Built-in and entry-point ids with their ``module:attr`` targets."""
         found = dict(self.builtins)
-        for ep in entry_points(group=self.group):
-            found.setdefault(ep.name, ep.value)
+        for name, value in _entry_points(self.group, tuple(sys.path)):
+            found.setdefault(name, value)
         return found
 
     def names(self) -> list[str]:
@@ -179,7 +187,8 @@ class Registry:
         """The object ``name`` stands for; a ConfigError says why when there is none."""
         if name in self.registered:
             return self.registered[name]
-        target = self.targets().get(name)
+        # A built-in id needs no scan of the installed distributions (built-ins win anyway).
+        target = self.builtins.get(name) or self.targets().get(name)
         if target is None:
             if ":" not in name:
                 known = self.names()
