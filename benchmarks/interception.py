@@ -326,7 +326,7 @@ async def _sessions_of_turns(
                     ) as r:
                         data = await r.json()
                     ok = r.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     ok = False
                 if not ok:
                     failures += 1

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 from agent_tools import need_registry
 
 import vfray as vf

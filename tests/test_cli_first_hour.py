@@ -16,11 +16,11 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.test_cli import cli_env
 

@@ -127,7 +127,7 @@ async def _run_phase(
     trace.start_phase(phase)
     try:
         return await asyncio.wait_for(work(), timeout=deadline)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         trace.add_error(PhaseTimeoutError(f"{phase} phase exceeded {deadline:g}s"), phase)
         trace.stop(StopCondition.TIMEOUT)
         raise _PhaseFailed(phase) from None
@@ -215,7 +215,7 @@ async def _execute(
             await call_maybe_async(task.setup, trace, runtime)
             try:
                 await harness.setup(runtime)
-            except (RolloutError, asyncio.TimeoutError):
+            except (TimeoutError, RolloutError):
                 raise
             except Exception as exc:
                 # Without this it would be wrapped as the task's fault.

@@ -104,7 +104,7 @@ class ProcessTunnel(Tunnel):
         pattern = re.compile(self.pattern)
         try:
             origin = await asyncio.wait_for(self._find(pattern), timeout=OPEN_TIMEOUT_S)
-        except (asyncio.TimeoutError, EOFError):
+        except (TimeoutError, EOFError):
             tail = " | ".join(self.output[-3:])
             await self.close()
             raise InterceptionError(
@@ -142,7 +142,7 @@ class ProcessTunnel(Tunnel):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), timeout=5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()

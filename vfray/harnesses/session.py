@@ -128,7 +128,7 @@ async def run_segments(
                 interrupt,
             )
             result = await asyncio.wait_for(program, timeout=remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.info("agent phase of %s hit its %gs budget", task.key[:12], budget)
             return None, spent + time.monotonic() - started
         finally:
@@ -167,7 +167,7 @@ async def _next_message(user: TaskUser, trace: Trace, seen: Trace, deadline: flo
     before = len(seen.side_calls)
     try:
         message = await asyncio.wait_for(user.ask(seen), deadline)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise TaskError(f"{user.name} did not answer within {deadline:g}s") from None
     except Exception as exc:
         raise TaskError(f"{user.name} failed: {type(exc).__name__}: {exc}") from exc

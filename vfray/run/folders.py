@@ -53,5 +53,5 @@ def run_header(config: EvalConfig, run_id: str, name: str, n: int) -> dict[str, 
             "ray": importlib.metadata.version("ray"),
             "python": platform.python_version(),
         },
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "created": dt.datetime.now(dt.UTC).isoformat(),
     }

@@ -358,7 +358,7 @@ async def play_game(
                     raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
                 if turn is not None and turn.seat not in by_name:
                     raise ValueError(f"no seat named {turn.seat!r}")
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ending = TaskError(f"next_turn did not answer within {timeouts.user:g}s")
                 break
             except Exception as exc:

@@ -99,5 +99,5 @@ class ModalProcess(LiveProcess):
             await self._kill("KILL")
         try:
             return await asyncio.wait_for(asyncio.shield(self._exited), KILL_WAIT)
-        except asyncio.TimeoutError:  # the sandbox is going down with it anyway
+        except TimeoutError:  # the sandbox is going down with it anyway
             return -signal.SIGKILL

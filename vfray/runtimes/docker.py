@@ -237,7 +237,7 @@ class DockerRuntime(Runtime):
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             await self._kill_exec(token)
             out, err = await job

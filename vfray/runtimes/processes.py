@@ -251,7 +251,7 @@ async def run_process_group(
             proc.stdin.close()
         try:
             await asyncio.wait_for(wait_exit(proc), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             kill_group(proc.pid)
             await proc.wait()

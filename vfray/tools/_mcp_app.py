@@ -70,7 +70,7 @@ async def run_call(binding: Binding, name: str, arguments: dict[str, Any]) -> tu
             )
     except ToolFailed as exc:
         error, result, is_error = _error(str(exc)), str(exc), True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         limit = toolset.call_timeout if toolset is not None else binding.call_timeout
         message = f"tool {name!r} timed out after {limit:g}s"
         error, result, is_error = _error(message), message, True

@@ -42,7 +42,7 @@ class StdioServer:
                 timeout,
             )
             await server.notify("notifications/initialized")
-        except (asyncio.TimeoutError, ToolError, OSError) as exc:
+        except (TimeoutError, ToolError, OSError) as exc:
             await process.stop(0.5)
             raise ToolError(f"tool server {name!r} ({argv[0]}) did not start: {exc}") from None
         return server

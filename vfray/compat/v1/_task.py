@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self
 
-from typing_extensions import Self, TypeVar
+from typing_extensions import TypeVar
 
 from vfray.compat.v1._data import DecoratedFunctionConfig, TaskConfig, TaskData, task_key
 from vfray.compat.v1._hooks import discover, plugged

@@ -9,10 +9,10 @@ import copy
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic
+from typing import Any, Generic, Self
 
 from pydantic import BaseModel, ConfigDict, Field
-from typing_extensions import Self, TypeVar
+from typing_extensions import TypeVar
 
 from vfray.compat.v1._data import TasksetConfig
 from vfray.compat.v1._task import Task, TaskT, concrete_type
