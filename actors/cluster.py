@@ -95,7 +95,7 @@ def host_placement(total: int | None, per_node: int | None, cpus_per_host: float
     return hosts_per_node(cpus, total=total, per_node=per_node, cpus_per_host=cpus_per_host) or [""]
 
 
-PLACEMENT_ROUNDS = 3
+PLACEMENT_ROUNDS = 5
 """How often misplaced hosts are started again before the farm goes on with them as they are."""
 
 
