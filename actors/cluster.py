@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +161,7 @@ class HostLayout:
         affinity has Ray restart it on a live node."""
         hosts = list(hosts)
         for round_ in range(PLACEMENT_ROUNDS + 1):
-            nodes = [s["node_id"] for s in ray.get([h.stats.remote() for h in hosts])]
+            nodes = [_node_of(h) for h in hosts]
             wrong = [
                 i for i, (want, got) in enumerate(zip(self.placement, nodes, strict=True))
                 if want and got != want
@@ -176,6 +177,20 @@ class HostLayout:
                 ray.kill(hosts[i], no_restart=True)
                 hosts[i] = self.start(i)
         return hosts
+
+
+def _node_of(host: Any, timeout: float = 120.0) -> str:
+    """The node a host runs on, asked again while Ray restarts it (its node may die during
+    the farm's start: the host is then on its way to another node, not lost)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            node: str = ray.get(host.stats.remote())["node_id"]
+            return node
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def start_sink(

@@ -202,24 +202,45 @@ def test_fault_mix_then_resume_loses_and_duplicates_nothing(tmp_path: Path, temp
         clean = vf.RunResult(run_dir_of(clean_out)).summary()
 
         out = tmp_path / "chaos"
-        driver = subprocess.Popen(
-            eval_cmd(url, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        # The driver's output goes to a file: a pipe nobody reads could fill and stall it, and
+        # the file says what the driver did when a step below fails.
+        log_path = tmp_path / "driver.log"
+        with log_path.open("w") as log_file:
+            driver = subprocess.Popen(
+                eval_cmd(url, out), env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True
+            )
+
+        def driver_log() -> str:
+            return log_path.read_text(errors="replace")[-3000:]
+
+        def actor(name: str) -> int | None:
+            for pid, cmd in descendants(driver.pid).items():
+                if cmd.startswith(f"ray::{name}"):
+                    return pid
+            return None
+
+        def kill_actor(name: str) -> None:
+            """SIGKILL the actor's current process. Found again right before the kill: under
+            load Ray may still be replacing a worker, and a PID seen earlier can be gone."""
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                assert driver.poll() is None, f"the driver exited early:\n{driver_log()}"
+                pid = actor(name)
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        return
+                time.sleep(0.2)
+            raise AssertionError(f"no {name} process to kill:\n{driver_log()}")
+
         try:
-
-            def actor(name: str) -> int | None:
-                for pid, cmd in descendants(driver.pid).items():
-                    if cmd.startswith(f"ray::{name}"):
-                        return pid
-                return None
-
-            host = wait_for(lambda: actor("SandboxHost"), 120, "the SandboxHost")
+            wait_for(lambda: actor("SandboxHost"), 120, "the SandboxHost")
             wait_for(lambda: out.exists() and list(out.glob("*/*/config.json")), 60, "run dir")
             time.sleep(2.0)
-            os.kill(host, signal.SIGKILL)  # a host dies with rollouts in flight
-            sink = wait_for(lambda: actor("TraceSink"), 60, "the TraceSink")
+            kill_actor("SandboxHost")  # a host dies with rollouts in flight
+            wait_for(lambda: actor("TraceSink"), 60, "the TraceSink")
             time.sleep(1.5)
-            os.kill(sink, signal.SIGKILL)  # the sink dies with rows buffered
+            kill_actor("TraceSink")  # the sink dies with rows buffered
             time.sleep(1.0)
             model["proc"].terminate()  # a model outage of a few seconds
             model["proc"].wait(timeout=30)
