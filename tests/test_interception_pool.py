@@ -94,7 +94,7 @@ def test_killed_replica_retries_its_rollouts_without_loss_or_duplicates(farm: Fa
         run = asyncio.ensure_future(
             farm.run_async(ArithmeticTaskset(num_tasks=16), rollouts_per_task=2)
         )
-        for _ in range(300):  # until the replica holds sessions: rollouts are in flight
+        for _ in range(1200):  # until the replica holds sessions: rollouts are in flight
             await asyncio.sleep(0.05)
             if (await asyncio.to_thread(replica_stats, farm))["sessions"] >= 2:
                 break

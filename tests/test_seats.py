@@ -311,7 +311,7 @@ async def test_a_cancelled_game_tears_every_box_down() -> None:
     # The model takes a minute to answer: the game is cancelled while alice's program waits.
     async with LocalEnvironment(model="scripted:arithmetic?latency=60", harness="null") as env:
         game = asyncio.ensure_future(env.game(_duel()))
-        for _ in range(400):  # until alice's harness program runs (its box is up)
+        for _ in range(1200):  # until alice's harness program runs (its box is up)
             if _children() - before:
                 break
             await asyncio.sleep(0.05)
