@@ -11,8 +11,10 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 2
+# How long a node start waits for its raylet to register with the GCS (Ray's own wait: 30 s).
+RAYLET_REGISTER_WAIT_S = 120.0
 _STARTUP_TIMEOUT = "timed out during startup"
 
 # Whether this process's cached Ray auth settings are a local start's (see restore_auth_settings).
@@ -83,6 +87,40 @@ def _loopback_node_address() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = before
 
 
+@contextlib.contextmanager
+def patient_node_start(wait_s: float = RAYLET_REGISTER_WAIT_S) -> Iterator[None]:
+    """Within the block, a Ray node being started waits up to ``wait_s`` for its raylet to
+    register with the GCS, instead of Ray's hard-coded 30 s.
+
+    ``ray._private.node.Node`` polls ``ray._private.services.get_node`` (looked up at each
+    call) until the raylet has registered, and gives up after 30 s. On a loaded 2-core machine
+    (CI; load average ~20 with other work running) the raylet registered later than that,
+    because it waits for Ray's Python agents, which import slowly under load. Here that function
+    keeps asking for ``wait_s`` itself before it lets Ray see the "not yet" error, so a slow
+    start is waited for and a start that never registers still fails. Used for vfray's own
+    local start and for the tests' ``ray.cluster_utils`` clusters.
+    """
+    from ray._private import services
+
+    original = services.get_node
+
+    def patient_get_node(gcs_address: str, node_id: str) -> Any:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return original(gcs_address, node_id)  # type: ignore[no-untyped-call]
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = patient_get_node
+    try:
+        yield
+    finally:
+        services.get_node = original
+
+
 def start(num_cpus: int | None) -> None:
     """Start a local Ray owned by this process, on loopback, with a fresh auth token.
 
@@ -125,7 +163,7 @@ def _init(num_cpus: int | None, token: str) -> None:
         "RAY_AUTH_TOKEN": token,
         "RAY_AUTH_TOKEN_PATH": None,
     }
-    with _loopback_node_address(), _environment(token_env):
+    with _loopback_node_address(), _environment(token_env), patient_node_start():
         _reload_auth_settings()
         _state["auth_overridden"] = True
         ray.init(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -85,3 +86,45 @@ def test_the_last_attempt_s_timeout_is_raised(
     with pytest.raises(Exception, match="timed out during startup"):
         _local_ray.start(num_cpus=1)
     assert len(calls) == _local_ray.START_ATTEMPTS
+
+
+def test_a_raylet_registering_late_is_waited_for(
+    ray_fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's node start polls ``services.get_node`` until its raylet has registered; here the
+    real registry answers "not yet" for the first 1.5 s of polling (a slow raylet), and the
+    real start still comes up, each "not yet" absorbed by the patient wait."""
+    from ray._private import services
+
+    real_get_node = services.get_node
+    not_yet: list[float] = []
+    polling: dict[str, float] = {}
+
+    def registering_late(gcs_address: str, node_id: str) -> object:
+        since = polling.setdefault("since", time.monotonic())
+        if time.monotonic() - since < 1.5:
+            not_yet.append(time.monotonic())
+            raise RuntimeError(f"node {node_id} not found")  # Ray's answer before registering
+        return real_get_node(gcs_address, node_id)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(services, "get_node", registering_late)
+    _local_ray.start(num_cpus=1)
+    assert ray.is_initialized()
+    assert len(not_yet) > 1, "the wait asked again after a 'not yet'"
+    assert services.get_node is registering_late, "the patient wait is undone after the start"
+
+
+def test_a_raylet_that_never_registers_still_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import services
+
+    calls: list[str] = []
+
+    def never_registered(gcs_address: str, node_id: str) -> object:
+        calls.append(node_id)
+        raise RuntimeError(f"node {node_id} not found")
+
+    monkeypatch.setattr(services, "get_node", never_registered)
+    with _local_ray.patient_node_start(wait_s=1.0), pytest.raises(RuntimeError, match="not found"):
+        services.get_node("127.0.0.1:1", "abc")
+    assert len(calls) >= 2
+    assert services.get_node is never_registered
