@@ -455,3 +455,108 @@ def test_a_stop_prints_its_first_line_as_the_error(capsys: pytest.CaptureFixture
     code = lifecycle.print_stopped(lifecycle.RunStopped("interrupted\nrun folder: /r", 130))
     assert code == 130
     assert capsys.readouterr().err == "vfray: interrupted\nrun folder: /r\n"
+
+
+# --- vfray validate's checks --------------------------------------------------------------------
+
+ODD_TASKS = """
+import vfray as vf
+from typing import Any
+
+
+class Data(vf.TaskData):
+    n: int
+    blob: Any = None
+
+
+class Keyless(vf.Task[Data]):
+    @property
+    def key(self):
+        raise RuntimeError("no key without a network")
+
+
+class Slow(vf.Task[Data]):
+    async def validate(self, runtime):
+        import asyncio
+
+        await asyncio.sleep(30)
+
+
+class Checked(vf.Task[Data]):
+    async def validate(self, runtime):
+        result = await runtime.run(["sh", "-c", "test -d /definitely/not/here"])
+        if not result.ok:
+            raise FileNotFoundError("the fixture folder is missing\\nsecond line")
+
+
+class Odd(vf.Taskset):
+    def load(self):
+        yield vf.Task(Data(prompt="ok", n=0))
+        yield {"prompt": "a dict, not a task"}
+        yield Keyless(Data(prompt="k", n=1))
+        yield vf.Task(Data(prompt="t", n=2, blob=(1, 2)))  # a tuple comes back a list
+        yield vf.Task(Data(prompt="o", n=3, blob=object()))
+        raise OSError("the dataset server went away")
+
+
+class Hooks(vf.Taskset):
+    def load(self):
+        yield Checked(Data(prompt="c", n=0))
+        yield Slow(Data(prompt="s", n=1))
+"""
+
+
+def _problems(problems: list[Any]) -> list[tuple[Any, str, str]]:
+    return [(p.index, p.check, p.message) for p in problems]
+
+
+def test_every_problem_of_a_taskset_is_collected(tmp_path: Path) -> None:
+    from vfray.cli.validate import collect
+
+    path = tmp_path / "odd_tasks.py"
+    path.write_text(ODD_TASKS)
+    tasks, problems = collect(f"{path}:Odd", {}, limit=10)
+    assert [t.data.n for t in tasks] == [0, 2]
+    found = _problems(problems)
+    assert found[0] == (1, "type", "yielded dict, not a vf.Task")
+    assert found[1] == (2, "key", "RuntimeError: no key without a network")
+    assert found[2][:2] == (3, "round-trip") and "changes through JSON" in found[2][2]
+    # Data JSON cannot carry has no key either (the key hashes the data's JSON).
+    assert found[3][:2] == (4, "key") and "Unable to serialize unknown type" in found[3][2]
+    assert found[4] == (None, "load", "OSError: the dataset server went away")
+    few, early = collect(f"{path}:Odd", {}, limit=1)  # the first task only: nothing wrong
+    assert len(few) == 1 and early == []
+
+
+async def test_validate_hooks_run_in_a_started_runtime_with_a_deadline(tmp_path: Path) -> None:
+    from vfray.cli.validate import collect, validate_all
+
+    path = tmp_path / "hook_tasks.py"
+    path.write_text(ODD_TASKS)
+    tasks, problems = collect(f"{path}:Hooks", {}, limit=10)
+    assert problems == []
+    found = _problems(await validate_all(tasks, "subprocess", {"root": str(tmp_path)}, 1.0))
+    assert found == [
+        (0, "validate", "FileNotFoundError: the fixture folder is missing"),
+        (1, "validate", "timed out after 1 s"),
+    ]
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == []  # every box was removed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-n", "0"], "-n must be at least 1"),
+        (["--runtime-options", "[1]"], "--runtime-options must be a JSON object, got list"),
+        (["--taskset-args", "{bad"], "--taskset-args must be a JSON object: Expecting"),
+        (["--runtime", "dockr"], "unknown runtime 'dockr'; did you mean 'docker'?"),
+    ],
+)
+def test_bad_validate_arguments_are_usage_errors_before_any_work(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vfray.cli.main import main
+
+    assert main(["validate", "no-such-taskset-loaded", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"vfray: error: {message}") and "\n" not in err
