@@ -7,19 +7,35 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from rich.console import Console
 
+from vfray.config import EvalConfig
 from vfray.episode import Episode
+from vfray.errors import ConfigError
+from vfray.run.folders import run_folder, run_header
 from vfray.run.outcomes import EpisodeGroup
 from vfray.run.progress import Baseline, live_progress, render
+from vfray.run.results import RunResult, final_rows, summarize
 from vfray.run.streams import GroupStream
-from vfray.trace import RewardRecord, TaskRecord, Trace
+from vfray.trace import (
+    ErrorInfo,
+    Message,
+    RewardRecord,
+    StopCondition,
+    TaskRecord,
+    Trace,
+    Usage,
+)
+from vfray.traces.io import traces_to_table
 
 # --- progress -----------------------------------------------------------------------------------
 
@@ -249,3 +265,177 @@ async def test_cancel_on_the_streams_own_loop_does_not_wait() -> None:
             break
         await asyncio.sleep(0.01)
     assert called == [True]
+
+
+# --- results read back from the traces ----------------------------------------------------------
+
+
+def _row(
+    key: str,
+    index: int,
+    reward: float | None,
+    *,
+    attempt: int = 0,
+    error: tuple[str, str] | None = None,
+    seat: str | None = None,
+    stop: StopCondition | None = StopCondition.COMPLETED,
+) -> Trace:
+    trace = Trace(
+        task=TaskRecord(key=key, hash="h"),
+        rollout_index=index,
+        attempt=attempt,
+        seat=seat,
+        stop_condition=stop,
+    )
+    trace.record_call(
+        [Message(role="user", content="q")],
+        Message(role="assistant", content="a"),
+        usage=Usage(input_tokens=10, output_tokens=2),
+    )
+    if reward is not None:
+        trace.rewards["correct"] = RewardRecord(value=reward)
+        trace.metrics["chars"] = None if reward == 0 else 5.0
+    if error is not None:
+        trace.errors = [ErrorInfo(type=error[0], message="m", phase=error[1])]
+    return trace
+
+
+def test_the_final_row_of_a_rollout_is_its_last_attempt() -> None:
+    table = traces_to_table(
+        [
+            _row("a", 0, None, attempt=0, error=("SandboxError", "setup")),
+            _row("a", 1, 1.0),
+            _row("a", 0, 0.5, attempt=2),
+            _row("a", 0, None, attempt=1, error=("ProviderError", "agent")),
+        ]
+    )
+    final = final_rows(table)
+    assert [
+        (r["rollout_index"], r["attempt"])
+        for r in final.select(["rollout_index", "attempt"]).to_pylist()
+    ] == [(1, 0), (0, 2)]
+    once = traces_to_table([_row("a", 0, 1.0), _row("b", 0, 0.0)])
+    assert final_rows(once) is once  # one row per rollout: nothing to drop, no copy
+    assert final_rows(once.slice(0, 0)).num_rows == 0
+
+
+def test_a_games_last_attempt_keeps_a_row_per_seat() -> None:
+    table = traces_to_table(
+        [
+            _row("g", 0, 0.0, attempt=0, seat="alice"),
+            _row("g", 0, 1.0, attempt=0, seat="bob"),
+            _row("g", 0, 1.0, attempt=1, seat="alice"),
+            _row("g", 0, 0.0, attempt=1, seat="bob"),
+        ]
+    )
+    final = final_rows(table)
+    assert final.select(["seat", "attempt"]).to_pylist() == [
+        {"seat": "alice", "attempt": 1},
+        {"seat": "bob", "attempt": 1},
+    ]
+    assert summarize(table)["seats"] == {"alice": 1.0, "bob": 0.0}
+
+
+def test_the_summary_counts_what_a_results_table_shows() -> None:
+    table = traces_to_table(
+        [
+            _row("a", 0, 1.0),
+            _row("a", 1, 0.0),
+            _row("b", 0, 0.0, error=("SandboxError", "setup")),  # infra: not counted
+            _row("b", 1, 1.0, error=("PhaseTimeoutError", "agent")),  # the policy's: counted
+            _row("c", 0, None, error=("TaskError", "setup"), stop=None),
+            _row("c", 0, 1.0, attempt=1, stop=StopCondition.MAX_TURNS),
+        ]
+    )
+    summary = summarize(table)
+    assert (summary["rollouts"], summary["attempts"], summary["ok"]) == (5, 6, 3)
+    assert summary["reward_mean"] == pytest.approx(0.6)
+    assert summary["reward_stderr"] == pytest.approx((0.3 / 5) ** 0.5)
+    assert summary["reward_mean_counted"] == pytest.approx(0.75)  # 1, 0, 1, 1
+    assert summary["errors"] == {"SandboxError": 1, "PhaseTimeoutError": 1}
+    assert summary["stop_conditions"] == {"completed": 4, "max_turns": 1}
+    assert (summary["input_tokens"], summary["output_tokens"]) == (50, 10)
+    assert summary["rewards"] == {"correct": pytest.approx(0.6)}
+    assert summary["metrics"] == {"chars": 5.0}  # unscored values left out of the mean
+    assert "seats" not in summary and "groups_untrainable" not in summary
+
+
+def test_an_empty_run_summarizes_to_zeros_and_nothing() -> None:
+    summary = summarize(traces_to_table([]))
+    assert (summary["rollouts"], summary["ok"], summary["reward_mean"]) == (0, 0, None)
+    assert summary["rewards"] == {} and summary["errors"] == {} and summary["input_tokens"] == 0
+    one = summarize(traces_to_table([_row("a", 0, 0.5)]))
+    assert (one["reward_mean"], one["reward_stderr"]) == (0.5, None)  # no spread from one
+
+
+def _episodes(*groups: tuple[int, list[float | None], float | None, float | None]) -> pa.Table:
+    from vfray.traces.episodes import EPISODE_SCHEMA
+
+    rows = [
+        {
+            "schema_version": 1,
+            "episode_id": f"e{i}",
+            "task_key": f"t{i}",
+            "n": n,
+            "rollout_indices": list(range(n)),
+            "advantages": advantages,
+            "pass_at_1": p1,
+            "pass_at_n": pn,
+        }
+        for i, (n, advantages, p1, pn) in enumerate(groups)
+    ]
+    return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)
+
+
+def test_pass_at_k_and_untrainable_groups_come_from_the_episodes() -> None:
+    traces = traces_to_table([_row("a", 0, 1.0)])
+    summary = summarize(
+        traces,
+        _episodes(
+            (4, [0.5, -0.5, 0.0, 0.0], 0.5, 1.0), (4, [None] * 4, 0.0, 0.0), (4, [], None, None)
+        ),
+    )
+    assert summary["pass@1"] == 0.25 and summary["pass@4"] == 0.5
+    assert summary["groups_untrainable"] == 2
+    # Groups of one rollout are never compared: no untrainable count, no pass@n.
+    single = summarize(traces, _episodes((1, [None], 1.0, 1.0), (1, [None], 0.0, 0.0)))
+    assert single["pass@1"] == 0.5 and "pass@1" in single and "groups_untrainable" not in single
+    assert not any(k.startswith("pass@") and k != "pass@1" for k in single)
+    # Groups of different sizes: no single n for pass@n.
+    mixed = summarize(traces, _episodes((2, [0.5, -0.5], 0.5, 1.0), (3, [0, 0, 0], 0.0, 0.0)))
+    assert [k for k in mixed if k.startswith("pass@")] == ["pass@1"]
+
+
+def test_a_run_result_is_its_folder(tmp_path: Path) -> None:
+    result = RunResult(tmp_path)
+    assert result == RunResult(str(tmp_path)) and len({result, RunResult(tmp_path)}) == 1
+    assert result != tmp_path and repr(result) == f"RunResult({str(tmp_path)!r})"
+    assert result.episodes.num_rows == 0  # no episodes folder yet
+
+
+# --- run folders --------------------------------------------------------------------------------
+
+
+def test_a_new_run_folder_is_named_by_taskset_model_and_harness(tmp_path: Path) -> None:
+    config = EvalConfig(taskset="t", output_dir=str(tmp_path), model={"name": "org/Model v2"})
+    run_dir, run_id = run_folder(config, "my tasks/v1", None)
+    assert run_dir.parent == tmp_path / "my_tasks_v1--org_Model_v2--bash"
+    assert run_dir.name == run_id and len(run_id.split("-")) == 3
+    header = run_header(config, run_id, "my tasks/v1", 4)
+    assert (header["run_id"], header["taskset"], header["rollouts_per_task"]) == (
+        run_id,
+        "my tasks/v1",
+        4,
+    )
+    assert header["config"]["model"]["name"] == "org/Model v2"
+    assert set(header["versions"]) == {"vfray", "ray", "python"}
+
+
+def test_a_resumed_run_keeps_its_folder_and_id(tmp_path: Path) -> None:
+    config = EvalConfig(taskset="t", output_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=f"cannot resume {tmp_path}: it has no config.json"):
+        run_folder(config, "t", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"run_id": "run-42"}))
+    assert run_folder(config, "t", str(tmp_path)) == (tmp_path, "run-42")
+    (tmp_path / "config.json").write_text(json.dumps({}))
+    assert run_folder(config, "t", tmp_path) == (tmp_path, tmp_path.name)
