@@ -190,12 +190,6 @@ def test_every_bad_option_is_named_in_one_line() -> None:
     assert validate_options(model, None, "x").as_kwargs() == {}
 
 
-def test_options_are_frozen() -> None:
-    typed = options_model(_Box, skip=1, keyword_only=True).model_validate({"size": 2})
-    with pytest.raises(ValueError, match="frozen"):
-        typed.size = 3  # type: ignore[attr-defined]
-
-
 # --- a registry ---------------------------------------------------------------------------------
 
 
