@@ -223,6 +223,10 @@ async def run_process_group(
         )
     except (FileNotFoundError, PermissionError) as exc:
         launch.release()
+        if exc.filename == cwd:
+            # The box's work dir is gone (stopped under the run): the box failed, not the
+            # program; reported as the program's exit 127 it read "No such file" for argv[0].
+            raise SandboxError(f"cannot start {argv[0]!r}: work dir {cwd} is gone") from exc
         # Report a missing or non-executable program as a shell would, like the other boxes.
         return ProgramResult(
             exit_code=127 if isinstance(exc, FileNotFoundError) else 126,

@@ -313,4 +313,8 @@ def v1_tokens(extra: Iterable[str]) -> tuple[list[str], list[str]]:
         )
         if takes_value and not is_bool and items and not items[0].startswith("-"):
             target.append(items.pop(0))
+        elif is_bool and "=" not in token and items and items[0].lower() in ("true", "false"):
+            # parse_flags reads ``--select.shuffle true``: the value stays with its flag (it
+            # used to be left over, an "unexpected argument 'true'").
+            target.append(items.pop(0))
     return v1, rest
