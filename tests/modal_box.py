@@ -125,6 +125,13 @@ class LocalProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, signal.SIGKILL)
 
+    async def close(self) -> None:
+        """Reap it and close its pipes while the loop runs (not at garbage collection)."""
+        await self._process.wait()
+        transport = getattr(self._process, "_transport", None)
+        if transport is not None:
+            transport.close()
+
 
 class LocalSandbox:
     """A sandbox on this host: ``exec``, ``filesystem``, ``poll``, ``terminate``."""
@@ -175,6 +182,7 @@ class LocalSandbox:
         self.terminated = True
         for process in self.processes:
             process.kill()
+            await process.close()
 
     async def _read_bytes(self, remote_path: str) -> bytes:
         return Path(remote_path).read_bytes()

@@ -210,10 +210,12 @@ class ModalRuntime(Runtime):
         process = await sandbox.exec.aio(
             *argv, workdir=self.box_workdir, env=dict(env or {}), timeout=exec_timeout
         )
+        # EOF on stdin even with no input: an exec's stdin stays open until closed, and a
+        # program that reads a piped stdin (``codex exec`` does) would wait on it forever.
         if stdin is not None:
             process.stdin.write(stdin)
-            process.stdin.write_eof()
-            await process.stdin.drain.aio()
+        process.stdin.write_eof()
+        await process.stdin.drain.aio()
         stdout, stderr = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
         code = await process.wait.aio()
         duration = time.monotonic() - started
