@@ -104,8 +104,9 @@ class ModalRuntime(Runtime):
         self.route_hosts = tuple(hosts)
 
     def plan_tools(self, tools: Sequence[ToolSpec]) -> None:
-        # In key order: the same set of tools gives the same layers, which Modal has cached.
-        self.tools = tuple(sorted(set(tools), key=lambda spec: spec.key))
+        # Added to, not replaced: seats sharing one box each name their harness's tools. In key
+        # order: the same set of tools gives the same layers, which Modal has cached.
+        self.tools = tuple(sorted({*self.tools, *tools}, key=lambda spec: spec.key))
 
     def build_image(self, modal: Any) -> Any:
         """The box's ``modal.Image``: the task's image, then one ``run_commands`` step per
