@@ -199,10 +199,10 @@ def _npm_argv(npm: str, spec: ToolSpec, dest: str) -> list[str]:
 
 
 def image_build_commands(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> list[str]:
-    """Shell commands (one image layer each) that install ``spec`` into an image at the path
+    """Shell commands (a ``RUN`` line each) that install ``spec`` into an image at the path
     :func:`planned_tool` names, with the same pinned requirements as :func:`ensure_tool`: npm
     with a Node.js from PyPI (:data:`NODE_BOOTSTRAP`) in the tool's dir, a PyPI agent in a venv
-    of the image's own Python. The last layer writes the manifest and makes the dir read-only,
+    of the image's own Python. The last one writes the manifest and makes the dir read-only,
     as on a node. Needs ``python3`` (with ``venv``) and network in the image build."""
     tool = planned_tool(spec, root)
     dest = shlex.quote(str(tool.path))

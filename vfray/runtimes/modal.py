@@ -109,8 +109,9 @@ class ModalRuntime(Runtime):
         self.tools = tuple(sorted({*self.tools, *tools}, key=lambda spec: spec.key))
 
     def build_image(self, modal: Any) -> Any:
-        """The box's ``modal.Image``: the task's image, then one ``run_commands`` step per
-        build command of each planned tool, installing it where the node has it."""
+        """The box's ``modal.Image``: the task's image, then one ``run_commands`` layer per
+        planned tool (its build commands as ``RUN`` lines), installing it where the node has
+        it."""
         image = modal.Image.from_registry(self.image)
         root = tools_root()
         for spec in self.tools:
