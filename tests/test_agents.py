@@ -165,12 +165,14 @@ async def test_agent_rollout_in_bwrap(harness_id: str, registry: str) -> None:
 
 
 async def test_agent_harness_refuses_a_runtime_without_the_tool_dir() -> None:
-    class ModalLike(SubprocessRuntime):
-        type = "modal"
+    # A runtime that neither sees the node's tool dir nor builds tools into its image (modal
+    # does: tests/test_runtime_modal.py).
+    class Elsewhere(SubprocessRuntime):
+        type = "elsewhere"
 
     harness = make_harness("mini-swe-agent")
-    with pytest.raises(HarnessError, match="cannot mount yet"):
-        await harness.setup(ModalLike())
+    with pytest.raises(HarnessError, match="cannot mount; use 'modal' or 'subprocess'"):
+        await harness.setup(Elsewhere())
 
 
 # -- codex -----------------------------------------------------------------------------------

@@ -1,21 +1,39 @@
 """The modal runtime's ``Sandbox.create`` arguments, offline: the network policy built for the
 node's tunnel (only its host reachable where the task asks for no network), checked against the
-installed Modal SDK's own signature and network-access builder. No Modal cloud is reached."""
+installed Modal SDK's own signature and network-access builder; and the agent programs as
+layers of the SDK's own ``Image`` (their build commands also run here, as a builder would). No
+Modal cloud is reached."""
 
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from agent_tools import need_registry
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.harness import check_compatibility
+from vfray.harnesses import make_harness
+from vfray.harnesses._agent import ProvisionedHarness
+from vfray.provision import (
+    NODE_BOOTSTRAP,
+    TOOLS_DIR_ENV,
+    ToolSpec,
+    find_tool,
+    image_build_commands,
+    planned_tool,
+)
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.modal import ModalRuntime
 from vfray.runtimes.registry import make_runtime
 
 TUNNEL = "http://203.0.113.7:40123/v1"
+AGENT_HARNESSES = ("mini-swe-agent", "codex", "claude-code", "claude-code-acp", "codex-acp")
 NAMED_TUNNEL = "https://abc.trycloudflare.example/v1"
 
 
@@ -185,3 +203,96 @@ async def test_start_passes_the_allowlist_to_sandbox_create(monkeypatch: Any) ->
     assert kwargs["outbound_cidr_allowlist"] == ["203.0.113.7/32"]
     signature = inspect.signature(sdk().Sandbox.create)
     signature.bind(*args, **kwargs)
+
+
+# -- agent programs as image layers ------------------------------------------------------------
+
+
+def _agent_specs() -> list[ToolSpec]:
+    return [make_harness(h).box_tools()[0] for h in AGENT_HARNESSES]
+
+
+def test_agent_tools_become_layers_of_the_sdks_image(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each agent harness's program, planned for a modal box, is a chain of the real SDK's
+    ``run_commands`` layers on the task's image, in key order (the same set, the same layers),
+    and installs it where the harness will launch it."""
+    modal = sdk()
+    from modal_box import image_layers
+
+    monkeypatch.setenv(TOOLS_DIR_ENV, str(tmp_path / "tools"))
+    specs = _agent_specs()
+    rt = modal_runtime(RuntimeSpec(image="python:3.12-slim"))
+    rt.plan_tools([*reversed(specs[1:]), specs[1]])  # order and repeats do not matter
+    rt.plan_tools(specs[:1])  # another seat sharing the box adds its harness's
+    ordered = sorted(specs, key=lambda s: s.key)
+    assert rt.tools == tuple(ordered)
+    image = rt.build_image(modal)
+    assert isinstance(image, modal.Image)
+    base, *layers = image_layers(image)
+    assert base == ["FROM python:3.12-slim"]
+    assert layers == [
+        ["FROM base", *(f"RUN {c}" for c in image_build_commands(s))] for s in ordered
+    ]
+    for spec in ordered:
+        where = str(planned_tool(spec).path)
+        assert where.startswith(str(tmp_path / "tools"))
+        commands = image_build_commands(spec)
+        assert commands[0] == f"mkdir -p {where}" and commands[-1].endswith(f"chmod -R a-w {where}")
+        assert any(spec.requirement in c for c in commands)  # the pinned version, as on a node
+
+
+async def test_an_agent_harness_on_modal_installs_nothing_on_the_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sdk()
+    root = tmp_path / "tools"
+    monkeypatch.setenv(TOOLS_DIR_ENV, str(root))
+    for harness_id in AGENT_HARNESSES:
+        harness = make_harness(harness_id)
+        assert isinstance(harness, ProvisionedHarness)
+        check_compatibility(harness, ModalRuntime)
+        rt = modal_runtime()
+        rt.plan_tools(harness.box_tools())
+        await harness.setup(rt)  # the image builds it: no install here
+        tool = await harness.box_tool(rt)
+        assert tool.path == planned_tool(harness.tool_spec()).path and not tool.installed_now
+        assert str(tool.path) in image_build_commands(harness.tool_spec())[0]
+    assert [p.name for p in root.iterdir()] == []
+
+
+@pytest.mark.slow
+async def test_the_image_build_commands_install_working_programs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The layers' shell commands, run here as Modal's builder would run them (``/bin/sh -c``
+    each, in order), install an npm program with its own Node.js (not this host's) and a PyPI
+    package in its own venv, at the planned paths, sealed read-only with a manifest."""
+    need_registry("npm")
+    need_registry("pypi")
+    monkeypatch.setenv(TOOLS_DIR_ENV, str(tmp_path / "tools"))
+    npm = ToolSpec(name="semver", kind="npm", package="semver", version="7.6.3")
+    pypi = ToolSpec(name="six", kind="pypi", package="six", version="1.16.0")
+    for spec in (npm, pypi):
+        for command in image_build_commands(spec):
+            done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
+            assert done.returncode == 0, (command, done.stderr[-2000:])
+        assert find_tool(spec) == planned_tool(spec).path  # its manifest is there
+    tool = planned_tool(npm)
+    env = {"PATH": tool.path_env(), "HOME": str(tmp_path)}
+    node = subprocess.run(["node", "--version"], env=env, capture_output=True, text=True)
+    assert node.stdout.strip() == "v" + NODE_BOOTSTRAP.split("==")[1]  # the tool's own node
+    ran = subprocess.run(
+        [tool.executable("semver"), "1.2.3"], env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "1.2.3", ran.stderr
+    python = planned_tool(pypi).executable("python")
+    version = subprocess.run([python, "-c", "import six; print(six.__version__)"], **_out())
+    assert version.stdout.strip() == "1.16.0"
+    assert not os.access(tool.path, os.W_OK) or os.geteuid() == 0
+    assert not (tool.path.stat().st_mode & 0o222)  # sealed read-only
+
+
+def _out() -> dict[str, Any]:
+    return {"capture_output": True, "text": True, "check": True}

@@ -32,6 +32,7 @@ from vfray.trace import AgentArtifact, Message
 
 if TYPE_CHECKING:
     from vfray.harnesses.session import AgentSession
+    from vfray.provision import ToolSpec
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
@@ -114,6 +115,11 @@ class Harness(abc.ABC):
     def program_files(self) -> dict[str, bytes]:
         """Files :meth:`setup` uploads into the box (path relative to its work dir → bytes)."""
         return {}
+
+    def box_tools(self) -> tuple[ToolSpec, ...]:
+        """The agent programs this harness runs from the node's tool dir (none by default);
+        the rollout names them to the runtime before the box starts (:meth:`Runtime.plan_tools`)."""
+        return ()
 
     async def setup(self, runtime: Runtime) -> None:
         """Install the program into the box. The default uploads :meth:`program_files`."""

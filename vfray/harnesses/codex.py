@@ -86,7 +86,7 @@ class CodexHarness(ProvisionedHarness):
         )
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.installed()
+        tool = await self.box_tool(runtime)
         toml = config_toml(
             ctx.model,
             openai_base_url(ctx.endpoint),

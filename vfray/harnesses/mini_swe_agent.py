@@ -95,7 +95,7 @@ class MiniSweAgentHarness(ProvisionedHarness):
         }
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.installed()
+        tool = await self.box_tool(runtime)
         task = prompt_text(self.resolve_prompt(ctx.data))
         argv = self.argv(tool.executable("mini"), task, ctx.model)
         return await runtime.run_program(argv, self.env(ctx, tool.path_env()), timeout=ctx.timeout)

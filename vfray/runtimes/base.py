@@ -9,12 +9,15 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from vfray.runtimes.live import BackgroundProcess, LiveProcess, ProcessInput
 from vfray.task import TaskData
+
+if TYPE_CHECKING:
+    from vfray.provision import ToolSpec
 
 __all__ = [
     "BackgroundProcess",
@@ -83,6 +86,9 @@ class Runtime(abc.ABC):
     warn_no_isolation: ClassVar[bool] = False
     """Programs in this box can reach everything the farm process can (warned about when a
     harness that executes code runs there)."""
+    TOOLS_IN_IMAGE: ClassVar[bool] = False
+    """The box cannot see the node's tool dir: the agent programs named to :meth:`plan_tools`
+    are built into its image instead, each at the path it has on the node."""
     python: str = "python3"
     """How a harness starts Python in this box. Boxes over the host's filesystem use the
     host's real interpreter: a version-manager shim (pyenv) costs ~0.5 s per launch."""
@@ -200,6 +206,11 @@ class Runtime(abc.ABC):
         """Told before :meth:`start`: the host URLs (the interception's, as later given to
         :meth:`host_url`) the box will be asked to reach. A runtime that fixes its network
         policy when it creates the box (Modal) allows exactly these then."""
+
+    def plan_tools(self, tools: Sequence[ToolSpec]) -> None:  # noqa: B027 - an optional hook
+        """Told before :meth:`start`: the agent programs the harness runs from the node's tool
+        dir. Boxes over the node's files see that dir (bwrap and docker mount it read-only); a
+        runtime with :attr:`TOOLS_IN_IMAGE` builds them into the box's image."""
 
     async def prepare_execution(self, routes: Sequence[str]) -> None:  # noqa: B027
         """Apply the task's network policy right before the agent runs, keeping ``routes``

@@ -1,9 +1,9 @@
 """The ``modal`` runtime: one Modal Sandbox per rollout (create, exec, file I/O, terminate).
 
 Written against the Modal Python SDK's async interface (``Sandbox.create.aio``, ``exec.aio``,
-``open.aio``, ``terminate.aio``, ``App.lookup.aio``); the keyword arguments it passes to
-``Sandbox.create`` are checked against the SDK's signature by the tests (modal 1.6.4), but never
-against the live service: its cloud is unreachable where vfray is tested.
+``filesystem.read_bytes.aio`` / ``write_bytes.aio``, ``terminate.aio``, ``App.lookup.aio``);
+every call it makes is checked against the SDK's signatures by the tests (modal 1.6.4), but
+never against the live service: its cloud is unreachable where vfray is tested.
 
 A sandbox cannot reach the farm's loopback: it reaches the node's interception through the
 node's tunnel (``farm.tunnel``), whose public URL :meth:`ModalRuntime.host_url` passes through,
@@ -14,6 +14,12 @@ Network: where the task asks for no network (``network_allow`` is ``["*"]``), th
 egress is an allowlist of the interception's public host alone (its addresses as /32 or /128
 CIDRs, and its name as a domain when it has one); with no such route, the network is blocked.
 A task that names hosts gets Modal's default (open) network: a URL list is not a domain list.
+
+Agent programs: a Modal box cannot see the node's tool dir, so the tools the harness names
+(:meth:`ModalRuntime.plan_tools`) become build steps on the task's image
+(``Image.run_commands``, :func:`vfray.provision.image_build_commands`): the same pinned
+packages installed at the path they have on the node, so a harness launches them alike. Modal
+caches each layer by its definition, so a tool is built once per image, not per rollout.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.provision import ToolSpec, image_build_commands, tools_root
 from vfray.runtimes._modal_process import ModalProcess
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.processes import OUTPUT_CAP
@@ -44,6 +51,7 @@ class ModalRuntime(Runtime):
     is_container = True
     REMOTE = True
     isolates_network = True
+    TOOLS_IN_IMAGE = True
 
     def __init__(
         self,
@@ -71,6 +79,8 @@ class ModalRuntime(Runtime):
         self.allowed: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         """(CIDRs, domains) the created sandbox's egress allows; None: its network is open or
         blocked."""
+        self.tools: tuple[ToolSpec, ...] = ()
+        """Agent programs built into the box's image (from :meth:`plan_tools`)."""
         self.sandbox: Any = None
         self._stopped = False
 
@@ -92,6 +102,21 @@ class ModalRuntime(Runtime):
             if host and host not in hosts:
                 hosts.append(host)
         self.route_hosts = tuple(hosts)
+
+    def plan_tools(self, tools: Sequence[ToolSpec]) -> None:
+        # Added to, not replaced: seats sharing one box each name their harness's tools. In key
+        # order: the same set of tools gives the same layers, which Modal has cached.
+        self.tools = tuple(sorted({*self.tools, *tools}, key=lambda spec: spec.key))
+
+    def build_image(self, modal: Any) -> Any:
+        """The box's ``modal.Image``: the task's image, then one ``run_commands`` layer per
+        planned tool (its build commands as ``RUN`` lines), installing it where the node has
+        it."""
+        image = modal.Image.from_registry(self.image)
+        root = tools_root()
+        for spec in self.tools:
+            image = image.run_commands(*image_build_commands(spec, root))
+        return image
 
     async def resolve_routes(self) -> dict[str, list[str]]:
         """Each route host's addresses (an address is its own), as the sandbox's CIDRs."""
@@ -156,7 +181,7 @@ class ModalRuntime(Runtime):
         modal: Any = optional_import("modal", "modal")
         try:
             app = await modal.App.lookup.aio(self.app_name, create_if_missing=True)
-            image = modal.Image.from_registry(self.image)
+            image = self.build_image(modal)
             options = self.create_options(await self.resolve_routes())
             self.sandbox = await modal.Sandbox.create.aio(
                 "sleep", "infinity", app=app, image=image, **options
@@ -187,10 +212,12 @@ class ModalRuntime(Runtime):
         process = await sandbox.exec.aio(
             *argv, workdir=self.box_workdir, env=dict(env or {}), timeout=exec_timeout
         )
+        # EOF on stdin even with no input: an exec's stdin stays open until closed, and a
+        # program that reads a piped stdin (``codex exec`` does) would wait on it forever.
         if stdin is not None:
             process.stdin.write(stdin)
-            process.stdin.write_eof()
-            await process.stdin.drain.aio()
+        process.stdin.write_eof()
+        await process.stdin.drain.aio()
         stdout, stderr = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
         code = await process.wait.aio()
         duration = time.monotonic() - started
@@ -233,22 +260,17 @@ class ModalRuntime(Runtime):
     async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         sandbox = self._require()
         target = self._box_path(path)
-        await self.run(["mkdir", "-p", str(PurePosixPath(target).parent)], timeout=60)
-        handle = await sandbox.open.aio(target, "wb")
+        # The SDK's filesystem API (``Sandbox.open`` is gone in modal 1.6) makes the parents.
         try:
-            await handle.write.aio(data)
-        finally:
-            await handle.close.aio()
+            await sandbox.filesystem.write_bytes.aio(data, target)
+        except Exception as exc:
+            raise SandboxError(f"cannot write {path!r}: {exc}") from exc
         await self.run(["chmod", format(mode, "o"), target], timeout=60)
 
     async def read(self, path: str) -> bytes:
         sandbox = self._require()
         try:
-            handle = await sandbox.open.aio(self._box_path(path), "rb")
-            try:
-                return bytes(await handle.read.aio())
-            finally:
-                await handle.close.aio()
+            return bytes(await sandbox.filesystem.read_bytes.aio(self._box_path(path)))
         except Exception as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 

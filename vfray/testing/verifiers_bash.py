@@ -53,7 +53,7 @@ class VerifiersBashHarness(ProvisionedHarness):
         )
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.installed()
+        tool = await self.box_tool(runtime)
         python = tool.executable("python")
         task_system, task = _split_prompt(self.resolve_prompt(ctx.data))
         flags = ["--bash", "--edit", *(["--compaction"] if self.config.compaction else [])]

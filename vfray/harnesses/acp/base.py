@@ -164,7 +164,7 @@ class AcpSession(AgentSession):
 
     async def _start(self, ctx: LaunchContext) -> None:
         acp = _acp()
-        tool = await self.harness.installed()
+        tool = await self.harness.box_tool(self.runtime)
         found = await self.runtime.run(["/bin/sh", "-c", "pwd"])
         workdir = found.stdout.strip()
         if not found.ok or not workdir.startswith("/"):
