@@ -271,11 +271,16 @@ def _stats_when_up(host: Any, timeout: float = 180.0) -> dict[str, Any]:
 def test_node_removed_mid_run_on_three_node_cluster(tmp_path: Path, ray_fresh: None) -> None:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
+    from actors._local_ray import patient_node_start
+
+    with patient_node_start():  # a loaded machine starts nodes slowly
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False
+            },
+        )  # fmt: skip
+        workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
     cluster.wait_for_nodes()
     try:
         f = farm(

@@ -44,7 +44,8 @@ def execute(
     client = NotebookClient(
         book,
         kernel_name=KERNEL,
-        timeout=180,
+        # Per cell; generous because a loaded CI machine starts the kernel's Ray slowly.
+        timeout=600,
         resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
     client.execute()  # raises CellExecutionError, with the cell's traceback, on any error
@@ -75,6 +76,7 @@ def test_committed_notebooks_have_no_outputs(name: str) -> None:
     assert book.metadata.kernelspec.name == "python3"
 
 
+@pytest.mark.timeout(900)
 def test_quickstart_runs_end_to_end(kernel_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     book = execute("quickstart.ipynb", kernel_path, monkeypatch)
     text = text_of(book)
@@ -92,6 +94,7 @@ def test_quickstart_runs_end_to_end(kernel_path: Path, monkeypatch: pytest.Monke
     assert len(images) == 1  # the reward distribution plot
 
 
+@pytest.mark.timeout(900)
 def test_training_stream_yields_groups_with_tokens(
     kernel_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +108,7 @@ def test_training_stream_yields_groups_with_tokens(
     assert "completion_token_ids" in text  # the last batch as a DataFrame
 
 
+@pytest.mark.timeout(900)
 def test_grpo_runs_a_few_steps(
     kernel_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

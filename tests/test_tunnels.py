@@ -164,12 +164,17 @@ def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    from actors._local_ray import patient_node_start
+
+    with patient_node_start():  # a loaded machine starts nodes slowly
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False
+            },
+        )  # fmt: skip
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
     try:
         accepted = isle.accepted()
