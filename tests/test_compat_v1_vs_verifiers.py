@@ -1,10 +1,18 @@
-"""The same v1 taskset package and the same ``vf-eval`` flags, run by verifiers 0.4.0 (PyPI, in
-its own virtualenv) and by ``vfray eval``, on the same scripted model: rewards, metrics and stop
-conditions per task must be identical; and verifiers itself reads vfray's exported traces.
+"""The same v1 taskset packages and the same ``vf-eval`` flags, run by verifiers 0.4.0 (PyPI, in
+its own virtualenv) and by ``vfray eval``, on the same scripted model: rewards, metrics, stop
+conditions and transcripts per task must be identical, except for the differences the README's
+compatibility table lists (each asserted here as measured); and verifiers itself reads vfray's
+exported traces.
 
-One run per side covers scoring (weighted, keyed), ``runtime.run`` / ``run_uv_script`` in
-scoring, trace / request / response stops, and group-style scoring via v1's own mechanism
-(``--env.id best-of-n``: ``Env.finalize`` over the siblings). Skipped when PyPI is unreachable.
+- ``v1cmp``: scoring (weighted, keyed), ``runtime.run`` / ``run_uv_script`` in scoring, trace /
+  request / response stops, group-style scoring via v1's own mechanism (``--env.id best-of-n``:
+  ``Env.finalize`` over the siblings);
+- ``v1tools``: a task's own toolset, called by the ``bash`` harness under v1's tool names;
+- ``v1user``: ``--env.id user-sim``, a second scripted model playing the user.
+
+Each side runs at the same time (verifiers in a subprocess, vfray in this process): the
+toolset's verifiers run spends most of its time starting processes. Skipped when PyPI is
+unreachable.
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ import shutil
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,77 +38,118 @@ from vfray.provision import ToolSpec, ensure_tool
 from vfray.testing.scripted import scripted_server
 
 PACKAGES = Path(__file__).parent / "v1_tasksets"
+VERIFIERS = ToolSpec(name="verifiers", kind="pypi", package="verifiers", version="0.4.0")
 
 
-def _uv() -> str:
+@dataclass(frozen=True)
+class Verifiers:
+    """verifiers 0.4.0's bin dir and the environment its processes run in."""
+
+    bin: Path
+    uv_dir: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def verifiers(tmp_path_factory: pytest.TempPathFactory) -> Verifiers:
+    need_registry("pypi")
     found = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
     if not os.access(found, os.X_OK):
         pytest.skip("uv is not installed (pip install uv): verifiers' harnesses need it")
-    return found
+    uv_dir = tmp_path_factory.mktemp("uvbin")
+    (uv_dir / "uv").symlink_to(found)
+    vf_bin = Path(ensure_tool(VERIFIERS).executable("python")).parent
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env.update(
+        PATH=f"{vf_bin}{os.pathsep}{uv_dir}{os.pathsep}/usr/bin:/bin",
+        PYTHONPATH=str(PACKAGES),
+        VFK="unused",
+    )
+    return Verifiers(vf_bin, uv_dir, env)
+
+
+@pytest.fixture
+def vfray_side(verifiers: Verifiers, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as vfray's side: the packages importable, uv on the boxes' PATH."""
+    monkeypatch.setenv("VFK", "unused")
+    monkeypatch.setenv("PATH", f"{verifiers.uv_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.syspath_prepend(str(PACKAGES))
+    yield
+
+
+def _run_both(
+    verifiers: Verifiers, out: Path, flags: list[str], policies: list[str]
+) -> tuple[list[Outcome], list[Outcome], Path, Path]:
+    """Run ``flags`` (``{url0}``, ``{url1}`` ... for one scripted server per policy) with
+    vf-eval and with vfray eval at once; their rollouts, verifiers' traces.jsonl and vfray's
+    export."""
+    with ExitStack() as stack:
+        urls = {f"url{i}": stack.enter_context(scripted_server(p)) for i, p in enumerate(policies)}
+        argv = [f.format(**urls) for f in flags]
+        theirs = subprocess.Popen(
+            [str(verifiers.bin / "vf-eval"), *argv, "-o", str(out / "v1")],
+            env=verifiers.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            ours = main(["eval", *argv, "-o", str(out / "vfray"), "--backend", "local"])
+            _, err = theirs.communicate(timeout=900)
+        finally:
+            if theirs.poll() is None:
+                theirs.kill()
+                theirs.wait()
+    assert theirs.returncode == 0, err[-2000:]
+    assert ours == 0
+    [v1_file] = (out / "v1").glob("*/traces.jsonl")
+    [run_dir] = (out / "vfray").glob("*/*")
+    exported = export_run(run_dir)
+    return read_v1_traces(v1_file), read_v1_traces(exported), v1_file, exported
 
 
 def _grouped(outcomes: list[Outcome]) -> dict[str, list[tuple[Any, ...]]]:
     by_key: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for o in outcomes:
-        by_key[o.key].append((o.rewards, o.metrics, o.stop_condition, o.reply))
+        by_key[o.key].append((o.rewards, o.metrics, o.stop_condition, o.reply, o.completion))
     return {k: sorted(v, key=json.dumps) for k, v in by_key.items()}
 
 
+def _flags(package: str, *more: str) -> list[str]:
+    return [
+        package,
+        "-m",
+        "scripted",
+        "--client.base-url",
+        "{url0}",
+        "--client.api-key-var",
+        "VFK",
+        *more,
+        "--no-push",
+        "--no-rich",
+    ]
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("vfray_side")
 def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    verifiers: Verifiers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    need_registry("pypi")
-    uv_dir = tmp_path / "uvbin"
-    uv_dir.mkdir()
-    (uv_dir / "uv").symlink_to(_uv())
-    tool = ensure_tool(
-        ToolSpec(name="verifiers", kind="pypi", package="verifiers", version="0.4.0")
+    flags = _flags(
+        "v1cmp",
+        "--env.agent.harness.id",
+        "null",
+        "--env.agent.runtime.type",
+        "subprocess",
+        "--env.id",
+        "best-of-n",
+        "--env.n",
+        "2",
     )
-    vf_bin = Path(tool.executable("python")).parent
-    monkeypatch.setenv("VFK", "unused")
-    monkeypatch.setenv("PATH", f"{uv_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.syspath_prepend(str(PACKAGES))
-    with scripted_server("arithmetic") as url:
-        flags = [
-            "v1cmp",
-            "-m",
-            "scripted",
-            "--client.base-url",
-            url,
-            "--client.api-key-var",
-            "VFK",
-            "--env.agent.harness.id",
-            "null",
-            "--env.agent.runtime.type",
-            "subprocess",
-            "--env.id",
-            "best-of-n",
-            "--env.n",
-            "2",
-            "--no-push",
-            "--no-rich",
-        ]
-        env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-        env.update(
-            PATH=f"{vf_bin}{os.pathsep}{uv_dir}{os.pathsep}/usr/bin:/bin", PYTHONPATH=str(PACKAGES)
-        )
-        done = subprocess.run(
-            [str(vf_bin / "vf-eval"), *flags, "-o", str(tmp_path / "v1")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert main(["eval", *flags, "-o", str(tmp_path / "vfray"), "--backend", "local"]) == 0
+    theirs, ours, v1_file, exported = _run_both(verifiers, tmp_path, flags, ["arithmetic"])
     capsys.readouterr()
-    [v1_file] = (tmp_path / "v1").glob("*/traces.jsonl")
-    [run_dir] = (tmp_path / "vfray").glob("*/*")
-    exported = export_run(run_dir)
-    theirs, ours = _grouped(read_v1_traces(v1_file)), _grouped(read_v1_traces(exported))
-    assert len(theirs) == 6 and all(len(v) == 2 for v in theirs.values())
-    assert ours == theirs
+    assert len(_grouped(theirs)) == 6 and all(len(v) == 2 for v in _grouped(theirs).values())
+    assert _grouped(ours) == _grouped(theirs)
     # verifiers' own model reads vfray's export, and finds the same rewards.
     read = (
         "import sys, json, verifiers.v1 as vf\n"
@@ -106,8 +158,8 @@ def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
         "print(json.dumps(sorted(rows)))"
     )
     check = subprocess.run(
-        [str(vf_bin / "python"), "-c", read, str(exported)],
-        env=env,
+        [str(verifiers.bin / "python"), "-c", read, str(exported)],
+        env=verifiers.env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -115,3 +167,89 @@ def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
     assert check.returncode == 0, check.stderr[-2000:]
     expected = sorted([o.key, o.reward, o.stop_condition] for o in read_v1_traces(v1_file))
     assert json.loads(check.stdout) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("vfray_side")
+def test_a_v1_tasks_toolset_is_called_and_scored_the_same_on_both(
+    verifiers: Verifiers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = _flags(
+        "v1tools", "--env.agent.harness.id", "bash", "--env.agent.runtime.type", "subprocess"
+    )
+    theirs, ours, _, _ = _run_both(verifiers, tmp_path, flags, ["agent"])
+    capsys.readouterr()
+    assert [o.errors for o in theirs] == [(), ()]
+    assert _grouped(ours) == _grouped(theirs)
+    # What both did: the tool, under v1's name, called with the plan's argument; its result in
+    # the reply the reward reads.
+    for outcome in theirs:
+        call, result, answer = outcome.completion
+        [asked] = call["tool_calls"]
+        assert asked["name"] == "doubler_double"
+        assert (result["role"], result["content"]) == ("tool", str(2 * asked["arguments"]["x"]))
+        assert answer["content"] == f"Done. {result['content']}"
+        assert outcome.rewards == {"doubled": 1.0} and outcome.metrics == {"turns": 2.0}
+
+
+USER_FLAGS = [
+    "--env.id",
+    "user-sim",
+    "--env.user.model",
+    "scripted",
+    "--env.user.client.type",
+    "eval",
+    "--env.user.client.base-url",
+    "{url1}",
+    "--env.user.client.api-key-var",
+    "VFK",
+    "--env.user.runtime.type",
+    "subprocess",
+    "--env.assistant.harness.id",
+    "null",
+    "--env.assistant.runtime.type",
+    "subprocess",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("vfray_side")
+def test_user_sim_plays_the_same_conversation_and_scores_on_both(
+    verifiers: Verifiers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    theirs, ours, _, _ = _run_both(
+        verifiers, tmp_path, _flags("v1user", *USER_FLAGS), ["arithmetic", "user"]
+    )
+    capsys.readouterr()
+
+    def by_seat(outcomes: list[Outcome]) -> dict[tuple[int | None, str], Outcome]:
+        return {(o.idx, o.agent): o for o in outcomes}
+
+    v1, vfray = by_seat(theirs), by_seat(ours)
+    assert sorted(v1) == sorted(vfray) == [(i, s) for i in (0, 1) for s in ("assistant", "user")]
+    for seat in v1:
+        mine, want = vfray[seat], v1[seat]
+        # Same conversation on each seat, turn by turn.
+        assert mine.messages == want.messages, seat
+        assert mine.reply == want.reply
+    for idx in (0, 1):
+        mine, want = vfray[(idx, "assistant")], v1[(idx, "assistant")]
+        assert (mine.rewards, mine.metrics) == (want.rewards, want.metrics)
+        assert mine.reward == want.reward
+        assert want.rewards == {"correct": 1.0}
+    # The known differences (README's table, user-sim row), as measured:
+    for seat, want in v1.items():
+        mine = vfray[seat]
+        # an interaction the env closes: v1 `user_closed`; vfray's seat ended by the game.
+        assert (want.stop_condition, mine.stop_condition) == ("user_closed", "agent_completed")
+        if seat[1] == "user":
+            # the user's task has no scoring in v1; vfray's user seat keeps the task's keys, unset.
+            assert (want.rewards, want.metrics) == ({}, {})
+            assert mine.rewards == {"correct": None} and mine.metrics == {"replies": None}
+    # task keys: v1 keys each seat by the row it played (the assistant's with its prompt
+    # nulled, the user's persona task); vfray keys every seat by the taskset's row.
+    rows = {o.idx: o.key for o in ours}
+    for idx in (0, 1):
+        assert vfray[(idx, "user")].key == vfray[(idx, "assistant")].key == rows[idx]
+        assert v1[(idx, "assistant")].key != rows[idx]
+        assert v1[(idx, "user")].key not in (rows[idx], v1[(idx, "assistant")].key)

@@ -29,9 +29,11 @@ from vfray.compat.v1._env import (
     Episode,
     Harness,
     HarnessConfig,
+    SharedToolsetConfig,
     SingleAgentEnv,
     SingleAgentEnvConfig,
     Toolset,
+    ToolsetConfig,
 )
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
 from vfray.compat.v1._task import State, Task
@@ -82,6 +84,7 @@ __all__ = [
     "Runtime",
     "SandboxError",
     "SelectConfig",
+    "SharedToolsetConfig",
     "SingleAgentEnv",
     "SingleAgentEnvConfig",
     "State",
@@ -97,6 +100,7 @@ __all__ = [
     "TasksetConfig",
     "ToolMessage",
     "Toolset",
+    "ToolsetConfig",
     "Trace",
     "TraceTask",
     "UserMessage",
