@@ -180,7 +180,9 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = Path(run_dir)
     traces = table_to_traces(final_rows(read_traces(run / "traces")))
     header = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
-    env_id = str((header.get("config") or header).get("taskset", "")).removeprefix("v1:")
+    # The run's own taskset name (a taskset instance run from Python leaves the config's default).
+    named = header.get("taskset") or (header.get("config") or {}).get("taskset", "")
+    env_id = str(named).removeprefix("v1:")
     path = Path(out) if out is not None else run / "v1" / "traces.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
