@@ -105,7 +105,13 @@ def _run_both(
     [v1_file] = (out / "v1").glob("*/traces.jsonl")
     [run_dir] = (out / "vfray").glob("*/*")
     exported = export_run(run_dir)
+    # Both files name the env as v1 does (`<env>+<taskset>` when an env is paired).
+    assert _env_ids(exported) == _env_ids(v1_file)
     return read_v1_traces(v1_file), read_v1_traces(exported), v1_file, exported
+
+
+def _env_ids(path: Path) -> set[str]:
+    return {json.loads(line)["env"]["id"] for line in path.read_text().splitlines() if line}
 
 
 def _grouped(outcomes: list[Outcome]) -> dict[str, list[tuple[Any, ...]]]:

@@ -181,8 +181,11 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     traces = table_to_traces(final_rows(read_traces(run / "traces")))
     header = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
     # The run's own taskset name (a taskset instance run from Python leaves the config's default).
-    named = header.get("taskset") or (header.get("config") or {}).get("taskset", "")
-    env_id = str(named).removeprefix("v1:")
+    config = header.get("config") or {}
+    named = str(header.get("taskset") or config.get("taskset", "")).removeprefix("v1:")
+    # v1's env id: the taskset's, prefixed by a paired env's (`best-of-n+gsm8k`, EnvConfig.env_id).
+    paired = ((config.get("taskset_args") or {}).get("env") or {}).get("id")
+    env_id = f"{paired}+{named}" if paired and named else named
     path = Path(out) if out is not None else run / "v1" / "traces.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
