@@ -6,7 +6,8 @@ exported traces.
 
 - ``v1cmp``: scoring (weighted, keyed), ``runtime.run`` / ``run_uv_script`` in scoring, trace /
   request / response stops, group-style scoring via v1's own mechanism (``--env.id best-of-n``:
-  ``Env.finalize`` over the siblings);
+  ``Env.finalize`` over the siblings), and the hooks where the two differ (a sync hook, a
+  raising hook, a ``@stop`` returning a non-bool);
 - ``v1tools``: a task's own toolset, called by the ``bash`` harness under v1's tool names;
 - ``v1user``: ``--env.id user-sim``, a second scripted model playing the user.
 
@@ -151,12 +152,27 @@ def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
         "best-of-n",
         "--env.n",
         "2",
+        "--env.taskset.odd",
+        "true",
     )
-    theirs, ours, v1_file, exported = _run_both(verifiers, tmp_path, flags, ["arithmetic"])
+    theirs, ours, _, exported = _run_both(verifiers, tmp_path, flags, ["arithmetic"])
     capsys.readouterr()
-    assert len(_grouped(theirs)) == 6 and all(len(v) == 2 for v in _grouped(theirs).values())
-    assert _grouped(ours) == _grouped(theirs)
-    # verifiers' own model reads vfray's export, and finds the same rewards.
+    same = [o for o in theirs if o.idx is not None and o.idx < 6]
+    assert len(_grouped(theirs)) == 9 and all(len(v) == 2 for v in _grouped(theirs).values())
+    assert _grouped([o for o in ours if o.idx is not None and o.idx < 6]) == _grouped(same)
+    _assert_odd_rows_differ_as_listed(theirs, ours)
+    # Whole transcripts are the same, but for a request stop: v1 records the refused request's
+    # messages, vfray does not (the table's @stop row).
+    for o in ours:
+        if o.idx is not None and o.idx < 6:
+            [v1_said] = {json.dumps(t.messages) for t in same if t.key == o.key}
+            if o.stop_condition == "halt_request":
+                assert json.loads(v1_said) == [{"role": "user", "content": "halt: What is 2 + 2?"}]
+                assert o.messages == ()
+            else:
+                assert json.dumps(o.messages) == v1_said, o.key
+    # verifiers' own model reads vfray's export, and finds the rewards vfray recorded (v1's,
+    # on the rows where the two agree: asserted above).
     read = (
         "import sys, json, verifiers.v1 as vf\n"
         "rows = [[t.task.key, t.reward, t.stop_condition] for line in open(sys.argv[1])"
@@ -171,8 +187,38 @@ def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
         timeout=120,
     )
     assert check.returncode == 0, check.stderr[-2000:]
-    expected = sorted([o.key, o.reward, o.stop_condition] for o in read_v1_traces(v1_file))
+    expected = sorted([o.key, o.reward, o.stop_condition] for o in ours)
     assert json.loads(check.stdout) == expected
+
+
+def _assert_odd_rows_differ_as_listed(theirs: list[Outcome], ours: list[Outcome]) -> None:
+    """v1cmp's ODD_ROWS (idx 6, 7, 8), as the README's table says they differ."""
+    scored = {"correct": 1.0, "has_reply": 1.0, "even": 1.0}
+    for v1, mine in zip(
+        sorted((o for o in theirs if o.idx in (6, 7, 8)), key=lambda o: o.idx or 0),
+        sorted((o for o in ours if o.idx in (6, 7, 8)), key=lambda o: o.idx or 0),
+        strict=True,
+    ):
+        assert v1.key == mine.key and mine.errors == ()
+        assert mine.rewards == scored and mine.metrics["turns"] == 1.0
+        if v1.idx == 6:  # a sync @metric: v1 fails the task's whole scoring; vfray runs it
+            assert "TypeError" in v1.errors[0] and mine.metrics["reply_len"] == 1.0
+        if v1.idx == 7:  # a raising @metric: v1 fails every score; vfray only that hook's
+            assert "ValueError: this hook fails on purpose" in v1.errors[0]
+            assert mine.metrics["fails"] is None
+        if v1.idx in (6, 7):
+            # a failed keyed reward is one None under its hook's name in v1
+            assert v1.rewards == {"correct": None, "parts": None}
+            assert {k: v for k, v in v1.metrics.items() if k not in ("best", "pass_at_n")} == {
+                k: None for k in mine.metrics if k not in ("best", "pass_at_n")
+            }
+            assert v1.stop_condition == mine.stop_condition == "agent_completed"
+        if v1.idx == 8:  # a @stop returning a str: v1 fails the rollout; vfray goes on
+            assert (v1.stop_condition, v1.rewards) == ("task_error", {})
+            assert "@stop must return bool, got str" in v1.errors[0]
+            assert mine.stop_condition == "agent_completed"
+        # best-of-n reads what each side scored: the failed attempts reach no threshold in v1.
+        assert (v1.metrics["pass_at_n"], mine.metrics["pass_at_n"]) == (0.0, 1.0)
 
 
 @pytest.mark.slow
