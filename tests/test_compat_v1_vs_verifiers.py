@@ -106,13 +106,19 @@ def _run_both(
     [v1_file] = (out / "v1").glob("*/traces.jsonl")
     [run_dir] = (out / "vfray").glob("*/*")
     exported = export_run(run_dir)
-    # Both files name the env as v1 does (`<env>+<taskset>` when an env is paired).
+    # Both files name the env as v1 does (`<env>+<taskset>` when an env is paired), and hold
+    # the same episodes: one per rollout, per best-of-n group, per game of an env's seats.
     assert _env_ids(exported) == _env_ids(v1_file)
+    assert _episode_sizes(exported) == _episode_sizes(v1_file)
     return read_v1_traces(v1_file), read_v1_traces(exported), v1_file, exported
 
 
 def _env_ids(path: Path) -> set[str]:
     return {json.loads(line)["env"]["id"] for line in path.read_text().splitlines() if line}
+
+
+def _episode_sizes(path: Path) -> list[int]:
+    return sorted(len(json.loads(line)["traces"]) for line in path.read_text().splitlines() if line)
 
 
 def _grouped(outcomes: list[Outcome]) -> dict[str, list[tuple[Any, ...]]]:
@@ -242,6 +248,12 @@ def test_a_v1_tasks_toolset_is_called_and_scored_the_same_on_both(
         assert (result["role"], result["content"]) == ("tool", str(2 * asked["arguments"]["x"]))
         assert answer["content"] == f"Done. {result['content']}"
         assert outcome.rewards == {"doubled": 1.0} and outcome.metrics == {"turns": 2.0}
+    # The harnesses differ in their system prompt: v1's bash frames a coding agent, vfray's
+    # sends the task's prompt alone.
+    assert {o.messages[0]["content"][:40] for o in theirs} == {
+        "You are a coding agent. You have access t"[:40]
+    }
+    assert {o.messages[0]["role"] for o in ours} == {"user"}
 
 
 USER_FLAGS = [

@@ -129,6 +129,8 @@ class ToolsetConfig(BaseModel):
 
 
 class SharedToolsetConfig(BaseModel):
+    """v1's taskset-wide toolset config, for code that names it (shared toolsets are refused)."""
+
     model_config = ConfigDict(extra="allow")
 
     runtime: dict[str, Any] = Field(default_factory=lambda: {"type": "subprocess"})
@@ -153,6 +155,7 @@ class Toolset(VfrayToolset):
 
     @classmethod
     def v1_prefix(cls) -> str:
+        """v1's ``ServerBase.server_name``: what its tools' names start with ("" for none)."""
         if cls.TOOL_PREFIX is None:
             return ""
         return cls.TOOL_PREFIX or "".join(
