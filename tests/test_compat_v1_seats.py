@@ -6,6 +6,8 @@ env (tests/v1_tasksets/v1seats) and v1's ``user-sim`` env over a user-simulation
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -238,16 +240,22 @@ def test_v1_judges_vfray_cannot_run_are_one_line(
 _TOOLED = """
 import verifiers.v1 as vf
 
-class Doubler(vf.Toolset):
+class Doubler(vf.Toolset[vf.ToolsetConfig]):
     @vf.tool
     async def double(self, x: int) -> str:
         "Twice x."
         return str(2 * x)
 
+class Bare(Doubler):
+    TOOL_PREFIX = None
+
+class Named(Doubler):
+    TOOL_PREFIX = "calc"
+
 class Tooled(vf.Task):
     @classmethod
     def toolsets(cls, config):
-        return [Doubler()]
+        return [Doubler(vf.ToolsetConfig())]
 
     @vf.reward
     async def doubled(self, trace) -> float:
@@ -255,23 +263,54 @@ class Tooled(vf.Task):
 
 class Tasks(vf.Taskset):
     def load(self):
-        yield Tooled(vf.TaskData(prompt='tool: double {"x": 21}'), self.config.task)
+        yield Tooled(vf.TaskData(prompt='tool: doubler_double {"x": 21}'), self.config.task)
 
 __all__ = ["Tasks"]
 """
 
 
-async def test_a_v1_tasks_toolset_is_served_as_a_vfray_toolset(tmp_path: Path) -> None:
-    pkg = tmp_path / "v1tooled"
+def _tooled(tmp_path: Path, body: str = _TOOLED) -> Path:
+    pkg = tmp_path / f"v1tooled_{tmp_path.name}"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(_TOOLED)
-    task = _first(loader.load(str(pkg), harness_chosen=True))
+    (pkg / "__init__.py").write_text(body)
+    return pkg
+
+
+async def test_a_v1_tasks_toolset_is_served_as_a_vfray_toolset(tmp_path: Path) -> None:
+    task = _first(loader.load(str(_tooled(tmp_path)), harness_chosen=True))
     trace = await vf.run_rollout(task, model="scripted:agent", harness="bash", runtime="subprocess")
     assert trace.errors == []
     assert [(c.server, c.name, c.arguments, c.result) for c in trace.tool_calls] == [
-        ("doubler", "double", {"x": 21}, "42")
+        ("doubler", "doubler_double", {"x": 21}, "42")
     ]
     assert trace.rewards["doubled"].value == 1.0
+
+
+def test_v1_toolsets_advertise_v1s_tool_names(tmp_path: Path) -> None:
+    # v1 shows the model `<TOOL_PREFIX or snake-cased class>_<tool>`, bare with TOOL_PREFIX None
+    # (verifiers/v1/mcp/server.py: ServerBase.server_name); the comparison test measures it.
+    pkg = _tooled(tmp_path)
+    loader.load(str(pkg))
+    module = sys.modules[pkg.name]
+    assert list(module.Doubler.specs()) == ["doubler_double"]
+    assert list(module.Bare.specs()) == ["double"]
+    assert [s.name for s in module.Named.specs().values()] == ["calc_double"]
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ("vf.ToolsetConfig(colocated=True)", "config colocated=True is not supported"),
+        ("vf.ToolsetConfig(url='http://x/mcp')", "url='http://x/mcp'"),
+        ("vf.ToolsetConfig(runtime={'type': 'docker'})", "runtime={'type': 'docker'}"),
+    ],
+)
+def test_a_v1_toolset_config_vfray_cannot_honour_is_one_line(
+    tmp_path: Path, config: str, match: str
+) -> None:
+    pkg = _tooled(tmp_path, _TOOLED.replace("Doubler(vf.ToolsetConfig())", f"Doubler({config})"))
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        loader.load(str(pkg)).tasks()
 
 
 def test_a_v1_two_agent_env_plays_on_ray_workers(ray_local: None, tmp_path: Path) -> None:

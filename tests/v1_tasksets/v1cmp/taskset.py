@@ -21,6 +21,12 @@ ROWS = [
     ("stop_request", 2, 2, "halt: What is 2 + 2?"),
     ("stop_response", 3, 4, "What is 3 + 4?"),
 ]
+ODD_ROWS = [
+    ("sync_hook", 3, 3, "What is 3 + 3?"),
+    ("raising_hook", 2, 6, "What is 2 + 6?"),
+    ("stop_nonbool", 5, 5, "What is 5 + 5?"),
+]
+"""Where v1 and vfray differ (the README's table), with ``odd = true``."""
 
 
 class CmpData(vf.TaskData):
@@ -73,15 +79,36 @@ class CmpTask(vf.Task[CmpData]):
         return self.data.kind == "stop_response" and "7" in (response.message.content or "")
 
 
+class SyncTask(CmpTask):
+    @vf.metric
+    def reply_len(self, trace: vf.Trace) -> float:  # a sync hook
+        return float(len(trace.last_reply or ""))
+
+
+class OddTask(CmpTask):
+    @vf.metric
+    async def fails(self, trace: vf.Trace) -> float:
+        if self.data.kind == "raising_hook":
+            raise ValueError("this hook fails on purpose")
+        return 0.0
+
+    @vf.stop
+    async def not_a_bool(self, trace: vf.Trace):
+        return "yes" if self.data.kind == "stop_nonbool" else False
+
+
 class CmpConfig(vf.TasksetConfig):
     kinds: list[str] = []
     """Only the tasks of these kinds (all when empty)."""
+    odd: bool = False
+    """Also the rows where v1 and vfray differ (ODD_ROWS)."""
 
 
 class CmpTaskset(vf.Taskset[CmpTask, CmpConfig]):
     def load(self):
-        for kind, a, b, prompt in ROWS:
+        for kind, a, b, prompt in ROWS + (ODD_ROWS if self.config.odd else []):
             if self.config.kinds and kind not in self.config.kinds:
                 continue
             data = CmpData(prompt=prompt, a=a, b=b, answer=a + b, kind=kind)
-            yield CmpTask(data, self.config.task)
+            cls = {"sync_hook": SyncTask, "raising_hook": OddTask, "stop_nonbool": OddTask}
+            yield cls.get(kind, CmpTask)(data, self.config.task)

@@ -29,9 +29,11 @@ from vfray.compat.v1._env import (
     Episode,
     Harness,
     HarnessConfig,
+    SharedToolsetConfig,
     SingleAgentEnv,
     SingleAgentEnvConfig,
     Toolset,
+    ToolsetConfig,
 )
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
 from vfray.compat.v1._task import State, Task
@@ -82,6 +84,7 @@ __all__ = [
     "Runtime",
     "SandboxError",
     "SelectConfig",
+    "SharedToolsetConfig",
     "SingleAgentEnv",
     "SingleAgentEnvConfig",
     "State",
@@ -97,6 +100,7 @@ __all__ = [
     "TasksetConfig",
     "ToolMessage",
     "Toolset",
+    "ToolsetConfig",
     "Trace",
     "TraceTask",
     "UserMessage",
@@ -109,3 +113,13 @@ __all__ = [
     "stop",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # A public v1 name vfray does not implement: one line naming it (and what is served),
+    # rather than "module 'vfray.compat.v1' has no attribute" from inside a taskset's code.
+    from vfray.compat.v1._surface import V1_PUBLIC, missing_name
+
+    if name in V1_PUBLIC:
+        raise missing_name("verifiers.v1", name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

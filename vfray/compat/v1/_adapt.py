@@ -14,7 +14,7 @@ import cloudpickle
 import vfray.scoring as scoring
 from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
-from vfray.compat.v1._env import BestOfNEnv, Env, Episode
+from vfray.compat.v1._env import BestOfNEnv, Env, Episode, ToolsetConfig
 from vfray.compat.v1._hooks import boundary, invoke
 from vfray.compat.v1._judges import judge, plugged_judges
 from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
@@ -276,6 +276,19 @@ def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
                 f"v1 task {label}: toolset {toolset!r} is not a verifiers.v1 Toolset with @tool "
                 "methods (the only kind vfray serves)"
             )
+        config = getattr(toolset, "config", None)
+        if isinstance(config, ToolsetConfig):
+            asked = [
+                f"{k}={v!r}"
+                for k, v in config.model_dump(include={"colocated", "runtime", "url"}).items()
+                if v != ToolsetConfig.model_fields[k].get_default(call_default_factory=True)
+            ]
+            if asked:
+                raise ConfigError(
+                    f"v1 task {label}: toolset {type(toolset).__qualname__} config "
+                    f"{', '.join(asked)} is not supported (vfray serves a task's toolsets on "
+                    "the host, per rollout)"
+                )
     intercepts = [
         n for k in type(task).__mro__ for n, f in vars(k).items() if hasattr(f, "intercept")
     ]

@@ -4,21 +4,55 @@
 Installed on demand (``vfray eval`` of a v1 taskset, :func:`install`, and before a v1 task is
 unpickled on a worker), never at import time. It refuses to shadow a real ``verifiers``: that one
 belongs in its own virtualenv, and two implementations under one name would be a silent mix.
+What it serves is :mod:`._surface`'s list; any other ``verifiers`` module, or a public v1 name
+vfray does not implement, fails in one line naming it.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from vfray.errors import ConfigError
 
 _OURS = "__vfray_compat__"
 
 
+class _Unserved(importlib.abc.MetaPathFinder):
+    """Ends the import of any ``verifiers`` module not served, naming it (without it, Python
+    would say only that ``verifiers.v1`` is not a package, or that the name is missing)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".", 1)[0] != "verifiers" or fullname in sys.modules:
+            return None
+        from vfray.compat.v1._surface import missing_module
+
+        raise missing_module(fullname)
+
+
+def _refusing(module: str) -> Callable[[str], Any]:
+    """A served module's ``__getattr__``: every name it does not serve is one line naming it
+    (dunder probes stay plain ``AttributeError``s, as introspection expects)."""
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        from vfray.compat.v1._surface import missing_name
+
+        raise missing_name(module, name)
+
+    return __getattr__
+
+
 def install() -> None:
-    """Make ``import verifiers.v1`` (and its ``envs.best_of_n``, ``envs.user_sim``) vfray's."""
+    """Make ``import verifiers.v1`` (and the v1 submodules in :mod:`._surface`) vfray's."""
     present = sys.modules.get("verifiers")
     if present is not None:
         if getattr(present, _OURS, False):
@@ -27,31 +61,32 @@ def install() -> None:
     if importlib.util.find_spec("verifiers") is not None:
         raise ConfigError(_shadow_message())
     import vfray.compat.v1 as layer
-    from vfray.compat.v1 import _env, _user_sim
+    from vfray.compat.v1 import _surface, _user_sim
 
+    served: dict[str, types.ModuleType] = {"verifiers.v1": layer}
     root = types.ModuleType("verifiers", "vfray's verifiers v1 compatibility layer")
     root.__path__ = []
     setattr(root, _OURS, True)
-    root.v1 = layer  # type: ignore[attr-defined]
-    envs = types.ModuleType("verifiers.v1.envs")
-    envs.__path__ = []
-    best = types.ModuleType("verifiers.v1.envs.best_of_n")
-    best.BestOfNEnv = _env.BestOfNEnv  # type: ignore[attr-defined]
-    best.BestOfNEnvConfig = _env.BestOfNEnvConfig  # type: ignore[attr-defined]
-    envs.best_of_n = best  # type: ignore[attr-defined]
-    user_sim = types.ModuleType("verifiers.v1.envs.user_sim")
-    user_sim.UserSimEnv = _user_sim.UserSimEnv  # type: ignore[attr-defined]
-    user_sim.UserSimEnvConfig = _user_sim.UserSimEnvConfig  # type: ignore[attr-defined]
-    envs.user_sim = user_sim  # type: ignore[attr-defined]
-    sys.modules.update(
-        {
-            "verifiers": root,
-            "verifiers.v1": layer,
-            "verifiers.v1.envs": envs,
-            "verifiers.v1.envs.best_of_n": best,
-            "verifiers.v1.envs.user_sim": user_sim,
-        }
-    )
+    root.__getattr__ = _refusing("verifiers")  # type: ignore[method-assign]
+    served["verifiers"] = root
+    for name in _surface.PACKAGES:
+        package = types.ModuleType(name)
+        package.__path__ = []
+        served[name] = package
+    extra = {"UserSimEnv": _user_sim.UserSimEnv, "UserSimEnvConfig": _user_sim.UserSimEnvConfig}
+    for name, names in _surface.SUBMODULES.items():
+        module = types.ModuleType(name)
+        for attr in names:
+            setattr(module, attr, extra[attr] if attr in extra else getattr(layer, attr))
+        module.__getattr__ = _refusing(name)  # type: ignore[method-assign]
+        served[name] = module
+    for name, module in served.items():
+        if name != "verifiers":
+            parent, _, child = name.rpartition(".")
+            setattr(served[parent], child, module)
+    sys.modules.update(served)
+    if not any(isinstance(f, _Unserved) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Unserved())
 
 
 def _shadow_message() -> str:

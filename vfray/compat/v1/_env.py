@@ -9,13 +9,16 @@ its own ``run()`` (multi-agent, user simulation) as vfray seats (:mod:`._seated`
 
 from __future__ import annotations
 
-from typing import Any, Generic
+import dataclasses
+from typing import Any, ClassVar, Generic
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
 from vfray.compat.v1._data import TasksetConfig
+from vfray.errors import ConfigError
 from vfray.tools.toolset import Toolset as VfrayToolset
+from vfray.tools.toolset import ToolSpec
 
 
 class HarnessConfig(BaseModel):
@@ -114,9 +117,65 @@ class Harness:
     """Base of a v1 harness class; vfray runs its own harnesses (see the id mapping)."""
 
 
+class ToolsetConfig(BaseModel):
+    """v1's per-rollout toolset config. vfray serves every toolset on the host, per rollout:
+    ``colocated`` / ``runtime`` / ``url`` other than their defaults are refused (the adapter)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    colocated: bool = False
+    runtime: dict[str, Any] = Field(default_factory=lambda: {"type": "subprocess"})
+    url: str | None = None
+
+
+class SharedToolsetConfig(BaseModel):
+    """v1's taskset-wide toolset config, for code that names it (shared toolsets are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    runtime: dict[str, Any] = Field(default_factory=lambda: {"type": "subprocess"})
+    url: str | None = None
+
+
 class Toolset(VfrayToolset):
     """Base of a v1 MCP toolset: a vfray :class:`~vfray.tools.Toolset` (per rollout, served on
-    the host), its ``@vf.tool`` methods its tools."""
+    the host), its ``@vf.tool`` methods its tools, advertised under v1's names:
+    ``<prefix>_<tool>``, the prefix ``TOOL_PREFIX`` or the class name in snake case, bare when
+    ``TOOL_PREFIX = None`` (a scripted or real model calls the names it is shown)."""
+
+    TOOL_PREFIX: ClassVar[str | None] = ""
 
     def __init__(self, config: Any = None) -> None:
-        self.config = config
+        self.config = config if config is not None else ToolsetConfig()
+
+    def __class_getitem__(cls, _params: Any) -> type[Toolset]:
+        # v1's Toolset is Generic in its config (``Toolset[MyConfig]``); the config is only
+        # carried here, so the parametrised class is the class itself.
+        return cls
+
+    @classmethod
+    def v1_prefix(cls) -> str:
+        """v1's ``ServerBase.server_name``: what its tools' names start with ("" for none)."""
+        if cls.TOOL_PREFIX is None:
+            return ""
+        return cls.TOOL_PREFIX or "".join(
+            "_" + c.lower() if c.isupper() else c for c in cls.__name__
+        ).lstrip("_")
+
+    @classmethod
+    def specs(cls) -> dict[str, ToolSpec]:
+        prefix = cls.v1_prefix()
+        if not prefix:
+            return super().specs()
+        return {
+            f"{prefix}_{name}": dataclasses.replace(spec, name=f"{prefix}_{name}")
+            for name, spec in super().specs().items()
+        }
+
+    @classmethod
+    def run(cls) -> None:
+        """v1 serves a toolset by running its module (``python -m``); vfray serves it itself."""
+        raise ConfigError(
+            f"v1 toolset {cls.__qualname__}: vfray serves v1 toolsets itself, per rollout; "
+            "run the taskset with `vfray eval`"
+        )

@@ -37,6 +37,9 @@ def to_agent(name: str, config: AgentConfig) -> Agent:
     client = extras.pop("client", None) or {}
     if not isinstance(client, dict):
         client = {"?": client}
+    # v1 needs `type` to pick its client union's member; `eval` is the only kind vfray runs.
+    if client.get("type") == "eval":
+        client = {k: v for k, v in client.items() if k != "type"}
     box = extras.pop("runtime", None) or {}
     if not isinstance(box, dict):
         box = {"?": box}

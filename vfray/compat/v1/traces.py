@@ -1,6 +1,7 @@
 """vfray traces in verifiers v1's on-disk format (``traces.jsonl``: one Episode per line, traces
 with their message-node graph, calls, rewards and metrics), so v1 tooling reads vfray runs; and
-both formats read back as the same per-rollout summary, to compare a run on each framework."""
+a v1 ``traces.jsonl`` (verifiers' own or an export) read back rollout by rollout, with what it
+scored and said (:class:`Outcome`), to compare one run on each framework task by task."""
 
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def to_v1_trace(trace: Trace) -> dict[str, Any]:
                 "harness": {"id": trace.agent.harness},
                 "runtime": {"type": trace.agent.runtime},
             },
-            "name": "agent",
+            "name": trace.seat or "agent",
             "trainable": True,
         },
         "nodes": nodes,
@@ -151,10 +152,12 @@ def to_v1_trace(trace: Trace) -> dict[str, Any]:
 
 def to_v1_episodes(traces: Iterable[Trace], env_id: str = "") -> Iterator[dict[str, Any]]:
     """v1 Episode records: one per rollout, except that rollouts judged together by a v1 env's
-    ``finalize`` (best-of-n) share one episode, as in v1."""
+    ``finalize`` (best-of-n) and the seats of one game (an env's own ``run``) share one
+    episode, as in v1."""
     grouped: dict[str, list[Trace]] = {}
     for trace in traces:
-        together = ENV_FINALIZE in trace.rewards and trace.episode_id is not None
+        joint = ENV_FINALIZE in trace.rewards or trace.seat is not None
+        together = joint and trace.episode_id is not None
         grouped.setdefault(trace.episode_id if together else trace.trace_id, []).append(trace)  # type: ignore[arg-type]
     for key, members in grouped.items():
         records = [to_v1_trace(t) for t in sorted(members, key=lambda t: t.rollout_index)]
@@ -177,7 +180,12 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = Path(run_dir)
     traces = table_to_traces(final_rows(read_traces(run / "traces")))
     header = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
-    env_id = str((header.get("config") or header).get("taskset", "")).removeprefix("v1:")
+    # The run's own taskset name (a taskset instance run from Python leaves the config's default).
+    config = header.get("config") or {}
+    named = str(header.get("taskset") or config.get("taskset", "")).removeprefix("v1:")
+    # v1's env id: the taskset's, prefixed by a paired env's (`best-of-n+gsm8k`, EnvConfig.env_id).
+    paired = ((config.get("taskset_args") or {}).get("env") or {}).get("id")
+    env_id = f"{paired}+{named}" if paired and named else named
     path = Path(out) if out is not None else run / "v1" / "traces.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
@@ -188,7 +196,8 @@ def export_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one rollout came to, in terms both frameworks record."""
+    """One rollout of a v1 ``traces.jsonl``, in terms both frameworks record: its task, who
+    played it, its scores, how it stopped, and its transcript (messages without ids)."""
 
     key: str
     rewards: dict[str, float | None]
@@ -196,6 +205,47 @@ class Outcome:
     reward: float
     stop_condition: str | None
     reply: str
+    agent: str = "agent"
+    idx: int | None = None
+    """The task row's ``idx`` (the key names the row's content; a seat may play a row of its
+    own, e.g. user-sim's assistant the row with its prompt nulled)."""
+    messages: tuple[dict[str, Any], ...] = ()
+    """The transcript: the path to the trace's last message, each message as
+    :func:`plain_message` gives it."""
+    completion: tuple[dict[str, Any], ...] = ()
+    """The messages from the first one the model sampled on (what the rollout added)."""
+    errors: tuple[str, ...] = ()
+    """The trace's errors, as ``Type: message``."""
+
+
+def plain_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A v1 message without what differs run to run (call ids): role, content (text; parts
+    joined), tool calls as (name, parsed arguments), a tool result's content."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    out: dict[str, Any] = {"role": message.get("role"), "content": str(content or "").strip()}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        raw = call.get("arguments", "")
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            arguments = raw
+        calls.append({"name": call.get("name", ""), "arguments": arguments})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _path(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes from a root to the last node, in order."""
+    path: list[dict[str, Any]] = []
+    at: int | None = len(nodes) - 1 if nodes else None
+    while at is not None and 0 <= at < len(nodes) and len(path) <= len(nodes):
+        path.append(nodes[at])
+        at = nodes[at].get("parent")
+    return path[::-1]
 
 
 def read_v1_traces(path: str | Path) -> list[Outcome]:
@@ -214,6 +264,10 @@ def read_v1_traces(path: str | Path) -> list[Outcome]:
             nodes = trace.get("nodes", [])
             sampled = [n["message"] for n in nodes if n.get("sampled")]
             reply = str((sampled[-1].get("content") if sampled else "") or "").strip()
+            along = _path(nodes)
+            first = next((i for i, n in enumerate(along) if n.get("sampled")), len(along))
+            messages = tuple(plain_message(n["message"]) for n in along)
+            idx = (trace["task"].get("data") or {}).get("idx")
             out.append(
                 Outcome(
                     key=trace["task"]["key"],
@@ -222,6 +276,13 @@ def read_v1_traces(path: str | Path) -> list[Outcome]:
                     reward=sum((s or 0.0) * weights[k] for k, s in rewards.items() if k in weights),
                     stop_condition=trace.get("stop_condition"),
                     reply=reply,
+                    agent=str((trace.get("agent") or {}).get("name") or "agent"),
+                    idx=idx if isinstance(idx, int) else None,
+                    messages=messages,
+                    completion=messages[first:],
+                    errors=tuple(
+                        f"{e.get('type')}: {e.get('message')}" for e in trace.get("errors", [])
+                    ),
                 )
             )
     return out
