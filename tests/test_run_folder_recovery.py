@@ -306,8 +306,9 @@ def test_sink_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path) -> None:
     assert_every_rollout_once(result, 60, 2)
 
 
+@pytest.mark.timeout(600)  # up to three runs, on a machine that may be loaded
 def test_sink_killed_while_compacting_does_not_fail_the_run(tmp_path: Path) -> None:
-    tasks = ArithmeticTaskset(num_tasks=80)
+    tasks = ArithmeticTaskset(num_tasks=50)
     killed: list[int] = []
     # The compaction at close lasts a fraction of a second; on a loaded machine the watcher can
     # miss it. Each attempt is a whole checked run; up to three are made to land the kill.
@@ -327,10 +328,10 @@ def test_sink_killed_while_compacting_does_not_fail_the_run(tmp_path: Path) -> N
             watcher = kill_sink_when(compacting, killed)
             result = f.run(tasks, rollouts_per_task=2)
             watcher.join(timeout=1)
-        assert_every_rollout_once(result, 80, 2)
+        assert_every_rollout_once(result, 50, 2)
         # Finished compactions (the restarted sink's, where it was killed): readers see every
         # row once.
-        for table, rows in (("traces", 160), ("episodes", 80)):
+        for table, rows in (("traces", 100), ("episodes", 50)):
             folder = result.run_dir / table
             assert not [p for p in folder.iterdir() if p.name.startswith(".")]
             assert pq.read_table(folder).num_rows == rows
