@@ -4,9 +4,9 @@ loopback; each SandboxHost binds its rollouts there (:class:`NodeTools`), and th
 the actor's listener directly, through the same ``host_url`` bridge as the interception.
 
 Why an actor and not a Serve deployment: a box must reach the one instance that holds its
-rollout's binding, so Serve's HTTP proxy would only add a hop (measured in
-``benchmarks/tools.py``: p50 per call through the proxy several times that of the actor's own
-listener), and direct ingress into a replica is this actor with Serve's controller on top.
+rollout's binding, so Serve's HTTP proxy would only add a hop (``benchmarks/tools.py``: p50 per
+call 14.5 ms through the proxy vs 1.3 ms on the actor's own listener, 26 vs 463 calls/s at
+c=16), and direct ingress into a replica is this actor with Serve's controller on top.
 The actors start with the first task that has a shared host-side toolset, so runs without one
 pay nothing; hard node affinity, because an instance on another node would be a second one.
 """
