@@ -7,8 +7,9 @@ Why an actor and not a Serve deployment: a box must reach the one instance that 
 rollout's binding, so Serve's HTTP proxy would only add a hop (``benchmarks/tools.py``: p50 per
 call 14.5 ms through the proxy vs 1.3 ms on the actor's own listener, 26 vs 463 calls/s at
 c=16), and direct ingress into a replica is this actor with Serve's controller on top.
-The actors start with the first task that has a shared host-side toolset, so runs without one
-pay nothing; hard node affinity, because an instance on another node would be a second one.
+The actors start with the first task (of each task class) that has a shared host-side toolset,
+so runs without one pay nothing; hard node affinity, because an instance on another node would
+be a second one.
 """
 
 from __future__ import annotations
@@ -65,45 +66,52 @@ class ToolsetNode:
 
 
 class NodeTools:
-    """A SandboxHost's way to its node's :class:`ToolsetNode` (:class:`SharedTools`): the actor
-    is looked up by name on first use; a node that has none (it joined after the actors were
-    started) serves its shared toolsets from the host's own loop, as the local backend does."""
+    """A SandboxHost's way to its node's :class:`ToolsetNode` (:class:`SharedTools`), looked up
+    by name. While the node has none (it joined after the actors were started, or the first
+    task of each class that reached the farm had no shared toolset) the host serves shared
+    toolsets from its own loop, as the local backend does, and looks again at the next bind."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self._actor: Any = None
-        self._fallback: SharedTools | None = None
+        self._warned = False
+        self._own: dict[str, SharedTools] = {}
+        """Bindings served by this host's own loop, by URL."""
 
-    def _where(self) -> tuple[Any, SharedTools | None]:
-        if self._actor is None and self._fallback is None:
+    def _node_actor(self) -> Any:
+        if self._actor is None:
             node = ray.get_runtime_context().get_node_id()
             try:
                 self._actor = ray.get_actor(node_actor_name(self.prefix, node))
             except ValueError:
-                log.warning("no ToolsetNode on node %s: its hosts serve shared toolsets", node)
-                self._fallback = host_server()
-        return self._actor, self._fallback
+                if not self._warned:
+                    log.warning("no ToolsetNode on node %s: this host serves shared toolsets", node)
+                    self._warned = True
+        return self._actor
 
     async def bind_shared(self, toolset: Toolset) -> str:
-        actor, fallback = self._where()
-        if fallback is not None:
-            return await fallback.bind_shared(toolset)
-        url: str = await actor.bind_shared.remote(toolset)
-        return url
+        actor = self._node_actor()
+        if actor is None:
+            own = host_server()
+            url = await own.bind_shared(toolset)
+            self._own[url] = own
+            return url
+        bound: str = await actor.bind_shared.remote(toolset)
+        return bound
 
     async def calls(self, url: str) -> list[ToolCall]:
-        actor, fallback = self._where()
-        if fallback is not None:
-            return await fallback.calls(url)
-        calls: list[ToolCall] = await actor.calls.remote(url)
+        own = self._own.get(url)
+        if own is not None:
+            return await own.calls(url)
+        calls: list[ToolCall] = await self._actor.calls.remote(url)
         return calls
 
     async def unbind(self, url: str) -> None:
-        actor, fallback = self._where()
-        if fallback is not None:
-            await fallback.unbind(url)
+        own = self._own.pop(url, None)
+        if own is not None:
+            await own.unbind(url)
         else:
-            await actor.unbind.remote(url)
+            await self._actor.unbind.remote(url)
 
 
 def needs_node_tools(task: Any) -> bool:
