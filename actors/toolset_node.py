@@ -5,8 +5,8 @@ the actor's listener directly, through the same ``host_url`` bridge as the inter
 
 Why an actor and not a Serve deployment: a box must reach the one instance that holds its
 rollout's binding, so Serve's HTTP proxy would only add a hop (``benchmarks/tools.py``: p50 per
-call 14.5 ms through the proxy vs 1.3 ms on the actor's own listener, 26 vs 463 calls/s at
-c=16), and direct ingress into a replica is this actor with Serve's controller on top.
+call 9.8-14.5 ms through the proxy vs 1.3 ms on the actor's own listener, 26-49 vs 426-463
+calls/s at c=16), and direct ingress into a replica is this actor with Serve's controller on top.
 The actors start with the first task (of each task class) that has a shared host-side toolset,
 so runs without one pay nothing; hard node affinity, because an instance on another node would
 be a second one.
