@@ -115,6 +115,7 @@ class HostLayout:
     max_restarts: int = -1
     interception: PoolRef | None = None
     tunnel: TunnelSettings | None = None
+    tools_prefix: str | None = None
 
     def start(self, index: int) -> Any:
         """Create host ``index`` on its node with soft affinity, so a host whose node dies
@@ -143,6 +144,7 @@ class HostLayout:
                 interception=self.interception,
                 tunnel=self.tunnel,
                 slot=slot,
+                tools_prefix=self.tools_prefix,
             )
         )
 

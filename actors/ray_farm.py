@@ -18,6 +18,7 @@ from actors.backend import RayBackend
 from actors.interception_pool import PoolRef, start_pool, stop_pool
 from actors.sandbox_host import LateUrl
 from actors.shipping import ship_by_value
+from actors.toolset_node import ToolsetNodes, needs_node_tools
 from vfray.errors import VfrayError
 from vfray.run.spec import RunSpec
 from vfray.task import Task
@@ -33,6 +34,8 @@ class RayFarm:
         self.model_actor: Any = None
         self.pool: PoolRef | None = None
         """The interception deployment (``farm.interception = "serve"``)."""
+        self.toolset_nodes = ToolsetNodes()
+        """The per-node shared-toolset actors, started by the first task that needs them."""
         self._started_ray = False
 
     def start(self) -> None:
@@ -86,6 +89,7 @@ class RayFarm:
             max_concurrency=spec.concurrency.host_concurrency,
             interception=self.pool,
             tunnel=layout.tunnel,
+            tools_prefix=self.toolset_nodes.prefix,
         )
         self.hosts = hosts.start_all()
         # Fail here, with the model actor's or the host's own error, when one cannot come up;
@@ -119,6 +123,9 @@ class RayFarm:
     def prepare(self, task: Task[Any]) -> None:
         # Let workers unpickle the task even when its module only exists here.
         ship_by_value(type(task), type(task.data))
+        if needs_node_tools(task):
+            self.start()
+            self.toolset_nodes.ensure([n["NodeID"] for n in cluster.alive_nodes()])
 
     def stats(self) -> list[dict[str, Any]]:
         if not self.hosts:
@@ -146,6 +153,7 @@ class RayFarm:
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
+        self.toolset_nodes.close()
         if self.pool is not None:
             stop_pool(self.pool)
             self.pool = None

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from actors.interception_pool import PoolRef, ServeBroker
+from actors.toolset_node import NodeTools
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.interception import InterceptionApp, Upstream
@@ -34,6 +35,7 @@ from vfray.run.seating import Station, Stations, play_game
 from vfray.runtimes.registry import runtime_class
 from vfray.seats import SeatedTask
 from vfray.serving import serve_in_loop
+from vfray.tools.host import use_shared_tools
 from vfray.trace import Trace
 from vfray.tunnels import TunnelKeeper, TunnelSettings
 
@@ -66,9 +68,11 @@ class SandboxHost:
         interception: PoolRef | None = None,
         tunnel: TunnelSettings | None = None,
         slot: int = 0,
+        tools_prefix: str | None = None,
     ) -> None:
         """``slot``: this host's index among the hosts on its node; with the Serve pool it
-        picks the node's replica (:class:`~actors.interception_pool.ServeBroker`)."""
+        picks the node's replica (:class:`~actors.interception_pool.ServeBroker`).
+        ``tools_prefix``: the name prefix of the farm's per-node shared-toolset actors."""
         self.plan = plan
         if isinstance(base_url, LateUrl):  # the built-in model actor, started beside this host
             base_url = base_url.get()
@@ -110,6 +114,8 @@ class SandboxHost:
         self._in_flight: dict[str, asyncio.Future[Trace | list[Trace]]] = {}
         self._seating: Stations | None = None
         self.completed = 0
+        self.tools_prefix = tools_prefix
+        self._tools_installed = False
 
     async def url(self) -> str:
         """The interception endpoint (``.../v1``), started on first use."""
@@ -129,6 +135,10 @@ class SandboxHost:
         outcome (for the driver) and the trace(s) (for the episode task) as two Ray objects
         when called with ``num_returns=2``."""
         url = await self.url()
+        if self.tools_prefix is not None and not self._tools_installed:
+            # Shared toolsets bind on the node's ToolsetNode, not on this host's own loop.
+            use_shared_tools(NodeTools(self.tools_prefix))
+            self._tools_installed = True
         if self.remote:
             # Known before the box starts (a runtime may fix its network policy then): the
             # node tunnel's URL, this host's own or its pinned replica's.

@@ -1,5 +1,5 @@
 """Example taskset with a shared MCP toolset: one glossary server for the whole run (one per
-process: a SandboxHost on Ray), each rollout's lookups counted in its own state
+node on Ray), each rollout's lookups counted in its own state
 (``self.state``), which no other rollout sees.
 
 Run: ``vfray eval examples/tools_glossary.py:GlossaryTaskset -n 4 -r 2 --harness bash

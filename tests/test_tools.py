@@ -87,6 +87,33 @@ def test_shared_glossary_keeps_each_rollouts_state_apart() -> None:
         assert trace.metrics["own_lookups"] == 1.0
 
 
+def test_shared_toolset_is_one_instance_per_run_on_the_local_backend(tmp_path: Path) -> None:
+    """Every rollout of a local run reaches the one instance, in the farm's own process, and
+    each rollout's total stays its own (its number twice, whatever ran beside it)."""
+    from tests.fixtures.tool_sets import census_tasks
+    from vfray.traces.convert import table_to_traces
+
+    with vf.Farm(
+        model="scripted:agent",
+        harness="bash",
+        runtime="subprocess",
+        backend="local",
+        output_dir=str(tmp_path),
+        progress=False,
+        max_concurrent=8,
+    ) as farm:
+        result = farm.run(census_tasks(4), rollouts_per_task=2)
+    instances = set()
+    for trace in table_to_traces(result.final_traces):
+        assert trace.errors == []
+        add1, who, add2 = trace.tool_calls
+        n = add1.arguments["n"]
+        assert (add1.result, add2.result) == (str(n), str(2 * n))
+        instances.add(who.result)
+    (instance,) = instances
+    assert instance is not None and int(instance.split("/")[0]) == os.getpid()
+
+
 def _box_servers() -> set[int]:
     """Pids of in-box tool server programs now running on this machine."""
     found = set()

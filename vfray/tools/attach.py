@@ -2,10 +2,12 @@
 fails the setup), handed to the harness as ``{name: url}`` as seen from the box, their calls
 collected onto the trace after the agent, and stopped before the box is.
 
-Placement decides the way in: a host-placed or shared toolset is a binding on this process's
-:class:`~vfray.tools.host.HostToolServer`, reached through ``Runtime.host_url`` (the bridge the
-interception uses under default-deny egress); a box-placed one runs in the box
-(``Runtime.run_background``) and is reached on the box's loopback.
+Placement decides the way in: a host-placed toolset is a binding on this process's
+:class:`~vfray.tools.host.HostToolServer`, a shared one a binding on the run's instance
+(:func:`~vfray.tools.host.shared_tools`: this loop's server, or on Ray the node's actor), both
+reached through ``Runtime.host_url`` (the bridge the interception uses under default-deny
+egress); a box-placed one runs in the box (``Runtime.run_background``) and is reached on the
+box's loopback.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import pickle
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from vfray.errors import SandboxError, ToolError
 from vfray.runtimes.base import BackgroundProcess, Runtime
 from vfray.tools._mcp_app import Binding
 from vfray.tools._stdio import StdioServer
-from vfray.tools.host import host_server
+from vfray.tools.host import SharedTools, host_server, shared_tools
 from vfray.tools.toolset import McpServer, Placement, Scope, Toolset, ToolSource
 from vfray.trace import ToolCall
 
@@ -52,6 +53,7 @@ class RolloutTools:
         self.routes: list[str] = []
         """The host URLs the box must keep reaching under default-deny egress."""
         self._bindings: list[tuple[str, Binding]] = []
+        self._shared: list[tuple[SharedTools, str]] = []
         self._in_box: list[tuple[str, BackgroundProcess]] = []
         self._stdio: list[StdioServer] = []
 
@@ -77,13 +79,15 @@ class RolloutTools:
         self.routes.append(url)
 
     async def _bind_host(self, toolset: Toolset) -> None:
-        server = host_server()
         name = toolset.server_name()
         if toolset.scope == Scope.SHARED:
-            toolset = server.shared_instance(toolset)
-        binding = Binding(server=name, toolset=toolset)
-        url = await server.bind(binding)
-        self._bindings.append((url, binding))
+            shared = shared_tools()
+            url = await shared.bind_shared(toolset)
+            self._shared.append((shared, url))
+        else:
+            binding = Binding(server=name, toolset=toolset)
+            url = await host_server().bind(binding)
+            self._bindings.append((url, binding))
         await self._publish(name, url)
 
     async def _start_in_box(self, toolset: Toolset) -> None:
@@ -92,7 +96,12 @@ class RolloutTools:
             raise ToolError(f"toolset {name!r} is shared: it cannot run inside one rollout's box")
         spec, log = f"{TOOLS_DIR}/{name}.pkl", f"{TOOLS_DIR}/{name}.calls.jsonl"
         try:
-            payload = pickle.dumps(toolset)
+            # cloudpickle, not pickle: on Ray the toolset's class may have come to this host by
+            # value (actors.shipping), and pickle refuses a class that is not its module's own
+            # object; cloudpickle then sends it by value too (by reference when importable).
+            import cloudpickle
+
+            payload = cloudpickle.dumps(toolset)
         except Exception as exc:
             raise ToolError(f"toolset {name!r} cannot be pickled into the box: {exc}") from exc
         await self.runtime.write(spec, payload)
@@ -148,6 +157,11 @@ class RolloutTools:
     async def collect(self) -> list[ToolCall]:
         """Every call recorded so far, in start order (in-box logs read from the box)."""
         calls = [c for _, b in self._bindings for c in b.calls]
+        for shared, url in self._shared:
+            try:
+                calls.extend(await shared.calls(url))
+            except Exception:  # a lost node server loses its calls, not the trace
+                continue
         for log, _ in self._in_box:
             try:
                 raw = await self.runtime.read(log)
@@ -164,6 +178,10 @@ class RolloutTools:
         bindings, self._bindings = self._bindings, []
         for url, _ in bindings:
             await server.unbind(url)
+        shared, self._shared = self._shared, []
+        for where, url in shared:
+            with contextlib.suppress(Exception):
+                await where.unbind(url)
         stdio, self._stdio = self._stdio, []
         in_box, self._in_box = self._in_box, []
         await asyncio.gather(

@@ -30,8 +30,9 @@ class Scope(str, Enum):
     ROLLOUT = "rollout"
     """A fresh instance per rollout, started with it and dropped when it ends."""
     SHARED = "shared"
-    """One instance per process that serves rollouts (the farm process on the local backend,
-    each SandboxHost on Ray), kept while it lives; per-rollout state in ``self.state``."""
+    """One instance per run on the local backend (the farm's process) and one per node on Ray
+    (the node's ``ToolsetNode`` actor, whatever the hosts on it), kept while the farm lives;
+    per-rollout state in ``self.state``. Host-placed only (refused in a box)."""
 
 
 class Placement(str, Enum):
