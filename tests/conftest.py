@@ -70,7 +70,7 @@ def ray_fresh() -> Iterator[None]:
 # starting with the long ones leaves short files to fill the end instead of one long file
 # running alone at the tail.
 SLOWEST_FILES_FIRST = (
-    "test_compat_v1_vs_verifiers.py",  # ~200 s under load (helper's measure, not yet a full run)
+    "test_compat_v1_vs_verifiers.py",  # ~200 s: verifiers 0.4.0 and vfray on 3 tasksets
     "test_farm.py",
     "test_run_folder_recovery.py",
     "test_notebooks.py",
