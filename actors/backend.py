@@ -1,8 +1,9 @@
 """The Ray backend of the run driver (:mod:`vfray.run.driver`): rollouts run in SandboxHost actors,
-each task's group is scored by an episode Ray task, and rows go to the TraceSink actor.
+each task's group is scored in a host (an episode Ray task when the host is lost), and rows go
+to the TraceSink actor.
 
 Only small :class:`~vfray.run.outcomes.RolloutOutcome` objects travel back to the driver; traces go
-from the hosts to the episode tasks to the TraceSink by ObjectRef, so the driver's memory stays
+from the hosts to the scoring host to the TraceSink by ObjectRef, so the driver's memory stays
 flat however long the run. The backend keeps each row's ObjectRef until the sink reports it
 durable, and re-sends those to the sink after Ray restarts it.
 """
@@ -72,6 +73,7 @@ class RayBackend:
         # Rows sent to the sink but not yet reported on disk, by key: (method, ObjectRef).
         self._unacked: dict[str, tuple[str, Any]] = {}
         self._recovering = asyncio.Lock()
+        self._episodes = 0
 
     async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         outcome_ref, trace_ref = self.hosts[host].run_rollout.options(num_returns=2).remote(job)
@@ -161,10 +163,22 @@ class RayBackend:
                 await asyncio.sleep(0.5)
 
     async def finish(self, job: EpisodeJob, handles: list[Any]) -> EpisodeOutcome:
-        outcome_ref, rows_ref = run_episode.remote(job, *handles)
+        # Scored in a host (round-robin), not in a Ray task: a task per episode kept Ray
+        # starting and killing worker processes (each importing vfray and pyarrow) as bursts
+        # of episodes came and went. A host lost meanwhile: a Ray task (retried by Ray) does it.
+        host = self.hosts[self._episodes % self.num_hosts]
+        self._episodes += 1
+        outcome_ref, rows_ref = host.finish_episode.options(num_returns=2).remote(job, *handles)
+        try:
+            outcome: EpisodeOutcome = await outcome_ref
+        except INFRA_ERRORS as exc:
+            if _is_cancellation(exc):
+                raise asyncio.CancelledError(f"episode cancelled: {exc}") from exc
+            log.warning("scoring an episode on a host failed (%s); scoring it on a Ray task", exc)
+            outcome_ref, rows_ref = run_episode.remote(job, *handles)
+            outcome = await outcome_ref
         # The sink resolves the rows itself; the driver never deserializes them.
         await self._send("append_rows", rows_ref, job.episode_id)
-        outcome: EpisodeOutcome = await outcome_ref
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:

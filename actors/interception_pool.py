@@ -6,9 +6,9 @@ broker through which a node's SandboxHosts open and close sessions with their no
 replica over a Serve handle. Serve owns the replicas' placement, health and restarts.
 
 A box talks to one replica's listener directly, so every call for a session must reach the
-replica that opened it: the deployment's :class:`PinnedRouter` sends a call that names a replica
-to that one, and each broker pins itself to one of its node's replicas (its host's ``slot`` on
-the node picks which, so a node's hosts are spread over its replicas).
+replica that opened it: the deployment's router (:mod:`actors._pinned_router`) sends a call
+that names a replica to that one, and each broker pins itself to one of its node's replicas
+(its host's ``slot`` on the node picks which, so a node's hosts are spread over its replicas).
 
 A replica's sessions die with it. The broker tells that apart from a slow answer: every replica
 has an incarnation id, a session is concluded only by the incarnation that opened it, and a
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import ray
-from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
 from vfray.errors import ConfigError, InterceptionError
 from vfray.interception import InterceptionApp, Limits, Upstream
@@ -43,42 +42,6 @@ DEPLOYMENT = "Interception"
 REPLICA_WAIT_S = 60.0
 """How long a broker waits for its node's replica to (re)appear before a session is refused."""
 _RETRY_PAUSE_S = 0.2
-SPREAD_WAIT_S = 20.0
-"""How long a broker's first call waits for all of its node's replicas to be up, so that the
-node's hosts spread over them, before it pins itself to one of those already up."""
-
-
-class PinnedRouter(LocalityMixin, RequestRouter):
-    """Serve's request router for the pool (it runs in the caller, a SandboxHost). A call with
-    ``replica=<unique id>`` goes to that replica while it is up; one with ``slot=k`` (a broker's
-    first) to the ``k``-th of the caller's node's replicas in a fixed order; otherwise, or when
-    the named replica is gone, to a replica on the caller's node first — which answers "lost"
-    for a session it never held. No FIFOMixin: Serve's default then hands each chosen replica
-    to exactly the request it was chosen for (FIFO would give it to the queue's head)."""
-
-    async def choose_replicas(
-        self,
-        candidate_replicas: list[RunningReplica],
-        pending_request: PendingRequest | None = None,
-    ) -> list[list[RunningReplica]]:
-        kwargs: Mapping[str, Any] = pending_request.kwargs if pending_request else {}
-        target = kwargs.get("replica")
-        if target is not None:
-            for replica in candidate_replicas:
-                if replica.replica_id.unique_id == target:
-                    return [[replica]]
-        ranked: list[list[RunningReplica]] = self.rank_replicas_via_locality(candidate_replicas)
-        slot = kwargs.get("slot")
-        if slot is not None and pending_request is not None:
-            local = sorted(ranked[0], key=lambda r: r.replica_id.unique_id)
-            expected = int(kwargs.get("per_node") or 1)
-            if len(local) < expected and time.time() - pending_request.created_at < SPREAD_WAIT_S:
-                # Not all of the node's replicas are up yet: ask again after Serve's backoff.
-                pending_request.routing_context.should_backoff = True
-                return []
-            if local:
-                return [[local[int(slot) % len(local)]]]
-        return [rank for rank in ranked if rank]
 
 
 @dataclass(frozen=True)
@@ -257,6 +220,8 @@ def start_pool(
     from ray import serve
     from ray.serve.config import ProxyLocation, RequestRouterConfig
 
+    from actors._pinned_router import PinnedRouter
+
     serve.start(proxy_location=ProxyLocation.Disabled)
     name = f"vfray-interception-{uuid.uuid4().hex[:8]}"
     deployment = serve.deployment(
@@ -288,7 +253,8 @@ def stop_pool(pool: PoolRef) -> None:
 
 class ServeBroker:
     """A SandboxHost's :class:`~vfray.rollout.SessionBroker` for one replica on its node: the
-    ``slot``-th (see :class:`PinnedRouter`) when it first asks, then that one until it is gone."""
+    ``slot``-th (see :class:`~actors._pinned_router.PinnedRouter`) when it first asks, then
+    that one until it is gone."""
 
     def __init__(self, pool: PoolRef, *, remote: bool = False, slot: int = 0) -> None:
         from ray import serve

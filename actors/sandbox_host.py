@@ -30,7 +30,14 @@ from vfray.interception import InterceptionApp, Upstream
 from vfray.model_client import Target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
-from vfray.run.outcomes import RolloutJob, RolloutOutcome
+from vfray.run.outcomes import (
+    EpisodeJob,
+    EpisodeOutcome,
+    EpisodeRows,
+    RolloutJob,
+    RolloutOutcome,
+    finish_episode,
+)
 from vfray.run.seating import Station, Stations, play_game
 from vfray.runtimes.registry import runtime_class
 from vfray.seats import SeatedTask
@@ -187,6 +194,13 @@ class SandboxHost:
         if isinstance(done, list):
             return RolloutOutcome.of_game(done), done
         return RolloutOutcome.of(done), done
+
+    async def finish_episode(
+        self, job: EpisodeJob, *traces: Trace | list[Trace]
+    ) -> tuple[EpisodeOutcome, EpisodeRows]:
+        """Score one task's group and build its rows (for the sink), in this loop as the local
+        backend does: call with ``num_returns=2``; Ray resolves the rollouts' refs first."""
+        return await finish_episode(job, list(traces))
 
     def _policy_version(self) -> int | None:
         return (

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from vfray.errors import SandboxError
+from vfray.runtimes._spawn import PopenProcess, create_subprocess_exec
 from vfray.runtimes.base import ProgramResult
 from vfray.runtimes.launches import Launch
 from vfray.runtimes.lifeline import OWNER_ENV
@@ -177,6 +178,8 @@ async def _drain(stream: asyncio.StreamReader | None, sink: _TailBuffer) -> None
 async def wait_exit(proc: asyncio.subprocess.Process) -> int:
     """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
     close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
+    if isinstance(proc, PopenProcess):  # its wait() is the exit alone, seen by a pidfd
+        return await proc.wait()
     waiter = asyncio.ensure_future(proc.wait())
     delay = 0.005
     try:
@@ -210,7 +213,7 @@ async def run_process_group(
     try:
         await launch.acquire()
         started = time.monotonic()  # the wait for a launch slot is not the program's time
-        proc = await asyncio.create_subprocess_exec(
+        proc = await create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -292,13 +295,13 @@ async def start_live(
     (``Runtime.open_process`` of the local runtimes). Raises :class:`SandboxError` when the
     program cannot be started. ``spare``: see :func:`vfray.runtimes.live.signal_tree`."""
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=cwd,
-            env=dict(env),
+            env=env,
             start_new_session=True,
             preexec_fn=preexec_fn,
             limit=LIVE_LINE_LIMIT,

@@ -1,0 +1,93 @@
+"""Harness programs started from uvloop (the loop of a Ray async actor) go through ``Popen`` and a
+pidfd (:mod:`vfray.runtimes._spawn`): the same results as from the stdlib loop, and no full
+``fork()`` of the host process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from vfray.runtimes._spawn import PopenProcess, uses_stdlib_subprocess
+from vfray.runtimes.processes import run_process_group, start_live
+from vfray.runtimes.subprocess import SubprocessRuntime
+
+uvloop = pytest.importorskip("uvloop")
+
+_forks = {"n": 0}
+os.register_at_fork(after_in_parent=lambda: _forks.__setitem__("n", _forks["n"] + 1))
+
+
+def on_uvloop(make: Callable[[], Awaitable[Any]]) -> Any:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(make())  # type: ignore[arg-type]
+
+
+def run_group(argv: list[str], **kwargs: Any) -> Any:
+    async def go() -> Any:
+        assert not uses_stdlib_subprocess(asyncio.get_running_loop())
+        return await run_process_group(
+            argv,
+            {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            os.getcwd(),
+            on_start=lambda pgid: None,
+            preexec_fn=None,
+            **{"timeout": None, "stdin": None, **kwargs},
+        )
+
+    return on_uvloop(go)
+
+
+def test_exit_code_output_and_stdin_without_a_fork() -> None:
+    forks = _forks["n"]
+    code = "import sys; print(sys.stdin.read().upper()); print('e', file=sys.stderr); sys.exit(3)"
+    result = run_group([sys.executable, "-c", code], stdin=b"hi")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "HI\n", "e\n")
+    assert _forks["n"] == forks  # vfork: Python's at-fork handlers never ran
+
+
+def test_timeout_kills_the_group() -> None:
+    result = run_group([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+    assert result.timed_out
+    assert result.exit_code < 0
+
+
+def test_missing_program_is_reported_like_a_shell() -> None:
+    assert run_group(["/nonexistent/program"]).exit_code == 127
+
+
+def test_live_process_streams_and_stops() -> None:
+    async def go() -> tuple[bytes, int, bool]:
+        code = "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"
+        proc = await start_live(
+            [sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, os.getcwd(), preexec_fn=None
+        )
+        assert proc.pid is not None
+        proc.stdin.write(b"abc\n")
+        await proc.stdin.drain()
+        line = await proc.stdout.readline()
+        status = await proc.stop(grace=5)
+        return line, status, isinstance(proc._proc, PopenProcess)
+
+    line, status, popen = on_uvloop(go)
+    assert line == b"cba\n"
+    assert popen
+    assert isinstance(status, int)
+
+
+def test_subprocess_runtime_runs_a_program_that_signals_ready() -> None:
+    async def go() -> Any:
+        box = SubprocessRuntime(launch_concurrency=1)
+        await box.start()
+        try:
+            code = "import os; os.write(int(os.environ['VFRAY_READY_FD']), b'1'); print('up')"
+            return await box.run_program([sys.executable, "-c", code], signals_ready=True)
+        finally:
+            await box.stop()
+
+    result = on_uvloop(go)
+    assert (result.exit_code, result.stdout) == (0, "up\n")
