@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from vfray.runtimes.processes import kill_pids
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-START_ATTEMPTS = 2
+START_ATTEMPTS = 3
 # How long a node start waits for its raylet to register with the GCS (Ray's own wait: 30 s).
 RAYLET_REGISTER_WAIT_S = 120.0
 _STARTUP_TIMEOUT = "timed out during startup"
@@ -105,11 +106,20 @@ def patient_node_start(wait_s: float = RAYLET_REGISTER_WAIT_S) -> Iterator[None]
     original = services.get_node
 
     def patient_get_node(gcs_address: str, node_id: str) -> Any:
+        # Called from ray._private.node.Node.__init__: its `self` knows the node's processes.
+        node = sys._getframe(1).f_locals.get("self")
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 return original(gcs_address, node_id)  # type: ignore[no-untyped-call]
             except RuntimeError:
+                if _raylet_exited(node):
+                    # Seen under load: the raylet aborts when Ray's dashboard agent is slow to
+                    # write its port file. Waiting longer cannot help; fail now, in the words
+                    # start() retries on.
+                    raise Exception(  # Ray's own bare Exception type, on purpose
+                        "The current node timed out during startup: its raylet exited"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
@@ -119,6 +129,15 @@ def patient_node_start(wait_s: float = RAYLET_REGISTER_WAIT_S) -> Iterator[None]
         yield
     finally:
         services.get_node = original
+
+
+def _raylet_exited(node: object) -> bool:
+    dead = getattr(node, "dead_processes", None)
+    if not callable(dead):
+        return False
+    from ray._private import ray_constants
+
+    return any(kind == ray_constants.PROCESS_TYPE_RAYLET for kind, _ in dead())
 
 
 def start(num_cpus: int | None) -> None:

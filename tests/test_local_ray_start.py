@@ -128,3 +128,34 @@ def test_a_raylet_that_never_registers_still_fails(monkeypatch: pytest.MonkeyPat
         services.get_node("127.0.0.1:1", "abc")
     assert len(calls) >= 2
     assert services.get_node is never_registered
+
+
+class _NodeWhoseRayletExited:
+    """What ``ray._private.node.Node`` shows of itself while it waits: its dead processes."""
+
+    def dead_processes(self) -> list[tuple[str, object]]:
+        from ray._private import ray_constants
+
+        return [(ray_constants.PROCESS_TYPE_RAYLET, object())]
+
+    def wait(self) -> object:
+        from ray._private import services
+
+        return services.get_node("127.0.0.1:1", "abc")
+
+
+def test_a_raylet_that_exited_fails_the_start_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import services
+
+    calls: list[str] = []
+
+    def never_registered(gcs_address: str, node_id: str) -> object:
+        calls.append(node_id)
+        raise RuntimeError(f"node {node_id} not found")
+
+    monkeypatch.setattr(services, "get_node", never_registered)
+    with _local_ray.patient_node_start(wait_s=60.0), pytest.raises(Exception) as caught:
+        _NodeWhoseRayletExited().wait()
+    # In the words start() retries on, after one ask, not after the 60 s wait.
+    assert "timed out during startup" in str(caught.value) and "raylet exited" in str(caught.value)
+    assert len(calls) == 1
