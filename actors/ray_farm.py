@@ -32,6 +32,11 @@ class RayFarm:
         self.policy_version: int | None = None
         self.hosts: list[Any] = []
         self.model_actor: Any = None
+        # The model actor's URL, as an ObjectRef the hosts' creation args hold (LateUrl). Kept
+        # for the farm's life: a host Ray restarts (its node died) reads it again in __init__,
+        # and once the driver dropped it Ray had deleted the object ("already deleted by the
+        # reference counting protocol"), so the restarted host died (seen in CI, 3 nodes).
+        self._model_url: Any = None
         self.pool: PoolRef | None = None
         """The interception deployment (``farm.interception = "serve"``)."""
         self.toolset_nodes = ToolsetNodes()
@@ -65,6 +70,7 @@ class RayFarm:
             base_url: str | LateUrl = endpoint.base_url
         else:
             base_url = LateUrl(model_url)
+            self._model_url = model_url
         layout = spec.config.farm
         placement = cluster.host_placement(
             spec.concurrency.hosts, layout.hosts_per_node, layout.cpus_per_host
@@ -159,6 +165,7 @@ class RayFarm:
             self.pool = None
         self.hosts = []
         self.model_actor = None
+        self._model_url = None
         if self._started_ray:
             ray.shutdown()
 
