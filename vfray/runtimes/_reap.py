@@ -5,6 +5,11 @@ runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR``.
 An owner is dead when its lock file ``OWNERS_DIR/TOKEN`` exists and nobody holds its ``flock``
 (the kernel drops the lock with the owner's last fd, even on SIGKILL). No lock file: unknown
 (e.g. an owner from an older vfray), never touched.
+
+The lock file is also the owner's manifest: the ``root PATH`` / ``docker URL`` lines it tells its
+watchdog are appended to it too. A sweeper reaps those places as well as its own, so it may
+remove the lock file after: an owner whose boxes lived under another root than the sweeper's is
+not left unknown (its lock gone, its dirs kept) to the sweeper that does share its root.
 """
 
 from __future__ import annotations
@@ -49,6 +54,21 @@ def lock_dead(owners_dir: str, token: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def manifest(fd: int) -> tuple[set[str], set[str]]:
+    """The roots and docker engines a (locked) owner's lock file lists."""
+    roots: set[str] = set()
+    urls: set[str] = set()
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.pread(fd, 65536, len(data)):
+            data += chunk
+    for line in data.decode(errors="replace").splitlines():
+        kind, _, value = line.partition(" ")
+        if value:
+            (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
+    return roots, urls
 
 
 def _environ_tokens() -> dict[str, list[int]]:
@@ -288,7 +308,14 @@ def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) 
         if fd is None:
             continue
         try:
-            reap(token, owners_dir, roots, urls, unlock=True)
+            listed_roots, listed_urls = manifest(fd)
+            reap(
+                token,
+                owners_dir,
+                sorted({*roots, *listed_roots}),
+                sorted({*urls, *listed_urls}),
+                unlock=True,
+            )
         finally:
             os.close(fd)
         reaped.append(token)

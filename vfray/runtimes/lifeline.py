@@ -18,7 +18,8 @@ also checks its parent pid (a fork of the owner that inherited the write end del
 The owner tells it, on the same pipe, where its work dirs live and which docker engines it uses.
 Work dirs and cgroups carry the token in their names, containers in a label; an owner holds a
 ``flock`` on ``<tmp>/vfray-owners/<token>`` for its whole life, so a sweep tells dead owners
-from live ones (and never touches an owner it cannot tell: no lock file).
+from live ones (and never touches an owner it cannot tell: no lock file). The lines told to the
+watchdog are appended to that file too, so a sweep from another root reaps the owner's roots.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ def _tell(line: str) -> None:
         if line in life.watched:
             return
         life.watched.append(line)
+        # The lock file lists it too: a sweeper from another root reaps it all (see _reap).
+        with contextlib.suppress(OSError):
+            os.write(life.lock_fd, line.encode())
         with contextlib.suppress(OSError):  # a dead watchdog: owner_id() restarts it
             os.write(life.write_fd, line.encode())
 
