@@ -172,6 +172,21 @@ def start(num_cpus: int | None) -> None:
         raise RuntimeError(f"the local Ray came up on {node_ip}, not {LOOPBACK}; stopped it")
 
 
+WORKER_SYSTEM_CONFIG: dict[str, Any] = {"worker_niceness": 0}
+"""Ray starts its worker processes at nice 15, to keep its own daemons responsive. vfray's
+workers are the workload: the SandboxHosts run the rollouts (and their boxes inherit the nice
+value), the TraceSink writes and compacts the run. At nice 15 any nice-0 load on the machine
+starves them: under two CPU-bound processes on 2 cores a sink's 25-part compaction took 9-16 s
+of wall time for 0.6 s of CPU (0.23 s in a plain process), and a CI test ran past its timeout.
+Also for the tests' ``cluster_utils`` clusters (``_system_config`` in their head node args). A
+``RAY_worker_niceness`` in the environment is left to win."""
+
+
+def worker_system_config() -> dict[str, Any]:
+    """``_system_config`` for a Ray that vfray starts (see :data:`WORKER_SYSTEM_CONFIG`)."""
+    return {} if "RAY_worker_niceness" in os.environ else dict(WORKER_SYSTEM_CONFIG)
+
+
 def _init(num_cpus: int | None, token: str) -> None:
     token_env: dict[str, str | None] = {
         # The owner's lifeline (vfray.runtimes.lifeline) kills every process carrying this
@@ -193,6 +208,7 @@ def _init(num_cpus: int | None, token: str) -> None:
             _node_ip_address=LOOPBACK,
             log_to_driver=False,
             configure_logging=False,
+            _system_config=worker_system_config(),
         )
 
 

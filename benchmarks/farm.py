@@ -173,12 +173,15 @@ def run_farm(args: argparse.Namespace) -> None:
     if not args.skip_cluster:
         from ray.cluster_utils import Cluster
 
+        from actors._local_ray import worker_system_config
+
         sim = Cluster(
             initialize_head=True,
             head_node_args={
                 "num_cpus": 1,
                 "node_ip_address": "127.0.0.1",
                 "include_dashboard": False,
+                "_system_config": worker_system_config(),
             },
         )
         for _ in range(2):

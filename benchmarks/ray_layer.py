@@ -151,7 +151,12 @@ def run_nodes(args: argparse.Namespace) -> None:
     _local_ray.restore_auth_settings()
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 1,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+            "_system_config": _local_ray.worker_system_config(),
+        },
     )
     for _ in range(2):
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")

@@ -271,13 +271,14 @@ def _stats_when_up(host: Any, timeout: float = 180.0) -> dict[str, Any]:
 def test_node_removed_mid_run_on_three_node_cluster(tmp_path: Path, ray_fresh: None) -> None:
     from ray.cluster_utils import Cluster
 
-    from actors._local_ray import patient_node_start
+    from actors._local_ray import patient_node_start, worker_system_config
 
     with patient_node_start():  # a loaded machine starts nodes slowly
         cluster = Cluster(
             initialize_head=True,
             head_node_args={
-                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+                "_system_config": worker_system_config(),
             },
         )  # fmt: skip
         workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -159,3 +160,28 @@ def test_a_raylet_that_exited_fails_the_start_at_once(monkeypatch: pytest.Monkey
     # In the words start() retries on, after one ask, not after the 60 s wait.
     assert "timed out during startup" in str(caught.value) and "raylet exited" in str(caught.value)
     assert len(calls) == 1
+
+
+def test_vfrays_ray_workers_are_not_niced(tmp_path: Path) -> None:
+    """Ray starts workers at nice 15; vfray's local Ray starts them at 0: the SandboxHosts run
+    the rollouts, and at 15 any other load on the machine starved them (a CI timeout)."""
+    from vfray.farm import Farm
+    from vfray.tasksets.arithmetic import ArithmeticTaskset
+
+    with Farm(
+        model="scripted:arithmetic",
+        harness="null",
+        runtime="subprocess",
+        backend="ray",
+        output_dir=str(tmp_path),
+        progress=False,
+    ) as farm:
+        farm.run(ArithmeticTaskset(num_tasks=2), rollouts_per_task=2)
+        pids = [int(stats["pid"]) for stats in farm.host_stats()]
+        assert pids and all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in pids)
+
+        @ray.remote
+        def niceness() -> int:
+            return os.getpriority(os.PRIO_PROCESS, 0)
+
+        assert ray.get(niceness.remote()) == 0

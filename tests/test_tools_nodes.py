@@ -18,9 +18,16 @@ def test_shared_toolset_is_one_instance_per_node_on_two_nodes(tmp_path: Path) ->
     import ray
     from ray.cluster_utils import Cluster
 
+    from actors._local_ray import worker_system_config
+
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 1,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+            "_system_config": worker_system_config(),
+        },
     )
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()

@@ -164,13 +164,14 @@ def test_three_node_cluster_has_one_replica_and_one_tunnel_per_node(
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors._local_ray import patient_node_start
+    from actors._local_ray import patient_node_start, worker_system_config
 
     with patient_node_start():  # a loaded machine starts nodes slowly
         cluster = Cluster(
             initialize_head=True,
             head_node_args={
-                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+                "_system_config": worker_system_config(),
             },
         )  # fmt: skip
         for _ in range(2):
