@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray import exceptions as rex
@@ -175,7 +175,8 @@ class RayBackend:
             if _is_cancellation(exc):
                 raise asyncio.CancelledError(f"episode cancelled: {exc}") from exc
             log.warning("scoring an episode on a host failed (%s); scoring it on a Ray task", exc)
-            outcome_ref, rows_ref = run_episode.remote(job, *handles)
+            # num_returns=2: two refs, which Ray's typing of .remote() does not model.
+            outcome_ref, rows_ref = cast("list[Any]", run_episode.remote(job, *handles))
             outcome = await outcome_ref
         # The sink resolves the rows itself; the driver never deserializes them.
         await self._send("append_rows", rows_ref, job.episode_id)

@@ -6,23 +6,31 @@ the rows for the TraceSink; the driver gets back a small
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import ray
 
-from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, EpisodeRows, finish_episode
+from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, finish_episode
 from vfray.trace import Trace
+
+if TYPE_CHECKING:
+    from vfray.traces.wire import PackedRows
 
 
 def finish_episode_sync(
     job: EpisodeJob, *traces: Trace | list[Trace]
-) -> tuple[EpisodeOutcome, EpisodeRows]:
+) -> tuple[EpisodeOutcome, PackedRows]:
     """Body of the ``run_episode`` Ray task (Ray resolves the rollout refs into ``traces``: a
     list per game of a seated task).
 
-    The rows are returned, not sent: the driver hands their ObjectRef to the sink. A blocking
+    The rows are returned (as IPC bytes, :mod:`vfray.traces.wire`), not sent: the driver hands
+    their ObjectRef to the sink. A blocking
     ``ray.get`` on the sink inside this task would make Ray lend its CPU to another worker,
     which on a busy node means starting new worker processes over and over."""
-    return asyncio.run(finish_episode(job, list(traces)))
+    from vfray.traces.wire import pack_rows  # pyarrow: imported by the first episode only
+
+    outcome, rows = asyncio.run(finish_episode(job, list(traces)))
+    return outcome, pack_rows(rows)
 
 
 run_episode = ray.remote(num_cpus=0.5, max_retries=3, num_returns=2)(finish_episode_sync)

@@ -18,7 +18,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -33,7 +33,6 @@ from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
-    EpisodeRows,
     RolloutJob,
     RolloutOutcome,
     finish_episode,
@@ -45,6 +44,9 @@ from vfray.serving import serve_in_loop
 from vfray.tools.host import use_shared_tools
 from vfray.trace import Trace
 from vfray.tunnels import TunnelKeeper, TunnelSettings
+
+if TYPE_CHECKING:
+    from vfray.traces.wire import PackedRows
 
 
 @dataclass(frozen=True)
@@ -197,10 +199,16 @@ class SandboxHost:
 
     async def finish_episode(
         self, job: EpisodeJob, *traces: Trace | list[Trace]
-    ) -> tuple[EpisodeOutcome, EpisodeRows]:
-        """Score one task's group and build its rows (for the sink), in this loop as the local
-        backend does: call with ``num_returns=2``; Ray resolves the rollouts' refs first."""
-        return await finish_episode(job, list(traces))
+    ) -> tuple[EpisodeOutcome, PackedRows]:
+        """Score one task's group and build its rows (for the sink, as IPC bytes: see
+        :mod:`vfray.traces.wire`), in this loop as the local backend does: call with
+        ``num_returns=2``; Ray resolves the rollouts' refs first."""
+        # Imported here: pyarrow is not needed before the first episode is scored (a host's
+        # start delays the first rollout).
+        from vfray.traces.wire import pack_rows
+
+        outcome, rows = await finish_episode(job, list(traces))
+        return outcome, pack_rows(rows)
 
     def _policy_version(self) -> int | None:
         return (

@@ -18,6 +18,7 @@ from vfray.run.results import RunResult
 from vfray.run.resume import load_resume_state
 from vfray.run.sink import TraceSink
 from vfray.trace import RewardRecord, StopCondition, Trace
+from vfray.traces.wire import pack_rows
 
 
 class Pair(vf.Task[vf.TaskData]):
@@ -41,7 +42,7 @@ async def finish(sink: TraceSink, task: Pair, episode_id: str, new: list[Trace])
     job = EpisodeJob(task=task, episode_id=episode_id, spec=EpisodeSpec(run_id="r"))
     outcome, rows = await finish_episode(job, new)
     assert outcome.task_key == task.key and len(outcome.rollouts) == len(new)
-    return await sink.append_rows(rows, episode_id)
+    return await sink.append_rows(pack_rows(rows), episode_id)
 
 
 async def test_keyed_appends_are_written_once_and_reported_durable_once(tmp_path: Path) -> None:

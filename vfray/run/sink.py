@@ -27,6 +27,7 @@ from vfray.traces.convert import traces_to_table
 from vfray.traces.episodes import LATEST_BY
 from vfray.traces.io import TraceWriter, compact_parts, read_parquet
 from vfray.traces.parts import finish_compaction
+from vfray.traces.wire import PackedRows, unpack_rows
 
 logger = logging.getLogger(__name__)
 
@@ -214,10 +215,12 @@ class TraceSink:
             raise self._sink_error()
         return self.rows
 
-    async def append_rows(self, rows: tuple[pa.Table, pa.Table], key: str) -> list[str]:
-        """An episode task's rows (passed by ObjectRef, so the driver never holds them).
-        Returns the keys whose rows became durable since the last call."""
-        await self.append(rows[0], rows[1], key)
+    async def append_rows(self, rows: PackedRows, key: str) -> list[str]:
+        """An episode's rows as IPC bytes (:mod:`vfray.traces.wire`), passed by ObjectRef so
+        the driver never holds them. Returns the keys whose rows became durable since the
+        last call."""
+        traces, episodes = unpack_rows(rows)
+        await self.append(traces, episodes, key)
         return self._report()
 
     async def append_trace(self, trace: Trace | list[Trace], key: str | None = None) -> list[str]:
