@@ -1,12 +1,17 @@
 """Harness programs started from uvloop (the loop of a Ray async actor) go through ``Popen`` and a
-pidfd (:mod:`vfray.runtimes._spawn`): the same results as from the stdlib loop, and no full
-``fork()`` of the host process."""
+pidfd (:mod:`vfray.runtimes._spawn`): the same results as from the stdlib loop, no full
+``fork()`` of the host process, and every pipe closed once (uvloop closed ``Popen``'s pipes
+twice, which can close a descriptor another thread has just opened)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import shutil
+import subprocess
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -91,3 +96,78 @@ def test_subprocess_runtime_runs_a_program_that_signals_ready() -> None:
 
     result = on_uvloop(go)
     assert (result.exit_code, result.stdout) == (0, "up\n")
+
+
+SPAWNS = """
+import asyncio, os, sys
+import uvloop
+from vfray.runtimes.processes import run_process_group, start_live
+
+async def main():
+    env = {"PATH": "/usr/bin:/bin"}
+    code = "import sys; sys.stdout.write(sys.stdin.read()); print('e', file=sys.stderr)"
+    for _ in range(5):
+        result = await run_process_group(
+            [sys.executable, "-c", code], env, os.getcwd(), timeout=30, stdin=b"hi",
+            preexec_fn=None, on_start=lambda pgid: None,
+        )
+        assert (result.exit_code, result.stdout, result.stderr) == (0, "hi", "e\\n"), result
+    proc = await start_live(["/bin/cat"], env, os.getcwd(), preexec_fn=None)
+    proc.stdin.write(b"x\\n")
+    await proc.stdin.drain()
+    assert await proc.stdout.readline() == b"x\\n"
+    await proc.stop(grace=5)
+    os.write(1, b"done\\n")
+
+uvloop.run(main())
+"""
+
+
+def test_every_pipe_is_closed_once(tmp_path: Any) -> None:
+    """Under ``strace``: no ``close`` of the host process fails with EBADF (a descriptor closed
+    a second time). uvloop closed each of ``Popen``'s pipes twice: 3 EBADFs per program."""
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-o", os.devnull, "true"]).returncode != 0:
+        pytest.skip("strace (Debian's strace) is not installed or cannot trace here")
+    script = tmp_path / "spawns.py"
+    script.write_text(textwrap.dedent(SPAWNS))
+    log = tmp_path / "close.log"
+    # Only the host process's own calls (no -f): its children exec at once.
+    done = subprocess.run(
+        [strace, "-e", "trace=close", "-o", str(log), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.endswith("done\n"), done.stderr[-2000:]
+    closes = log.read_text().splitlines()
+    assert len(closes) > 30  # the run's pipes, pidfds and files were seen being closed
+    assert [line for line in closes if "EBADF" in line] == []
+
+
+def test_spawning_leaks_no_descriptor() -> None:
+    """The pipe ends handed to uvloop are closed by it (libuv), and the others here."""
+
+    def open_fds() -> set[int]:
+        gc.collect()
+        # listdir's own descriptor is open while it lists, in both sets alike.
+        return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+    async def spawn(argv: list[str]) -> Any:
+        env = {"PATH": "/usr/bin:/bin"}
+        return await run_process_group(
+            argv, env, os.getcwd(), timeout=30, stdin=b"", preexec_fn=None, on_start=print
+        )
+
+    async def go() -> tuple[set[int], set[int]]:
+        await spawn([sys.executable, "-c", "pass"])  # the loop's own first-use descriptors
+        await asyncio.sleep(0.1)
+        before = open_fds()
+        for _ in range(3):
+            assert (await spawn([sys.executable, "-c", "print('x')"])).stdout == "x\n"
+        assert (await spawn(["/nonexistent/program"])).exit_code == 127
+        await asyncio.sleep(0.1)  # the transports' close callbacks
+        return before, open_fds()
+
+    before, after = on_uvloop(go)
+    assert after == before

@@ -6,6 +6,15 @@ Why: a Ray async actor runs on uvloop, whose ``subprocess_exec`` is libuv's ``uv
 ``fork()`` of the actor (~150 MB RSS, ~25 threads) with every at-fork handler run. Measured here
 from a SandboxHost: 6.1 ms of the actor's CPU per ``/bin/true`` spawn against 0.7 ms from the
 stdlib loop, whose ``Popen`` uses ``vfork``. The stdlib loop keeps its own implementation.
+
+The pipes are made here, not by ``Popen``: uvloop's ``connect_read_pipe`` / ``connect_write_pipe``
+hand the descriptor of the file object they are given to libuv, which closes it, and then close
+the file object too (uvloop issues #763 and #764, open in 0.23). Given ``Popen``'s own file objects
+that closed every pipe twice (``strace`` showed the second ``close`` of each returning EBADF); with
+other threads opening files meanwhile (the host's thread pool, Ray's gRPC), the second close can
+hit a descriptor that has just been handed to someone else: a harness program failed to start
+with "[Errno 9] Bad file descriptor" (its launch pipe had been closed under it) in 1 of 1,024
+rollouts. Here the loop gets a bare descriptor (:class:`_LoopOwnedFd`) that only libuv closes.
 """
 
 from __future__ import annotations
@@ -82,22 +91,80 @@ class PopenProcess:
                 self._close_pidfd()
 
 
-async def _reader(loop: asyncio.AbstractEventLoop, pipe: Any, limit: int) -> asyncio.StreamReader:
+class _LoopOwnedFd:
+    """A pipe end handed to uvloop's pipe transport: libuv closes the descriptor with the
+    transport, so the file object uvloop also keeps and closes must not close it again."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        """The transport closed the descriptor already (libuv's ``uv_close``)."""
+
+
+async def _reader(loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> asyncio.StreamReader:
     reader = asyncio.StreamReader(limit=limit, loop=loop)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), _LoopOwnedFd(fd)
+    )
     return reader
 
 
-async def _writer(loop: asyncio.AbstractEventLoop, pipe: Any) -> asyncio.StreamWriter:
+async def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
     # StreamReaderProtocol gives the write side the flow control StreamWriter.drain needs.
     protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
-    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, _LoopOwnedFd(fd))
     return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
+class _Pipes:
+    """The child's standard streams that are ``PIPE``: each a pipe made here, its child end
+    given to ``Popen`` (closed here once the child has it), its parent end to the loop."""
+
+    def __init__(self, stdin: int | None, stdout: int | None, stderr: int | None) -> None:
+        self.child: dict[str, int | None] = {"stdin": stdin, "stdout": stdout, "stderr": stderr}
+        self.parent: dict[str, int] = {}
+        self.piped: set[str] = set()
+        try:
+            for name, how in list(self.child.items()):
+                if how == PIPE:
+                    read_end, write_end = os.pipe()  # both close-on-exec
+                    self.piped.add(name)
+                    if name == "stdin":
+                        self.child[name], self.parent[name] = read_end, write_end
+                    else:
+                        self.child[name], self.parent[name] = write_end, read_end
+        except BaseException:
+            self.close_child_ends()
+            self.close_parent_ends()
+            raise
+
+    def close_child_ends(self) -> None:
+        for name, fd in self.child.items():
+            if name in self.piped and fd is not None and fd >= 0:
+                os.close(fd)
+                self.child[name] = None
+
+    def close_parent_ends(self) -> None:
+        """Those not handed to the loop yet (each is popped when it is)."""
+        for fd in self.parent.values():
+            os.close(fd)
+        self.parent.clear()
+
+    def take(self, name: str) -> int | None:
+        """The parent end of ``name``, now owned by the caller (None: not a pipe)."""
+        return self.parent.pop(name, None)
+
+
 def uses_stdlib_subprocess(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether ``loop``'s own ``subprocess_exec`` is the stdlib's (``Popen``, so ``vfork``)."""
-    return isinstance(loop, asyncio.BaseEventLoop) or not hasattr(os, "pidfd_open")
+    """Whether children are started by asyncio's own ``create_subprocess_exec``: on every loop
+    but uvloop's (the stdlib's ``subprocess_exec`` is ``Popen``, so ``vfork``; :class:`_LoopOwnedFd`
+    relies on how uvloop's pipe transports close their descriptors), or without pidfds."""
+    is_uvloop = type(loop).__module__.split(".")[0] == "uvloop"
+    return not is_uvloop or not hasattr(os, "pidfd_open")
 
 
 async def create_subprocess_exec(
@@ -128,25 +195,46 @@ async def create_subprocess_exec(
             pass_fds=tuple(pass_fds),
             limit=limit,
         )
-    popen = subprocess.Popen(
-        list(argv),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=start_new_session,
-        preexec_fn=preexec_fn,
-        pass_fds=tuple(pass_fds),
-        bufsize=0,
-    )
+    pipes = _Pipes(stdin, stdout, stderr)
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=pipes.child["stdin"],
+            stdout=pipes.child["stdout"],
+            stderr=pipes.child["stderr"],
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=start_new_session,
+            preexec_fn=preexec_fn,
+            pass_fds=tuple(pass_fds),
+            bufsize=0,
+        )
+    except BaseException:
+        pipes.close_parent_ends()
+        raise
+    finally:
+        pipes.close_child_ends()
     pidfd = -1
+    w: asyncio.StreamWriter | None = None
+    out: asyncio.StreamReader | None = None
+    err: asyncio.StreamReader | None = None
     try:
         pidfd = os.pidfd_open(popen.pid)
-        w = await _writer(loop, popen.stdin) if popen.stdin is not None else None
-        out = await _reader(loop, popen.stdout, limit) if popen.stdout is not None else None
-        err = await _reader(loop, popen.stderr, limit) if popen.stderr is not None else None
+        if (fd := pipes.take("stdin")) is not None:
+            w = await _writer(loop, fd)
+        if (fd := pipes.take("stdout")) is not None:
+            out = await _reader(loop, fd, limit)
+        if (fd := pipes.take("stderr")) is not None:
+            err = await _reader(loop, fd, limit)
     except BaseException:
+        pipes.close_parent_ends()
+        if w is not None:
+            w.close()
+        for reader in (out, err):
+            # A reader's transport is known only to its protocol (asyncio's private field).
+            transport = getattr(reader, "_transport", None)
+            if transport is not None:
+                transport.close()
         if pidfd >= 0:
             os.close(pidfd)
         popen.kill()
