@@ -65,10 +65,16 @@ def manifest(fd: int) -> tuple[set[str], set[str]]:
         while chunk := os.pread(fd, 65536, len(data)):
             data += chunk
     for line in data.decode(errors="replace").splitlines():
-        kind, _, value = line.partition(" ")
-        if value:
-            (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
+        add_line(line, roots, urls)
     return roots, urls
+
+
+def add_line(line: str, roots: set[str], urls: set[str]) -> None:
+    """One ``root PATH`` / ``docker URL`` line of an owner's manifest (its lock file, or the
+    pipe to its watchdog) into ``roots`` / ``urls``; anything else is ignored."""
+    kind, _, value = line.partition(" ")
+    if value:
+        (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
 
 
 def _environ_tokens() -> dict[str, list[int]]:
@@ -348,8 +354,7 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
             break
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
-            kind, _, value = line.decode(errors="replace").partition(" ")
-            (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
+            add_line(line.decode(errors="replace"), roots, urls)
     held = lock_dead(owners_dir, token)  # None: a fork of the owner still holds it
     try:
         reap(token, owners_dir, roots, urls, unlock=held is not None, known=known)

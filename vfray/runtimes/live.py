@@ -150,7 +150,12 @@ class LocalProcess(LiveProcess):
         exited = self._exit_future()
         await stop_tree(self._proc.pid, exited, grace, spare=self._spare)
         self.stdin.close()
-        return await exited
+        code = await exited
+        from vfray.runtimes._spawn import PopenProcess
+
+        if isinstance(self._proc, PopenProcess):
+            self._proc.close_pipes()  # what was read stays readable
+        return code
 
 
 class _Tail:

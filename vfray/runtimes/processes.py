@@ -272,6 +272,8 @@ async def run_process_group(
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        if isinstance(proc, PopenProcess):
+            proc.close_pipes()
     code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
     return ProgramResult(
         exit_code=code,
