@@ -56,6 +56,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+HARNESS = "harness programs"
+"""The exited children's CPU, under this name in :func:`tree_cpu`."""
+
+
 def tree_cpu() -> dict[str, float]:
     """CPU seconds of this process and all its descendants by kind (this driver, Ray's GCS,
     raylet and other daemons, each actor class and task worker by its ``ray::`` title), and
@@ -80,13 +84,6 @@ def tree_cpu() -> dict[str, float]:
         found[kind] = found.get(kind, 0.0) + t.user + t.system
         found[HARNESS] = found.get(HARNESS, 0.0) + t.children_user + t.children_system
     return found
-
-
-HARNESS = "harness programs"
-
-
-def tree_cpu_seconds() -> float:
-    return sum(tree_cpu().values())
 
 
 def cpu_case(backend: str, interception: str, tasks: int, concurrency: int) -> dict[str, Any]:

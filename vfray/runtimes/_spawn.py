@@ -139,28 +139,34 @@ class _Pipes:
     given to ``Popen`` (closed here once the child has it), its parent end to the loop."""
 
     def __init__(self, stdin: int | None, stdout: int | None, stderr: int | None) -> None:
-        self.child: dict[str, int | None] = {"stdin": stdin, "stdout": stdout, "stderr": stderr}
+        self.popen_args: dict[str, int | None] = {
+            "stdin": stdin,
+            "stdout": stdout,
+            "stderr": stderr,
+        }
+        """What ``Popen`` gets for each stream: a pipe's child end, or what was asked for."""
         self.parent: dict[str, int] = {}
-        self.piped: set[str] = set()
+        self._child_ends: list[int] = []
         try:
-            for name, how in list(self.child.items()):
+            for name, how in list(self.popen_args.items()):
                 if how == PIPE:
                     read_end, write_end = os.pipe()  # both close-on-exec
-                    self.piped.add(name)
                     if name == "stdin":
-                        self.child[name], self.parent[name] = read_end, write_end
+                        child, parent = read_end, write_end
                     else:
-                        self.child[name], self.parent[name] = write_end, read_end
+                        child, parent = write_end, read_end
+                    self._child_ends.append(child)
+                    self.parent[name] = parent
+                    self.popen_args[name] = child
         except BaseException:
             self.close_child_ends()
             self.close_parent_ends()
             raise
 
     def close_child_ends(self) -> None:
-        for name, fd in self.child.items():
-            if name in self.piped and fd is not None and fd >= 0:
-                os.close(fd)
-                self.child[name] = None
+        for fd in self._child_ends:
+            os.close(fd)
+        self._child_ends.clear()
 
     def close_parent_ends(self) -> None:
         """Those not handed to the loop yet (each is popped when it is)."""
@@ -213,9 +219,9 @@ async def create_subprocess_exec(
     try:
         popen = subprocess.Popen(
             list(argv),
-            stdin=pipes.child["stdin"],
-            stdout=pipes.child["stdout"],
-            stderr=pipes.child["stderr"],
+            stdin=pipes.popen_args["stdin"],
+            stdout=pipes.popen_args["stdout"],
+            stderr=pipes.popen_args["stderr"],
             cwd=cwd,
             env=dict(env),
             start_new_session=start_new_session,

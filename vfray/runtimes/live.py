@@ -16,6 +16,7 @@ import signal
 from typing import Protocol
 
 from vfray.runtimes._executor import blocking
+from vfray.runtimes._spawn import PopenProcess
 
 STOP_GRACE = 5.0
 """Default seconds between SIGTERM and SIGKILL in :meth:`LiveProcess.stop`."""
@@ -151,8 +152,6 @@ class LocalProcess(LiveProcess):
         await stop_tree(self._proc.pid, exited, grace, spare=self._spare)
         self.stdin.close()
         code = await exited
-        from vfray.runtimes._spawn import PopenProcess
-
         if isinstance(self._proc, PopenProcess):
             self._proc.close_pipes()  # what was read stays readable
         return code
