@@ -13,10 +13,10 @@ import signal
 import socket
 import struct
 import uuid
-from pathlib import Path
 from typing import Any
 
 from vfray.runtimes._executor import blocking
+from vfray.runtimes._reap import env_pids
 from vfray.runtimes.live import STOP_GRACE, LiveProcess
 from vfray.runtimes.processes import LIVE_LINE_LIMIT
 
@@ -164,18 +164,7 @@ def signal_exec(token: str, sig: int) -> bool:
 
 def exec_pids(token: str) -> list[int]:
     """Host pids of the processes carrying ``VFRAY_EXEC=token`` in their environment."""
-    needle = f"{EXEC_ENV}={token}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    return env_pids(EXEC_ENV).get(token, [])
 
 
 async def open_exec(

@@ -77,16 +77,20 @@ def add_line(line: str, roots: set[str], urls: set[str]) -> None:
         (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
 
 
-def _environ_tokens() -> dict[str, list[int]]:
-    """Owner token -> PIDs of the processes carrying it."""
-    needle = f"{OWNER_ENV}=".encode()
+def env_pids(name: str) -> dict[str, list[int]]:
+    """Value of the environment variable ``name`` -> PIDs of the live processes carrying it,
+    this process left out; one walk of /proc. The one scanner of process environments in vfray
+    (owners here, boxes' stray markers, docker execs, a local Ray start's token), kept in this
+    stdlib-only file so the watchdog script has it too. A process that is mid-exec shows an
+    empty environment for a moment: callers that must not miss one scan again."""
+    needle = f"{name}=".encode()
     found: dict[str, list[int]] = {}
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
                 environ = fh.read()
         except OSError:
             continue
@@ -94,7 +98,8 @@ def _environ_tokens() -> dict[str, list[int]]:
             continue
         for item in environ.split(b"\0"):
             if item.startswith(needle):
-                found.setdefault(item[len(needle) :].decode(errors="replace"), []).append(int(name))
+                value = item[len(needle) :].decode(errors="replace")
+                found.setdefault(value, []).append(int(entry))
     return found
 
 
@@ -143,7 +148,7 @@ def snapshot(token: str) -> dict[int, str]:
     their title over it) is found only through its parent, and that parent may die before the
     owner's reaping (Ray's raylet goes with its driver), leaving the child reparented and
     unmarked. A PID is killed from the snapshot only while its start time still matches."""
-    marked = _environ_tokens().get(token, [])
+    marked = env_pids(OWNER_ENV).get(token, [])
     found = {}
     for pid in _with_descendants(marked) if marked else []:
         started = _start_time(pid)
@@ -162,7 +167,7 @@ def kill_processes(token: str, known: dict[int, str] | None = None) -> None:
                 os.kill(pid, signal.SIGKILL)
     quiet, deadline = 0, time.monotonic() + 60
     while quiet < 3 and time.monotonic() < deadline:
-        marked = _environ_tokens().get(token, [])
+        marked = env_pids(OWNER_ENV).get(token, [])
         pids = _with_descendants(marked) if marked else []
         for pid in pids:
             with contextlib.suppress(OSError):
@@ -298,7 +303,7 @@ def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) 
     tokens. Owners that are alive or unknown are left alone."""
     roots, urls = list(roots), list(urls)
     tokens = {token for token, _ in _dirs(roots)} | {token for token, _ in _cgroups()}
-    tokens |= set(_environ_tokens())
+    tokens |= set(env_pids(OWNER_ENV))
     with contextlib.suppress(OSError):
         tokens |= {name for name in os.listdir(owners_dir) if re.fullmatch(_TOKEN, name)}
     host = socket.gethostname()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from pathlib import Path
 
 from vfray.runtimes._executor import blocking
+from vfray.runtimes._reap import env_pids
 from vfray.runtimes.processes import MARKER_ENV, kill_pids
 
 
@@ -20,22 +20,8 @@ def marked_pids(marker: str) -> list[int]:
 
 def marked_pids_of(markers: set[str]) -> dict[str, list[int]]:
     """One walk of /proc for many boxes: box id → PIDs carrying its marker."""
-    needles = {f"{MARKER_ENV}={m}".encode(): m for m in markers}
-    found: dict[str, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if MARKER_ENV.encode() not in environ:
-            continue
-        for item in environ.split(b"\0"):
-            marker = needles.get(item)
-            if marker is not None:
-                found.setdefault(marker, []).append(int(entry.name))
-    return found
+    found = env_pids(MARKER_ENV)
+    return {marker: found[marker] for marker in markers if marker in found}
 
 
 def _sweep_boxes(markers: set[str]) -> None:
