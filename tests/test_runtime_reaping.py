@@ -3,6 +3,7 @@ watchdog died too) by the next owner's first box start. Live owners are never to
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -84,8 +85,15 @@ asyncio.run(main())
 """
 
 
+OWNERS_TMP = tempfile.mkdtemp(prefix="vfray-test-owners-")
+"""The test owners' TMPDIR, so their lock files are in an owners dir of their own: every other
+box start on the machine sweeps the dead owners it can tell (by their lock files), and during
+the suite one did reap a killed test owner before the test could see what it had left."""
+atexit.register(shutil.rmtree, OWNERS_TMP, ignore_errors=True)
+
+
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": OWNERS_TMP}
 
 
 def start_owner(
@@ -130,7 +138,7 @@ def leftovers(held: dict[str, object], docker_url: str | None = None) -> list[st
         left += [f"{kind} cgroup {c}" for c in box["cgroups"] if os.path.exists(c)]
         if box["container"] and docker_url:
             label = f"{_reap.OWNER_LABEL}={held['token']}"
-            left += [f"container {c['Id'][:12]}" for c in _reap._containers(docker_url, label)]
+            left += [f"container {str(c['Id'])[:12]}" for c in _reap._containers(docker_url, label)]
     return left
 
 
@@ -180,9 +188,7 @@ def test_the_watchdog_reaps_a_sigkilled_owners_boxes(root: str) -> None:
 
 
 def _reap_lock(held: dict[str, object]) -> str:
-    from vfray.runtimes.lifeline import owners_dir
-
-    return os.path.join(owners_dir(), str(held["token"]))
+    return os.path.join(OWNERS_TMP, "vfray-owners", str(held["token"]))
 
 
 def test_the_next_owner_reaps_what_a_dead_owner_and_its_watchdog_left(root: str) -> None:
