@@ -56,6 +56,7 @@ async def main():
         }
     held["watchdog"] = lifeline._lifeline.watchdog.pid
     held["token"] = lifeline._lifeline.token
+    held["lock"] = os.path.join(lifeline.owners_dir(), held["token"])
     print(json.dumps(held), flush=True)
     await asyncio.sleep(600)
 
@@ -188,7 +189,7 @@ def test_the_watchdog_reaps_a_sigkilled_owners_boxes(root: str) -> None:
 
 
 def _reap_lock(held: dict[str, object]) -> str:
-    return os.path.join(OWNERS_TMP, "vfray-owners", str(held["token"]))
+    return str(held["lock"])
 
 
 def test_the_next_owner_reaps_what_a_dead_owner_and_its_watchdog_left(root: str) -> None:
