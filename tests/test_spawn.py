@@ -1,7 +1,8 @@
-"""Harness programs started from uvloop (the loop of a Ray async actor) go through ``Popen`` and a
-pidfd (:mod:`vfray.runtimes._spawn`): the same results as from the stdlib loop, no full
-``fork()`` of the host process, and every pipe closed once (uvloop closed ``Popen``'s pipes
-twice, which can close a descriptor another thread has just opened)."""
+"""Harness programs go through ``Popen`` and a pidfd (:mod:`vfray.runtimes._spawn`) on the stdlib
+loop and on uvloop (the loop of a Ray async actor): the same results on both, no full ``fork()``
+of the host process, every pipe closed once (uvloop closed ``Popen``'s pipes twice, which can
+close a descriptor another thread has just opened), and a spawn cancelled as ``asyncio.run``
+exits does not hang it (the stdlib's own ``create_subprocess_exec`` did, CPython gh-125502)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from vfray.runtimes._spawn import PopenProcess, uses_stdlib_subprocess
+from vfray.runtimes._spawn import PopenProcess, uses_loop_subprocess
 from vfray.runtimes.processes import run_process_group, start_live
 from vfray.runtimes.subprocess import SubprocessRuntime
 
@@ -27,14 +30,26 @@ _forks = {"n": 0}
 os.register_at_fork(after_in_parent=lambda: _forks.__setitem__("n", _forks["n"] + 1))
 
 
-def on_uvloop(make: Callable[[], Awaitable[Any]]) -> Any:
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "stdlib": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def loop_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+def on_loop(name: str, make: Callable[[], Awaitable[Any]]) -> Any:
+    with asyncio.Runner(loop_factory=LOOPS[name]) as runner:
         return runner.run(make())  # type: ignore[arg-type]
 
 
-def run_group(argv: list[str], **kwargs: Any) -> Any:
+def run_group(loop: str, argv: list[str], **kwargs: Any) -> Any:
     async def go() -> Any:
-        assert not uses_stdlib_subprocess(asyncio.get_running_loop())
+        assert not uses_loop_subprocess()
         return await run_process_group(
             argv,
             {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
@@ -44,28 +59,30 @@ def run_group(argv: list[str], **kwargs: Any) -> Any:
             **{"timeout": None, "stdin": None, **kwargs},
         )
 
-    return on_uvloop(go)
+    return on_loop(loop, go)
 
 
-def test_exit_code_output_and_stdin_without_a_fork() -> None:
+def test_exit_code_output_and_stdin_without_a_fork(loop_name: str) -> None:
     forks = _forks["n"]
     code = "import sys; print(sys.stdin.read().upper()); print('e', file=sys.stderr); sys.exit(3)"
-    result = run_group([sys.executable, "-c", code], stdin=b"hi")
+    result = run_group(loop_name, [sys.executable, "-c", code], stdin=b"hi")
     assert (result.exit_code, result.stdout, result.stderr) == (3, "HI\n", "e\n")
     assert _forks["n"] == forks  # vfork: Python's at-fork handlers never ran
 
 
-def test_timeout_kills_the_group() -> None:
-    result = run_group([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+def test_timeout_kills_the_group(loop_name: str) -> None:
+    result = run_group(
+        loop_name, [sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5
+    )
     assert result.timed_out
     assert result.exit_code < 0
 
 
-def test_missing_program_is_reported_like_a_shell() -> None:
-    assert run_group(["/nonexistent/program"]).exit_code == 127
+def test_missing_program_is_reported_like_a_shell(loop_name: str) -> None:
+    assert run_group(loop_name, ["/nonexistent/program"]).exit_code == 127
 
 
-def test_live_process_streams_and_stops() -> None:
+def test_live_process_streams_and_stops(loop_name: str) -> None:
     async def go() -> tuple[bytes, int, bool]:
         code = "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"
         proc = await start_live(
@@ -78,13 +95,13 @@ def test_live_process_streams_and_stops() -> None:
         status = await proc.stop(grace=5)
         return line, status, isinstance(proc._proc, PopenProcess)
 
-    line, status, popen = on_uvloop(go)
+    line, status, popen = on_loop(loop_name, go)
     assert line == b"cba\n"
     assert popen
     assert isinstance(status, int)
 
 
-def test_subprocess_runtime_runs_a_program_that_signals_ready() -> None:
+def test_subprocess_runtime_runs_a_program_that_signals_ready(loop_name: str) -> None:
     async def go() -> Any:
         box = SubprocessRuntime(launch_concurrency=1)
         await box.start()
@@ -94,13 +111,14 @@ def test_subprocess_runtime_runs_a_program_that_signals_ready() -> None:
         finally:
             await box.stop()
 
-    result = on_uvloop(go)
+    result = on_loop(loop_name, go)
     assert (result.exit_code, result.stdout) == (0, "up\n")
 
 
 SPAWNS = """
 import asyncio, os, sys
 import uvloop
+LOOP = {"stdlib": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}[sys.argv[1]]
 from vfray.runtimes.processes import run_process_group, start_live
 
 async def main():
@@ -119,11 +137,12 @@ async def main():
     await proc.stop(grace=5)
     os.write(1, b"done\\n")
 
-uvloop.run(main())
+with asyncio.Runner(loop_factory=LOOP) as runner:
+    runner.run(main())
 """
 
 
-def test_every_pipe_is_closed_once(tmp_path: Any) -> None:
+def test_every_pipe_is_closed_once(tmp_path: Any, loop_name: str) -> None:
     """Under ``strace``: no ``close`` of the host process fails with EBADF (a descriptor closed
     a second time). uvloop closed each of ``Popen``'s pipes twice: 3 EBADFs per program."""
     strace = shutil.which("strace")
@@ -134,7 +153,7 @@ def test_every_pipe_is_closed_once(tmp_path: Any) -> None:
     log = tmp_path / "close.log"
     # Only the host process's own calls (no -f): its children exec at once.
     done = subprocess.run(
-        [strace, "-e", "trace=close", "-o", str(log), sys.executable, str(script)],
+        [strace, "-e", "trace=close", "-o", str(log), sys.executable, str(script), loop_name],
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,7 +164,7 @@ def test_every_pipe_is_closed_once(tmp_path: Any) -> None:
     assert [line for line in closes if "EBADF" in line] == []
 
 
-def test_spawning_leaks_no_descriptor() -> None:
+def test_spawning_leaks_no_descriptor(loop_name: str) -> None:
     """Every pipe is closed when the program is done with, not by the garbage collector: a
     reader's transport stays open after EOF on uvloop, and in a Ray actor the collector runs
     off the loop's thread, where uvloop cannot close it (~950 read ends leaked in one
@@ -183,5 +202,58 @@ def test_spawning_leaks_no_descriptor() -> None:
         finally:
             gc.enable()
 
-    before, after = on_uvloop(go)
+    before, after = on_loop(loop_name, go)
     assert after == before
+
+
+CANCELLED_AT_EXIT = """
+import asyncio, os, sys
+import uvloop
+from vfray.runtimes.processes import run_process_group
+
+LOOP = {"stdlib": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}[sys.argv[1]]
+
+async def main():
+    # Each program leaves a background process: none may outlive the cancelled spawn.
+    for _ in range(4):
+        asyncio.ensure_future(run_process_group(
+            ["sh", "-c", "sleep 60 & sleep 60"], {"PATH": os.environ["PATH"], **MARK}, "/",
+            timeout=None, stdin=b"", preexec_fn=None, on_start=lambda pgid: None))
+    for _ in range(int(sys.argv[2])):
+        await asyncio.sleep(0)
+
+MARK = {"VFRAY_TEST_SPAWN_MARK": sys.argv[3]}
+with asyncio.Runner(loop_factory=LOOP) as runner:
+    runner.run(main())  # returns at once: the runner cancels the four spawns mid-way
+print("exited", flush=True)
+"""
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3])
+def test_a_spawn_cancelled_as_asyncio_run_exits_neither_hangs_nor_leaks(
+    tmp_path: Any, loop_name: str, turns: int
+) -> None:
+    """``asyncio.run`` cancels every task when its main coroutine returns: four spawns caught
+    0-3 loop turns after they began. With the stdlib's ``create_subprocess_exec`` the process
+    never exited for 0-3 turns (the pipes' connecting task is cancelled too, and nothing wakes
+    the spawn's clean-up); here it exits, and every program (and what it started) is gone."""
+    script = tmp_path / "cancelled.py"
+    script.write_text(textwrap.dedent(CANCELLED_AT_EXIT))
+    mark = uuid.uuid4().hex
+    done = subprocess.run(
+        [sys.executable, str(script), loop_name, str(turns), mark],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang guard: the run takes well under a second
+    )
+    assert done.returncode == 0 and done.stdout == "exited\n", done.stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []
+
+
+def _marked(mark: str) -> list[int]:
+    from vfray.runtimes._reap import env_pids
+
+    return env_pids("VFRAY_TEST_SPAWN_MARK").get(mark, [])

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfray.errors import ConfigError, InterceptionError
+from vfray.runtimes._spawn import PopenProcess, create_subprocess_exec
 
 OPEN_TIMEOUT_S = 30.0
 """Seconds a tunnel program may take to print its public URL."""
@@ -75,7 +76,7 @@ class ProcessTunnel(Tunnel):
     pattern: str = r"https?://[^\s\"'<>]+"
 
     def __init__(self) -> None:
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: PopenProcess | asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
         self.output: list[str] = []
 
@@ -92,12 +93,17 @@ class ProcessTunnel(Tunnel):
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         argv = self.argv(host, port)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
+            # vfray's spawn, not asyncio's: a vfork on a Ray actor's uvloop too, and a start
+            # cancelled mid-way (the run ending) leaves no tunnel program behind.
+            self.proc = await create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                cwd=os.getcwd(),
+                env=os.environ,
                 start_new_session=True,
+                preexec_fn=None,
             )
         except OSError as exc:
             raise ConfigError(f"cannot start the {self.type} tunnel ({argv[0]}): {exc}") from exc
@@ -151,6 +157,8 @@ class ProcessTunnel(Tunnel):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._drain
             self._drain = None
+        if isinstance(proc, PopenProcess):
+            proc.close_pipes()
 
 
 class SshTunnel(ProcessTunnel):

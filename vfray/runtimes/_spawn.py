@@ -1,11 +1,22 @@
-"""Starting a child process from any event loop with the cost of ``vfork``: the
-``asyncio.subprocess.Process`` surface the local runtimes use (pid, returncode, stream pipes,
-``wait``, ``kill``), built on ``subprocess.Popen`` and a pidfd.
+"""Starting a child process from any event loop with the cost of ``vfork`` and no hang when it is
+cancelled: the ``asyncio.subprocess.Process`` surface the local runtimes use (pid, returncode,
+stream pipes, ``wait``, ``kill``), built on ``subprocess.Popen`` and a pidfd, on the stdlib loop
+and on uvloop alike.
 
-Why: a Ray async actor runs on uvloop, whose ``subprocess_exec`` is libuv's ``uv_spawn``, a full
-``fork()`` of the actor (~150 MB RSS, ~25 threads) with every at-fork handler run. Measured here
-from a SandboxHost: 6.1 ms of the actor's CPU per ``/bin/true`` spawn against 0.7 ms from the
-stdlib loop, whose ``Popen`` uses ``vfork``. The stdlib loop keeps its own implementation.
+Why not the stdlib's ``create_subprocess_exec``: a spawn cancelled while its pipes are being
+connected never returns on Python 3.11 (CPython gh-125502, gh-133536): the transport's
+``_connect_pipes`` task is cancelled too, so the call that wakes ``transport._wait()`` is never
+made. ``asyncio.run`` cancels every task when its main coroutine returns, so a trainer leaving
+``with vf.Farm(...)`` while a rollout's harness program was starting hung at exit (1 run in 7 of
+``tests/test_stream_stop.py`` under load; 4 spawns cancelled within 3 loop turns of starting hang
+every time). Here nothing outlives the cancelled call: the pipes are connected by the caller's
+own task, and on any error the child is killed and reaped before the error is raised. The stdlib
+also starts a waiter thread per child; a pidfd in the loop needs none.
+
+Why not uvloop's: a Ray async actor runs on uvloop, whose ``subprocess_exec`` is libuv's
+``uv_spawn``, a full ``fork()`` of the actor (~150 MB RSS, ~25 threads) with every at-fork handler
+run. Measured here from a SandboxHost: 6.1 ms of the actor's CPU per ``/bin/true`` spawn against
+0.7 ms from the stdlib loop, whose ``Popen`` uses ``vfork``.
 
 The pipes are made here, not by ``Popen``: uvloop's ``connect_read_pipe`` / ``connect_write_pipe``
 hand the descriptor of the file object they are given to libuv, which closes it, and then close
@@ -14,14 +25,20 @@ that closed every pipe twice (``strace`` showed the second ``close`` of each ret
 other threads opening files meanwhile (the host's thread pool, Ray's gRPC), the second close can
 hit a descriptor that has just been handed to someone else: a harness program failed to start
 with "[Errno 9] Bad file descriptor" (its launch pipe had been closed under it) in 1 of 1,024
-rollouts. Here the loop gets a bare descriptor (:class:`_LoopOwnedFd`) that only libuv closes.
+rollouts. So each loop gets a bare descriptor (:class:`_PipeEnd`) that is closed once: by libuv on
+uvloop, by the transport's ``close`` of the object on the stdlib loop.
+
+Where pidfds do not work (not Linux >= 5.3, or a seccomp profile that refuses ``pidfd_open``),
+the loop's own ``create_subprocess_exec`` is used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -92,8 +109,6 @@ class PopenProcess:
                 os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
     def __del__(self) -> None:
@@ -103,18 +118,28 @@ class PopenProcess:
                 self._close_pidfd()
 
 
-class _LoopOwnedFd:
-    """A pipe end handed to uvloop's pipe transport: libuv closes the descriptor with the
-    transport, so the file object uvloop also keeps and closes must not close it again."""
+class _PipeEnd:
+    """A pipe end handed to a loop's pipe transport, closed exactly once. uvloop's transport
+    closes the descriptor itself (libuv's ``uv_close``) and then closes this object too, which
+    must then do nothing; the stdlib's transport closes only this object, which closes the
+    descriptor."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, loop_closes_fd: bool) -> None:
         self.fd = fd
+        self._closes_fd = not loop_closes_fd
 
     def fileno(self) -> int:
         return self.fd
 
     def close(self) -> None:
-        """The transport closed the descriptor already (libuv's ``uv_close``)."""
+        if self._closes_fd and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+def _loop_closes_fd(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the loop's pipe transports close the descriptor themselves: uvloop's do."""
+    return type(loop).__module__.split(".")[0] == "uvloop"
 
 
 async def _reader(
@@ -122,7 +147,8 @@ async def _reader(
 ) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     reader = asyncio.StreamReader(limit=limit, loop=loop)
     transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), _LoopOwnedFd(fd)
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+        _PipeEnd(fd, loop_closes_fd=_loop_closes_fd(loop)),
     )
     return reader, transport
 
@@ -130,7 +156,9 @@ async def _reader(
 async def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
     # StreamReaderProtocol gives the write side the flow control StreamWriter.drain needs.
     protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
-    transport, _ = await loop.connect_write_pipe(lambda: protocol, _LoopOwnedFd(fd))
+    transport, _ = await loop.connect_write_pipe(
+        lambda: protocol, _PipeEnd(fd, loop_closes_fd=_loop_closes_fd(loop))
+    )
     return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
@@ -179,12 +207,22 @@ class _Pipes:
         return self.parent.pop(name, None)
 
 
-def uses_stdlib_subprocess(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether children are started by asyncio's own ``create_subprocess_exec``: on every loop
-    but uvloop's (the stdlib's ``subprocess_exec`` is ``Popen``, so ``vfork``; :class:`_LoopOwnedFd`
-    relies on how uvloop's pipe transports close their descriptors), or without pidfds."""
-    is_uvloop = type(loop).__module__.split(".")[0] == "uvloop"
-    return not is_uvloop or not hasattr(os, "pidfd_open")
+@functools.cache
+def _pidfds_work() -> bool:
+    """Whether this kernel (and seccomp profile) lets us open pidfds; asked once."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def uses_loop_subprocess() -> bool:
+    """Whether children are started by the loop's own ``create_subprocess_exec``: only where
+    pidfds do not work (see the module's docstring for why not elsewhere)."""
+    return not _pidfds_work()
 
 
 async def create_subprocess_exec(
@@ -199,10 +237,11 @@ async def create_subprocess_exec(
     pass_fds: Sequence[int] = (),
     limit: int = 2**16,
 ) -> Any:
-    """``asyncio.create_subprocess_exec`` with the same arguments; on a loop that is not the
-    stdlib's (uvloop), a :class:`PopenProcess` instead. Raises what ``Popen`` raises."""
+    """``asyncio.create_subprocess_exec`` with the same arguments, returning a
+    :class:`PopenProcess` (where pidfds work). Raises what ``Popen`` raises; cancelled or
+    failed after the start, the child is killed and reaped first."""
     loop = asyncio.get_running_loop()
-    if uses_stdlib_subprocess(loop):
+    if uses_loop_subprocess():
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=stdin,
@@ -256,6 +295,11 @@ async def create_subprocess_exec(
             transport.close()
         if pidfd >= 0:
             os.close(pidfd)
+        # The caller never sees this child: kill what it may have started too (its group,
+        # when it leads one), then reap it, so nothing it began outlives the error.
+        with contextlib.suppress(OSError):
+            if start_new_session:
+                os.killpg(popen.pid, signal.SIGKILL)
         popen.kill()
         popen.wait()
         raise
