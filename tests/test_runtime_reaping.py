@@ -192,6 +192,71 @@ def _reap_lock(held: dict[str, object]) -> str:
     return str(held["lock"])
 
 
+# An owner whose lock is still held by a helper (as by a fork of the owner) for HOLD seconds
+# after the owner has exited: what the watchdog saw in CI, where the pipe's EOF came before the
+# kernel dropped the dying owner's own lock.
+OWNER_WITH_A_HELPER = """
+import fcntl, json, os, subprocess, sys
+from vfray.runtimes import _reap
+owners, token, hold = sys.argv[1], sys.argv[2], sys.argv[3]
+lock = os.open(os.path.join(owners, token), os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(lock, fcntl.LOCK_EX)
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+helper = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({hold})"],
+                          pass_fds=(lock,), **quiet)
+read_fd, write_fd = os.pipe()
+watchdog = subprocess.Popen(
+    [sys.executable, "-I", "-S", _reap.__file__, token, str(read_fd), str(os.getpid()), owners],
+    pass_fds=(read_fd,), start_new_session=True, **quiet)
+print(json.dumps({"helper": helper.pid, "watchdog": watchdog.pid}), flush=True)
+"""
+
+
+def _owner_with_a_helper(hold: float) -> tuple[Path, dict[str, int]]:
+    owners = Path(tempfile.mkdtemp(prefix="vfray-test-owners-", dir=OWNERS_TMP))
+    token = os.urandom(16).hex()
+    done = subprocess.run(
+        [sys.executable, "-c", OWNER_WITH_A_HELPER, str(owners), token, str(hold)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return owners / token, json.loads(done.stdout)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _zombie(pid)
+
+
+def test_the_watchdog_removes_a_lock_dropped_just_after_the_owner_died() -> None:
+    """The CI failure: the owner's pipe said EOF while its lock was still held (the kernel
+    dropped it 90 ms later), and the watchdog, having found it held, kept the lock file for
+    good. The watchdog now asks again after reaping, for up to ``LOCK_GRACE_S``."""
+    lock, pids = _owner_with_a_helper(hold=1.0)
+    assert _wait_gone(pids["watchdog"], timeout=30), "the watchdog did not finish"
+    assert not lock.exists()
+
+
+def test_a_lock_a_fork_of_the_owner_holds_on_is_left_for_a_later_sweep() -> None:
+    """Held past the grace: the watchdog leaves the lock file (a sweep must never take a live
+    owner's), and the first sweep once the holder is gone removes it."""
+    lock, pids = _owner_with_a_helper(hold=600)
+    try:
+        assert _wait_gone(pids["watchdog"], timeout=30), "the watchdog did not finish"
+        assert lock.exists()
+        assert _reap.sweep_dead(str(lock.parent), []) == []  # still held: not touched
+    finally:
+        kill(pids["helper"])
+    assert _wait_gone(pids["helper"], timeout=30)
+    assert _reap.sweep_dead(str(lock.parent), []) == [lock.name]
+    assert not lock.exists()
+
+
 def test_the_next_owner_reaps_what_a_dead_owner_and_its_watchdog_left(root: str) -> None:
     owner, held = start_owner(root, LOCAL)
     kill(int(held["watchdog"]))  # type: ignore[call-overload]

@@ -40,6 +40,8 @@ CGROUP_NAME = re.compile(rf"^vfray-({_TOKEN})-")
 """bwrap cgroups: ``vfray-<token>-<box id>`` in each v1 controller."""
 SNAPSHOT_S = 2.0
 """How often the watchdog notes the owner's process tree while the owner lives."""
+LOCK_GRACE_S = 5.0
+"""How long the watchdog waits, after reaping, for a dead owner's lock to be dropped."""
 
 
 def lock_dead(owners_dir: str, token: str) -> int | None:
@@ -360,9 +362,20 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
             add_line(line.decode(errors="replace"), roots, urls)
-    held = lock_dead(owners_dir, token)  # None: a fork of the owner still holds it
+    held = lock_dead(owners_dir, token)
     try:
-        reap(token, owners_dir, roots, urls, unlock=held is not None, known=known)
+        reap(token, owners_dir, roots, urls, unlock=False, known=known)
+        # The pipe's EOF can come before the kernel drops the dying owner's lock: in 1 of ~20
+        # SIGKILLed owners the lock was still held at EOF and free 90 ms later, once all was
+        # reaped. So ask again for a moment; still held, a fork of the owner has it, and the
+        # lock file is left for the sweep that runs once that fork is gone too.
+        deadline = time.monotonic() + LOCK_GRACE_S
+        while held is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            held = lock_dead(owners_dir, token)
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(owners_dir, token))
     finally:
         if held is not None:
             os.close(held)
