@@ -295,8 +295,13 @@ def reap(
     remove_containers(token, urls)
     remove_dirs(token, roots)
     if unlock:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(owners_dir, token))
+        remove_lock(owners_dir, token)
+
+
+def remove_lock(owners_dir: str, token: str) -> None:
+    """Remove a dead owner's lock file, last, once all it left is reaped."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(owners_dir, token))
 
 
 def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) -> list[str]:
@@ -374,8 +379,7 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
             time.sleep(0.05)
             held = lock_dead(owners_dir, token)
         if held is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(owners_dir, token))
+            remove_lock(owners_dir, token)
     finally:
         if held is not None:
             os.close(held)

@@ -7,11 +7,11 @@ Why not the stdlib's ``create_subprocess_exec``: a spawn cancelled while its pip
 connected never returns on Python 3.11 (CPython gh-125502, gh-133536): the transport's
 ``_connect_pipes`` task is cancelled too, so the call that wakes ``transport._wait()`` is never
 made. ``asyncio.run`` cancels every task when its main coroutine returns, so a trainer leaving
-``with vf.Farm(...)`` while a rollout's harness program was starting hung at exit (1 run in 7 of
-``tests/test_stream_stop.py`` under load; 4 spawns cancelled within 3 loop turns of starting hang
-every time). Here nothing outlives the cancelled call: the pipes are connected by the caller's
-own task, and on any error the child is killed and reaped before the error is raised. The stdlib
-also starts a waiter thread per child; a pidfd in the loop needs none.
+``with vf.Farm(...)`` while a rollout's harness program was starting hung at exit (3 runs in 40
+of ``tests/test_stream_stop.py``'s script under load; 4 spawns cancelled within 3 loop turns of
+starting hang every time). Here nothing outlives the cancelled call: the pipes are connected by
+the caller's own task, and on any error the child is killed and reaped before the error is
+raised. The stdlib also starts a waiter thread per child; a pidfd in the loop needs none.
 
 Why not uvloop's: a Ray async actor runs on uvloop, whose ``subprocess_exec`` is libuv's
 ``uv_spawn``, a full ``fork()`` of the actor (~150 MB RSS, ~25 threads) with every at-fork handler
