@@ -18,7 +18,7 @@ from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import LateUrl, SandboxHost
 from vfray.rollout import RolloutPlan
 from vfray.run.sink import TraceSink
-from vfray.tunnels import TunnelSettings
+from vfray.runtimes.tunnels import TunnelSettings
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from typing import Any, Literal, NamedTuple
 
 import ray
 
+from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError, InterceptionError
 from vfray.interception import InterceptionApp, Limits, Upstream
-from vfray.serving import serve_in_loop
+from vfray.runtimes.tunnels import TunnelKeeper, TunnelSettings
 from vfray.trace import Trace
-from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import ray
 
+from vfray.endpoints.serving import serve_in_loop
 from vfray.models.local import LocalModelServer
-from vfray.serving import serve_in_loop
 
 
 class ScriptedModelServer:
-    """Serves :class:`vfray.testing.scripted.ScriptedModel`; ``url()`` gives the base URL."""
+    """Serves :class:`vfray.models.scripted.server.ScriptedModel`; ``url()`` gives the base URL."""
 
     def __init__(self, policy: str, options: dict[str, Any], bind_host: str | None = None) -> None:
-        from vfray.testing.scripted import ScriptedModel
+        from vfray.models.scripted.server import ScriptedModel
 
         self.app = ScriptedModel(policy=policy, **options)
         self.bind_host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

@@ -24,10 +24,12 @@ import ray
 
 from actors.interception_pool import PoolRef, ServeBroker
 from actors.toolset_node import NodeTools
+from vfray.endpoints.client import Target
+from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
+from vfray.harnesses.seats import SeatedTask
 from vfray.interception import InterceptionApp, Upstream
-from vfray.model_client import Target
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.environment import InProcessBroker
 from vfray.run.outcomes import (
@@ -39,11 +41,9 @@ from vfray.run.outcomes import (
 )
 from vfray.run.seating import Station, Stations, play_game
 from vfray.runtimes.registry import runtime_class
-from vfray.seats import SeatedTask
-from vfray.serving import serve_in_loop
+from vfray.runtimes.tunnels import TunnelKeeper, TunnelSettings
 from vfray.tools.host import use_shared_tools
 from vfray.trace import Trace
-from vfray.tunnels import TunnelKeeper, TunnelSettings
 
 if TYPE_CHECKING:
     from vfray.traces.wire import PackedRows

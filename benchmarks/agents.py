@@ -33,8 +33,8 @@ import psutil
 from rollouts import peak_tree_rss, tree_rss
 
 import vfray as vf
-from vfray.provision import TOOLS_DIR_ENV
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import TOOLS_DIR_ENV
 
 HARNESSES = ("mini-swe-agent", "codex", "claude-code")
 PROMPT = 'Write "hello agent" to out.txt, then check it.'

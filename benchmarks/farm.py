@@ -230,8 +230,8 @@ def run_farm(args: argparse.Namespace) -> None:
 
 
 async def _serve_model(latency: float) -> None:
-    from vfray.serving import serve_in_loop
-    from vfray.testing.scripted import ScriptedModel
+    from vfray.endpoints.serving import serve_in_loop
+    from vfray.models.scripted.server import ScriptedModel
 
     app = ScriptedModel("echo", latency=latency, history_size=1)
     async with serve_in_loop(app, timeout_keep_alive=600) as url:

@@ -80,9 +80,9 @@ def _bare_app(upstream: str, library: str) -> Any:
 
 
 async def _serve(kind: str, upstream: str, sessions: int, latency: float = 0.0) -> None:
+    from vfray.endpoints.serving import serve_in_loop
     from vfray.interception import InterceptionApp, Upstream
-    from vfray.serving import serve_in_loop
-    from vfray.testing.scripted import ScriptedModel
+    from vfray.models.scripted.server import ScriptedModel
     from vfray.trace import TaskRecord, Trace
 
     secrets: list[str] = []

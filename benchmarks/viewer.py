@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
-from vfray.serving import serve_in_thread
+from vfray.endpoints.serving import serve_in_thread
 from vfray.trace import (
     AgentInfo,
     ErrorInfo,

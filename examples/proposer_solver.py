@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import vfray as vf
-from vfray.seats import Game
+from vfray.harnesses.seats import Game
 
 
 class Target(vf.TaskData):

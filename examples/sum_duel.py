@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 import vfray as vf
-from vfray.seats import Game
+from vfray.harnesses.seats import Game
 
 _SUM = re.compile(r"What is (-?\d+) \+ (-?\d+)\?")
 

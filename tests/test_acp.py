@@ -29,9 +29,9 @@ from vfray.harnesses.acp.claude_code import ClaudeCodeAcpConfig
 from vfray.harnesses.acp.codex import CodexAcpConfig
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
-from vfray.provision import InstalledTool, ToolSpec, ensure_tool
 from vfray.rollout import Timeouts
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import InstalledTool, ToolSpec, ensure_tool
 from vfray.runtimes.subprocess import SubprocessRuntime
 
 ACP_HARNESSES = ["claude-code-acp", "codex-acp"]

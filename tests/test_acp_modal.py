@@ -17,8 +17,8 @@ from test_acp import ACP_HARNESSES, WriteFiles, _commands, _install, _transcript
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.provision import image_build_commands, planned_tool
 from vfray.runtimes.modal import ModalRuntime
+from vfray.runtimes.provision import image_build_commands, planned_tool
 
 pytestmark = pytest.mark.slow
 

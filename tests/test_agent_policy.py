@@ -14,9 +14,9 @@ import anthropic
 import openai
 import pytest
 
-from vfray.testing.agent import SUBMIT_COMMAND, find_shell, plan
-from vfray.testing.policies import Conversation
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.models.scripted.agent import SUBMIT_COMMAND, find_shell, plan
+from vfray.models.scripted.conversation import Conversation
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 
 TASK = 'Please write "hello agent" to out.txt and tell me when you are done.'
 

@@ -21,8 +21,8 @@ import vfray as vf
 from vfray.harnesses import make_harness
 from vfray.harnesses._agent import ProvisionedHarness
 from vfray.interception.app import RETRY_HEADER, InterceptionApp
-from vfray.provision import ensure_tool
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import ensure_tool
 
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 

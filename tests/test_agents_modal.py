@@ -19,9 +19,9 @@ from modal_box import LocalModal, image_layers
 import vfray as vf
 from vfray.harnesses import make_harness
 from vfray.harnesses._agent import ProvisionedHarness
-from vfray.provision import ensure_tool, image_build_commands, planned_tool
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.modal import ModalRuntime
+from vfray.runtimes.provision import ensure_tool, image_build_commands, planned_tool
 
 
 class WriteFile(vf.Task[vf.TaskData]):

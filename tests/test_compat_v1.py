@@ -22,7 +22,7 @@ from vfray.compat.v1 import config as v1config
 from vfray.compat.v1 import loader
 from vfray.compat.v1.traces import export_run, read_v1_traces
 from vfray.errors import ConfigError, TaskError, TasksetError
-from vfray.testing.scripted import scripted_server
+from vfray.models.scripted.server import scripted_server
 
 HERE = Path(__file__).parent
 PACKAGES = HERE / "v1_tasksets"

@@ -18,8 +18,8 @@ from vfray.cli.main import main
 from vfray.compat.v1 import loader
 from vfray.compat.v1.traces import export_run, read_v1_traces
 from vfray.errors import ConfigError
+from vfray.models.scripted.server import scripted_server
 from vfray.run.environment import run_game
-from vfray.testing.scripted import scripted_server
 from vfray.trace import Trace
 from vfray.traces import read_traces
 from vfray.traces.convert import table_to_traces

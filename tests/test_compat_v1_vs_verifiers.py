@@ -35,8 +35,8 @@ from agent_tools import need_registry
 
 from vfray.cli.main import main
 from vfray.compat.v1.traces import Outcome, export_run, read_v1_traces
-from vfray.provision import ToolSpec, ensure_tool
-from vfray.testing.scripted import scripted_server
+from vfray.models.scripted.server import scripted_server
+from vfray.runtimes.provision import ToolSpec, ensure_tool
 
 PACKAGES = Path(__file__).parent / "v1_tasksets"
 VERIFIERS = ToolSpec(name="verifiers", kind="pypi", package="verifiers", version="0.4.0")

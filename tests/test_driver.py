@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import vfray as vf
+from vfray.endpoints.retry import EndpointCircuit, RetryPolicy
 from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
-from vfray.retry import EndpointCircuit, RetryPolicy
 from vfray.run import driver as run_driver
 from vfray.run.driver import HostLost, HostPool, ResumeState, RunDriver, RunPlan
 from vfray.run.outcomes import (

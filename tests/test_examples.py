@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import vfray as vf
-from vfray.plugins import load_object
+from vfray._plugins import load_object
 from vfray.tasksets.arithmetic import make_task
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

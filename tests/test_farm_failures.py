@@ -163,8 +163,8 @@ def test_model_outage_mid_run_fails_no_rollout_for_good(tmp_path: Path, backend:
     """The model server goes away for 8 s mid-run (connections refused), then comes back on
     the same port: rollouts hit by it are retried after a backoff, new ones wait, and every
     rollout ends correct."""
-    from vfray.retry import RetryPolicy
-    from vfray.serving import serve_in_thread
+    from vfray.endpoints.retry import RetryPolicy
+    from vfray.endpoints.serving import serve_in_thread
     from vfray.testing import ScriptedModel
 
     model = ScriptedModel("arithmetic", latency=0.3)

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pytest
 
 import vfray as vf
+from vfray._plugins import load_object
 from vfray.config import EvalConfig
 from vfray.farm import Farm
-from vfray.plugins import load_object
 from vfray.tasksets.arithmetic import ArithmeticTaskset, last_integer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

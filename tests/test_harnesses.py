@@ -21,15 +21,15 @@ from vfray.errors import (
     PhaseTimeoutError,
     SandboxError,
 )
-from vfray.harness import Harness, LaunchContext, check_compatibility, classify_exit
 from vfray.harnesses import BashHarness, NullHarness, make_harness
+from vfray.harnesses.base import Harness, LaunchContext, check_compatibility, classify_exit
 from vfray.harnesses.chat import openai_base_url, parse_summary
 from vfray.interception import Interception, Limits, Upstream
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.registry import make_runtime
 from vfray.runtimes.subprocess import SubprocessRuntime
 from vfray.task import Task, TaskData
-from vfray.testing.scripted import ScriptedModel, scripted_server
 from vfray.trace import Message, StopCondition, Trace
 
 PROGRAM = Path(__file__).parents[1] / "vfray" / "harnesses" / "programs" / "chat_loop.py"

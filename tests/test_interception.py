@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from vfray.interception import Interception, Limits, Upstream
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import StopCondition, TaskRecord, Trace
 
 MODEL = "imposed-model"

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from vfray.endpoints.serving import HeadLimits
 from vfray.interception import Interception, Upstream
-from vfray.serving import HeadLimits
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
 
 ROUTE = "/v1/chat/completions"
@@ -233,7 +233,7 @@ async def test_a_cookie_set_for_one_rollout_never_reaches_another() -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from vfray.serving import serve_in_loop
+    from vfray.endpoints.serving import serve_in_loop
 
     seen: list[str | None] = []
 
@@ -301,7 +301,7 @@ def test_a_request_in_flight_when_its_loop_is_closed_gets_503_and_no_traceback(
     handler, and the client gets a 503 instead of the log getting a traceback."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vfray.serving import serve_in_loop
+    from vfray.endpoints.serving import serve_in_loop
 
     slow = ScriptedModel("echo", latency=30)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from vfray.interception import Interception, Upstream
 from vfray.interception.dialects import DIALECTS, DialectError
 from vfray.interception.dialects.prefix import PrefixCache
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import Message, TaskRecord, Trace
 
 MODEL = "imposed-model"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vfray.interception import Interception, Upstream
-from vfray.testing.scripted import scripted_server
+from vfray.models.scripted.server import scripted_server
 from vfray.trace import TaskRecord, Trace
 
 FINAL_STATUS = {

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from vfray.interception import Interception, Upstream
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
 
 MODEL = "imposed-model"

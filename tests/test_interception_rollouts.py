@@ -18,15 +18,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import vfray as vf
-from vfray.harness import Harness, LaunchContext
+from vfray.endpoints.serving import serve_in_loop
+from vfray.harnesses.base import Harness, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Interception, Upstream
+from vfray.models.scripted.server import scripted_server
 from vfray.run.driver import RETRYABLE
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.scoring import check_stop
-from vfray.serving import serve_in_loop
-from vfray.testing.scripted import scripted_server
 from vfray.trace import TaskRecord, Trace
 
 # Retried by the farm: at once (RETRYABLE), or after a backoff (a ProviderError).

@@ -15,12 +15,12 @@ import pytest
 from pydantic import BaseModel
 
 import vfray as vf
+from vfray._plugins import load_object
 from vfray.errors import JudgeError
 from vfray.farm import Farm
 from vfray.judges import Judge, ReferenceJudge, RubricJudge
-from vfray.plugins import load_object
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.run.environment import LocalEnvironment
-from vfray.testing.scripted import ScriptedModel, scripted_server
 from vfray.traces.convert import table_to_traces
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from vfray._plugins import Registry
 from vfray.errors import ConfigError
 from vfray.harnesses.null import NullHarness
 from vfray.harnesses.registry import available_harnesses, harness_class
-from vfray.plugins import Registry
 from vfray.runtimes.bwrap import BwrapRuntime
 from vfray.runtimes.registry import runtime_class, runtime_options
 from vfray.runtimes.subprocess import SubprocessRuntime

@@ -13,14 +13,14 @@ import pytest
 from agent_tools import need_registry
 
 from vfray.errors import HarnessError
-from vfray.provision import MANIFEST, ToolSpec, ensure_tool, find_tool, tools_root
+from vfray.runtimes.provision import MANIFEST, ToolSpec, ensure_tool, find_tool, tools_root
 
 NPM_TINY = ToolSpec(name="is-number", kind="npm", package="is-number", version="7.0.0")
 PYPI_TINY = ToolSpec(name="six", kind="pypi", package="six", version="1.17.0")
 
 _CHILD = """
 import json, sys
-from vfray.provision import ToolSpec, ensure_tool
+from vfray.runtimes.provision import ToolSpec, ensure_tool
 tool = ensure_tool(ToolSpec.model_validate_json(sys.argv[1]), sys.argv[2])
 print(json.dumps({"now": tool.installed_now, "path": str(tool.path)}))
 """

@@ -20,15 +20,15 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 import vfray as vf
+from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError, IncompatibleError
-from vfray.harness import Harness, LaunchContext
+from vfray.harnesses.base import Harness, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import PHASES, Timeouts
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.strays import marked_pids
-from vfray.serving import serve_in_loop
 
 HAS_BWRAP = shutil.which("bwrap") is not None
 LOCAL = [

@@ -20,9 +20,9 @@ import vfray as vf
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
 from vfray.harnesses.chat import ChatLoopConfig
+from vfray.models.scripted.server import scripted_server
 from vfray.run.outcomes import RolloutJob
 from vfray.run.spec import resolve_run
-from vfray.testing.scripted import scripted_server
 
 REPO = Path(__file__).resolve().parents[1]
 UNSET = "VFRAY_TEST_KEY_THAT_IS_NOT_SET"

@@ -30,7 +30,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime
-from vfray.serving import serve_in_loop
+from vfray.endpoints.serving import serve_in_loop
 
 FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
 

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from vfray.endpoints.serving import serve_in_loop
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.docker import DockerRuntime
-from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
 
 pytestmark = pytest.mark.docker

@@ -17,10 +17,12 @@ import pytest
 from agent_tools import need_registry
 
 from vfray.errors import ConfigError, SandboxError
-from vfray.harness import check_compatibility
 from vfray.harnesses import make_harness
 from vfray.harnesses._agent import ProvisionedHarness
-from vfray.provision import (
+from vfray.harnesses.base import check_compatibility
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.modal import ModalRuntime
+from vfray.runtimes.provision import (
     NODE_BOOTSTRAP,
     TOOLS_DIR_ENV,
     ToolSpec,
@@ -28,8 +30,6 @@ from vfray.provision import (
     image_build_commands,
     planned_tool,
 )
-from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.modal import ModalRuntime
 from vfray.runtimes.registry import make_runtime
 
 TUNNEL = "http://203.0.113.7:40123/v1"

@@ -15,13 +15,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError, MissingExtraError
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime, shares_network
 from vfray.runtimes.processes import box_env, is_secret
 from vfray.runtimes.registry import make_runtime
 from vfray.runtimes.strays import marked_pids
-from vfray.serving import serve_in_loop
 from vfray.testing.conformance import check_runtime
 
 HAS_BWRAP = shutil.which("bwrap") is not None

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from vfray._plugins import load_object
 from vfray.episode import Episode, finalize_episode, score_group
 from vfray.errors import ConfigError
-from vfray.plugins import load_object
 from vfray.scoring import (
     HookKind,
     check_stop,

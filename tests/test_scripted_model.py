@@ -19,9 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vfray.serving import serve_in_loop
-from vfray.testing.policies import find_command, solve, tokenize
-from vfray.testing.scripted import ScriptedModel, scripted_server
+from vfray.endpoints.serving import serve_in_loop
+from vfray.models.scripted.conversation import tokenize
+from vfray.models.scripted.policies import find_command, solve
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 
 DIALECTS = ["chat", "responses", "anthropic"]
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}

@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import vfray as vf
+from vfray._plugins import load_object
 from vfray.errors import ConfigError
-from vfray.plugins import load_object
+from vfray.harnesses.seats import Game, check_seats
 from vfray.rollout import Timeouts
 from vfray.run.environment import LocalEnvironment, run_game
-from vfray.seats import Game, check_seats
 from vfray.traces import read_traces, to_samples
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

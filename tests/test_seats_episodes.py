@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 import vfray as vf
-from vfray.plugins import load_object
+from vfray._plugins import load_object
 from vfray.run.results import RunResult
 from vfray.traces.episodes import EPISODE_SCHEMA
 from vfray.traces.io import read_parquet

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_interception_pool import serve_farm
-from vfray.plugins import load_object
+from vfray._plugins import load_object
 from vfray.traces import read_traces
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import vfray as vf
+from vfray._plugins import load_object
 from vfray.harnesses.chat import TRANSCRIPT_PATH, transcript_path
-from vfray.plugins import load_object
 from vfray.run.environment import run_game
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

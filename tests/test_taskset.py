@@ -10,8 +10,8 @@ from typing import Any
 import cloudpickle  # type: ignore[import-untyped]
 import pytest
 
+from vfray._plugins import load_object
 from vfray.errors import ConfigError, TasksetError
-from vfray.plugins import load_object
 from vfray.scoring import group_reward, validate_group_config
 from vfray.task import Task, TaskData
 from vfray.taskset import ListTaskset, Taskset, snake_case

@@ -261,7 +261,7 @@ def test_a_training_stream_refuses_an_endpoint_without_token_ids_at_its_first_an
     # A remote endpoint (the scripted model served on its own, tokens=False) is not known to
     # lack token ids: the first answer without them stops the stream, long before any group
     # (whose second rollout is still in its setup) completes.
-    from vfray.testing.scripted import scripted_server
+    from vfray.models.scripted.server import scripted_server
 
     tasks = [SlowSecond(QA(prompt=f"say {i}", answer=str(i)), key=f"t{i}") for i in range(3)]
     groups: list[vf.EpisodeGroup] = []

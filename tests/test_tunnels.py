@@ -20,11 +20,11 @@ from starlette.types import Receive, Scope, Send
 
 import vfray as vf
 from tests.netns_box import Island, island
+from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError
 from vfray.runtimes.registry import make_runtime
-from vfray.serving import serve_in_loop
+from vfray.runtimes.tunnels import ProcessTunnel, TunnelKeeper, TunnelSettings, make_tunnel
 from vfray.tasksets.arithmetic import ArithmeticTaskset
-from vfray.tunnels import ProcessTunnel, TunnelKeeper, TunnelSettings, make_tunnel
 
 needs_root_net = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists("/usr/sbin/sshd"),

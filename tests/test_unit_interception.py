@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from vfray.endpoints.serving import serve_in_loop
 from vfray.interception.count_tokens import TokenCounter, estimate
 from vfray.interception.limits import Limits, input_tokens, output_tokens
 from vfray.interception.upstream import Forwarder, Upstream
-from vfray.serving import serve_in_loop
 from vfray.trace import Message, StopCondition, TaskRecord, Trace, Usage
 
 # --- limits -------------------------------------------------------------------------------------

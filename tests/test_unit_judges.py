@@ -1,4 +1,4 @@
-"""vfray.judges and vfray.users without a model call: what a judge grades (the views), how its
+"""vfray.judges and vfray.harnesses.users without a model call: what a judge grades, how its
 prompt is filled, how answers parse into scores (JSON in prose, a schema, a rubric's verdicts, a
 reference verdict's label), the refusals of bad judge and rubric settings, and a task's user
 resolved from its class (one declared user, injectable parameters, the simulated user's view of
@@ -13,11 +13,11 @@ from pydantic import BaseModel, ValidationError
 
 import vfray as vf
 from vfray.errors import ConfigError, JudgeError
+from vfray.harnesses.users import SimulatedUser, declared_user, fill, task_fields, task_user, user
 from vfray.judges.base import Judge, json_object, response_text
 from vfray.judges.reference import ReferenceJudge
 from vfray.judges.rubric import Criterion, RubricJudge, Verdict, Verdicts
 from vfray.trace import Message, SideCall, TaskRecord, Trace
-from vfray.users import SimulatedUser, declared_user, fill, task_fields, task_user, user
 
 
 def _trace(*turns: tuple[str, str]) -> Trace:

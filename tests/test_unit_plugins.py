@@ -1,4 +1,4 @@
-"""vfray.plugins, the one lookup rule of every plugin family: import specs parsed, modules and
+"""vfray._plugins, the one lookup rule of every plugin family: import specs parsed, modules and
 files loaded (once per file, by a name of its own), and every failure a one-line ConfigError
 that points at the user's own line; options typed from a constructor; a registry's ids.
 tests/test_plugins.py checks the three families use it alike."""
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from vfray.errors import ConfigError
-from vfray.plugins import (
+from vfray._plugins import (
     Registry,
     is_file_target,
     load_module,
@@ -21,6 +20,7 @@ from vfray.plugins import (
     parse_spec,
     validate_options,
 )
+from vfray.errors import ConfigError
 
 
 @pytest.mark.parametrize(

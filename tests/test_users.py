@@ -15,17 +15,17 @@ import psutil
 import pytest
 
 import vfray as vf
+from vfray._plugins import load_object
+from vfray.endpoints.client import upstream_target
 from vfray.errors import ConfigError, IncompatibleError
 from vfray.farm import Farm
+from vfray.harnesses.users import declared_user
 from vfray.interception import Limits
-from vfray.model_client import upstream_target
-from vfray.plugins import load_object
+from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.rollout import run_planned_rollout
 from vfray.run.environment import InProcessBroker, LocalEnvironment
-from vfray.testing.scripted import ScriptedModel, scripted_server
 from vfray.traces import to_samples, write_traces
 from vfray.traces.convert import table_to_traces, traces_to_table
-from vfray.users import declared_user
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HAS_BWRAP = shutil.which("bwrap") is not None

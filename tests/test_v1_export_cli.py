@@ -19,8 +19,8 @@ import vfray as vf
 from vfray.compat import v1
 from vfray.compat.v1 import loader
 from vfray.compat.v1.traces import read_v1_traces
-from vfray.provision import ToolSpec, ensure_tool
-from vfray.testing.scripted import scripted_server
+from vfray.models.scripted.server import scripted_server
+from vfray.runtimes.provision import ToolSpec, ensure_tool
 
 V1CMP = str(Path(__file__).parent / "v1_tasksets" / "v1cmp")
 ROOT = Path(vf.__file__).resolve().parents[1]

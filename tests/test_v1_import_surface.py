@@ -22,7 +22,7 @@ from vfray.compat.v1._surface import (
     NotServedModuleError,
 )
 from vfray.errors import ConfigError
-from vfray.provision import ToolSpec, ensure_tool
+from vfray.runtimes.provision import ToolSpec, ensure_tool
 
 _OWN = {"UserSimEnv", "UserSimEnvConfig"}  # the user-sim env's names live only in its module
 

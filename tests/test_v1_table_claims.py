@@ -21,8 +21,8 @@ from vfray.cli.main import main
 from vfray.compat.v1 import loader
 from vfray.compat.v1.config import HARNESSES
 from vfray.errors import ConfigError
-from vfray.provision import ToolSpec, ensure_tool
-from vfray.testing.scripted import scripted_server
+from vfray.models.scripted.server import scripted_server
+from vfray.runtimes.provision import ToolSpec, ensure_tool
 from vfray.traces import read_traces
 from vfray.traces.convert import table_to_traces
 

@@ -13,8 +13,8 @@ from agent_tools import need_registry
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.provision import ensure_tool
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import ensure_tool
 from vfray.testing.verifiers_bash import VerifiersBashConfig, VerifiersBashHarness
 
 HARNESS = "vfray.testing.verifiers_bash:VerifiersBashHarness"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.view_runs import listing, make_trace, write_run
-from vfray.serving import serve_in_thread
+from vfray.endpoints.serving import serve_in_thread
 from vfray.trace import Message, PhaseTiming, RewardRecord, Usage
 from vfray.traces.io import traces_to_table, write_traces
 from vfray.traces.schema import SCHEMA_VERSION_KEY

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 
 import vfray as vf
-from vfray.serving import serve_in_thread
+from vfray.endpoints.serving import serve_in_thread
 from vfray.tasksets.arithmetic import ArithmeticTask, ArithmeticTaskset
 from vfray.traces import table_to_traces, write_traces
 from vfray.view import create_app

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vfray.endpoints.client import ModelEndpoint
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import (
     ConfigError,
@@ -18,9 +19,9 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
-from vfray.harness import Harness, HarnessConfig
+from vfray.harnesses.base import Harness, HarnessConfig
+from vfray.harnesses.users import SimulatedUser, user
 from vfray.judges import Judge
-from vfray.model_client import ModelEndpoint
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import group_reward, metric, reward, stop
@@ -28,14 +29,13 @@ from vfray.task import Task, TaskData
 from vfray.taskset import Taskset
 from vfray.tools.toolset import McpServer, Toolset, intercept, tool
 from vfray.trace import Branch, Message, ModelCall, StopCondition, Trace
-from vfray.users import SimulatedUser, user
 
 if TYPE_CHECKING:
     from vfray.config import EvalConfig
     from vfray.farm import Farm
+    from vfray.harnesses.seats import Agent, Seat, SeatedTask, Turn
     from vfray.run.environment import LocalEnvironment, run_episode, run_rollout
     from vfray.run.results import RunResult
-    from vfray.seats import Agent, Seat, SeatedTask, Turn
     from vfray.traces import read_traces, to_samples, write_traces
 
 __version__ = "0.1.0"
@@ -101,10 +101,10 @@ _LAZY = {
     "write_traces": "vfray.traces",
     "run_episode": "vfray.run.environment",
     # Seats carry interception limits, whose package pulls in the HTTP stack.
-    "Agent": "vfray.seats",
-    "Seat": "vfray.seats",
-    "SeatedTask": "vfray.seats",
-    "Turn": "vfray.seats",
+    "Agent": "vfray.harnesses.seats",
+    "Seat": "vfray.harnesses.seats",
+    "SeatedTask": "vfray.harnesses.seats",
+    "Turn": "vfray.harnesses.seats",
     "run_rollout": "vfray.run.environment",
 }
 

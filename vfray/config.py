@@ -16,11 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vfray.endpoints.retry import RetryPolicy
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
-from vfray.retry import RetryPolicy
 from vfray.rollout import Timeouts
-from vfray.tunnels import TunnelSettings
+from vfray.runtimes.tunnels import TunnelSettings
 
 
 class ModelConfig(BaseModel):

@@ -22,9 +22,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vfray._plugins import load_object
+from vfray._sync import run_sync
 from vfray.config import EvalConfig, ModelConfig
 from vfray.errors import ConfigError, no_token_ids
-from vfray.plugins import load_object
 from vfray.rollout import RolloutPlan
 from vfray.run.backends import FarmBackend
 from vfray.run.driver import RunBackend, RunDriver, RunPlan
@@ -33,7 +34,6 @@ from vfray.run.outcomes import EpisodeGroup, RolloutOutcome
 from vfray.run.progress import Baseline, live_progress
 from vfray.run.spec import RunSpec, resolve_run
 from vfray.run.streams import GroupStream
-from vfray.sync import run_sync
 from vfray.task import Task
 from vfray.trace import AgentInfo
 

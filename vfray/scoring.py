@@ -18,8 +18,8 @@ from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
 
 from vfray._hook_calls import run_levels
+from vfray._plugins import load_object
 from vfray.errors import ConfigError, PhaseTimeoutError
-from vfray.plugins import load_object
 from vfray.task import Task
 from vfray.trace import RewardRecord, StopCondition, Trace
 

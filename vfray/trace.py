@@ -316,7 +316,8 @@ class Trace(BaseModel):
     rollout_index: int = 0
     attempt: int = 0
     seat: str | None = None
-    """The seat this trace played in a multi-agent episode (:mod:`vfray.seats`); None otherwise."""
+    """The seat this trace played in a multi-agent episode (:mod:`vfray.harnesses.seats`); None
+    otherwise."""
     task: TaskRecord
     agent: AgentInfo = Field(default_factory=AgentInfo)
     graph: dict[str, Message] = Field(default_factory=dict)
@@ -332,7 +333,8 @@ class Trace(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     """MCP tool calls of the rollout, in the order they were made (``vfray.tools``)."""
     artifacts: list[AgentArtifact] = Field(default_factory=list)
-    """Files the harness kept from the box (:meth:`vfray.harness.Harness.collect_artifacts`)."""
+    """Files the harness kept from the box
+    (:meth:`vfray.harnesses.base.Harness.collect_artifacts`)."""
     timing: dict[str, PhaseTiming] = Field(default_factory=dict)
     segments: list[PhaseTiming] = Field(default_factory=list)
     """Wall-clock span of each run of the agent inside the agent phase: the launch, then one per

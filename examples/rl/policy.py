@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from vfray.serving import serve_in_thread
+from vfray.endpoints.serving import serve_in_thread
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 """Padding, start of the conversation, end of a reply, end of a message."""

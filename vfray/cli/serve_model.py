@@ -7,7 +7,7 @@ import socket
 import sys
 from typing import Any
 
-from vfray.testing.policies import POLICIES
+from vfray.models.scripted.policies import POLICIES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (SIGINT/SIGTERM); prints the base URL once listening."""
     import uvicorn
 
-    from vfray.testing.scripted import ScriptedModel
+    from vfray.models.scripted.server import ScriptedModel
 
     try:
         model = ScriptedModel(

@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vfray.serving import serve_in_thread
+    from vfray.endpoints.serving import serve_in_thread
     from vfray.view import create_app
 
     folders = [Path(p).absolute() for p in args.run_dirs]

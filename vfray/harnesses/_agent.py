@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vfray.errors import HarnessError, SandboxError
-from vfray.harness import Harness, HarnessConfig
-from vfray.provision import InstalledTool, ToolSpec, ensure_tool, planned_tool, tools_root
+from vfray.harnesses.base import Harness, HarnessConfig
 from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import InstalledTool, ToolSpec, ensure_tool, planned_tool, tools_root
 from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"

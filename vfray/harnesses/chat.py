@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from vfray.errors import SandboxError
-from vfray.harness import Harness, HarnessConfig, LaunchContext
+from vfray.harnesses.base import Harness, HarnessConfig, LaunchContext
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.trace import Message
 

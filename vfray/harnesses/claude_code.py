@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from vfray.harness import HarnessConfig, LaunchContext
 from vfray.harnesses._agent import (
     AGENT_DIR,
     AgentHarnessConfig,
     ProvisionedHarness,
     prompt_text,
 )
-from vfray.provision import ToolSpec
+from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
 
 CONFIG_DIR = f"{AGENT_DIR}/claude-config"
 EVENTS_PATH = f"{AGENT_DIR}/claude-events.jsonl"

@@ -9,16 +9,16 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from vfray.harness import HarnessConfig, LaunchContext
 from vfray.harnesses._agent import (
     AGENT_DIR,
     AgentHarnessConfig,
     ProvisionedHarness,
     prompt_text,
 )
+from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.provision import ToolSpec
 from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
 
 CODEX_HOME = f"{AGENT_DIR}/codex-home"
 EVENTS_PATH = f"{AGENT_DIR}/codex-events.jsonl"

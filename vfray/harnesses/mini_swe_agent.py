@@ -9,16 +9,16 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from vfray.harness import HarnessConfig, LaunchContext
 from vfray.harnesses._agent import (
     AGENT_DIR,
     AgentHarnessConfig,
     ProvisionedHarness,
     prompt_text,
 )
+from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.provision import ToolSpec
 from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
 
 TRAJECTORY_PATH = f"{AGENT_DIR}/trajectory.json"
 

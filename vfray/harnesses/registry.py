@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vfray.harness import Harness, HarnessConfig
-from vfray.plugins import Registry
+from vfray._plugins import Registry
+from vfray.harnesses.base import Harness, HarnessConfig
 
 _BUILTIN: dict[str, str] = {
     "bash": "vfray.harnesses.bash:BashHarness",

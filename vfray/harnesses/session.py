@@ -1,7 +1,7 @@
 """One rollout's agent program across its segments: the launch, then one resume per user message.
 
 :func:`run_segments` is the rollout's agent loop (segment 1, then one more per message the task's
-user (:mod:`vfray.users`, else its ``next_message``) supplies, under one agent budget that
+user (:mod:`vfray.harnesses.users`, else its ``next_message``) supplies, under one agent budget that
 waiting for the user does not burn), over an :class:`AgentSession`: by default one that
 relaunches the program on the conversation so far; a live-session harness (ACP) gives its own,
 which keeps one process and session.
@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vfray.errors import TaskError
-from vfray.harness import LaunchContext, run_until_stopped, with_conversation
+from vfray.harnesses.base import LaunchContext, run_until_stopped, with_conversation
+from vfray.harnesses.users import TaskUser, task_user
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.task import Task
 from vfray.trace import Message, PhaseTiming, StopCondition, Trace
-from vfray.users import TaskUser, task_user
 
 if TYPE_CHECKING:
-    from vfray.harness import Harness
+    from vfray.harnesses.base import Harness
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from vfray.endpoints.serving import HeadLimits, serve_in_loop
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -34,7 +35,6 @@ from vfray.interception.sessions import (
 )
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
-from vfray.serving import HeadLimits, serve_in_loop
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -128,7 +128,7 @@ class InterceptionApp:
         elif scope["method"] != route[0] and not (route[0] == "GET" and scope["method"] == "HEAD"):
             response = _plain_error(405, f"{scope['path']} accepts {route[0]} only")
         else:
-            # A handler cancelled by its server's shutdown is answered by vfray.serving.
+            # A handler cancelled by its server's shutdown is answered by vfray.endpoints.serving.
             response = await route[1](Request(scope, receive))
         await response(scope, receive, send)
 

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from vfray.endpoints.client import ModelEndpoint, Unusable, chat
 from vfray.errors import JudgeError, ProviderError
-from vfray.model_client import ModelEndpoint, Unusable, chat
+from vfray.harnesses.users import fill, task_fields
 from vfray.scoring import HOOK_ATTR, HookKind, HookSpec
 from vfray.trace import Message, Trace, Usage
-from vfray.users import fill, task_fields
 
 if TYPE_CHECKING:
     from vfray.task import Task

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from vfray.endpoints.client import ModelEndpoint
 from vfray.judges.base import Judge, View
-from vfray.model_client import ModelEndpoint
 from vfray.trace import Trace
 
 if TYPE_CHECKING:

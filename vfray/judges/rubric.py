@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vfray.endpoints.client import ModelEndpoint
 from vfray.judges.base import Judge, View
-from vfray.model_client import ModelEndpoint
 from vfray.trace import Trace
 
 if TYPE_CHECKING:

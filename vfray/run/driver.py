@@ -1,6 +1,6 @@
 """The run driver: iterates the taskset lazily, keeps at most ``max_concurrent`` rollouts in
 flight, retries rollouts whose machinery or model endpoint failed (the latter after a backoff,
-holding new starts while the endpoint is down: :mod:`vfray.retry`), and hands each task's
+holding new starts while the endpoint is down: :mod:`vfray.endpoints.retry`), and hands each task's
 finished rollouts to the backend to be scored and written.
 
 The driver knows nothing about Ray. A :class:`RunBackend` runs the rollouts and episodes: the Ray
@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vfray.endpoints.retry import EndpointCircuit, RetryPolicy
 from vfray.errors import (
     InfrastructureError,
     ProviderError,
@@ -25,7 +26,6 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
-from vfray.retry import EndpointCircuit, RetryPolicy
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 RETRYABLE = frozenset({"InterceptionError", "InfrastructureError"})
 """Rollout error types that say nothing about the task or the policy: retried at once, up to
 ``max_retries``. A ``ProviderError`` is retried too, after a backoff, under the run's
-:class:`~vfray.retry.RetryPolicy`."""
+:class:`~vfray.endpoints.retry.RetryPolicy`."""
 
 
 class HostLost(Exception):

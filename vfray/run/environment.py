@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from vfray.config import EvalConfig, format_validation_error
+from vfray.endpoints.client import upstream_target
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import ConfigError
 from vfray.interception import Interception, InterceptionApp, Limits, Upstream
-from vfray.model_client import upstream_target
 from vfray.models.local import LocalModelServer, parse_local_model
 from vfray.rollout import Timeouts, run_planned_rollout
 from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
@@ -135,8 +135,8 @@ class LocalEnvironment:
         endpoint = self.spec.endpoint
         base_url = endpoint.base_url
         if endpoint.kind == "scripted":
-            from vfray.serving import serve_in_loop
-            from vfray.testing.scripted import ScriptedModel
+            from vfray.endpoints.serving import serve_in_loop
+            from vfray.models.scripted.server import ScriptedModel
 
             app = ScriptedModel(
                 policy=endpoint.scripted_policy,  # type: ignore[arg-type]
@@ -228,9 +228,9 @@ class LocalEnvironment:
         run_id: str | None = None,
         episode_id: str | None = None,
     ) -> list[Trace]:
-        """Play one game of a :class:`~vfray.seats.SeatedTask`: one trace per seat."""
+        """Play one game of a :class:`~vfray.harnesses.seats.SeatedTask`: one trace per seat."""
+        from vfray.harnesses.seats import SeatedTask
         from vfray.run.seating import play_game
-        from vfray.seats import SeatedTask
 
         if not isinstance(task, SeatedTask):
             raise ConfigError(f"{type(task).__name__} is not a vf.SeatedTask")
@@ -246,7 +246,7 @@ class LocalEnvironment:
     async def episode(self, task: Task[Any], n: int = 4, *, run_id: str | None = None) -> Episode:
         """Run ``n`` rollouts of ``task`` concurrently (``n`` games of a seated task, one trace
         per seat each), then its group rewards."""
-        from vfray.seats import SeatedTask
+        from vfray.harnesses.seats import SeatedTask
 
         self.spec.check_task_type(type(task), n)
         if isinstance(task, SeatedTask):
@@ -276,7 +276,7 @@ async def run_rollout(task: Task[Any], **options: Any) -> Trace:
 
 async def run_game(task: Task[Any], **options: Any) -> list[Trace]:
     """One game of a seated task with a fresh :class:`LocalEnvironment` (the run's defaults
-    for every seat whose :class:`~vfray.seats.Agent` leaves them open)."""
+    for every seat whose :class:`~vfray.harnesses.seats.Agent` leaves them open)."""
     async with LocalEnvironment(**options) as env:
         return await env.game(task)
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vfray.harnesses.seats import SeatedTask
 from vfray.run.environment import LocalEnvironment
 from vfray.run.outcomes import (
     EpisodeJob,
@@ -30,7 +31,6 @@ from vfray.run.outcomes import (
     played,
 )
 from vfray.run.spec import RunSpec
-from vfray.seats import SeatedTask
 from vfray.task import Task
 from vfray.trace import Trace
 

@@ -1,4 +1,5 @@
-"""Plays one game of a :class:`~vfray.seats.SeatedTask`: each seat is one rollout (its own box,
+"""Plays one game of a :class:`~vfray.harnesses.seats.SeatedTask`: each seat is one rollout (its
+own box,
 harness, interception session and trace) started on its first turn; a turn is one harness segment,
 whose reply the task's ``next_turn`` reads before naming the next seat. Seats that share a box get
 one box, stopped by the last of them. Used by the local environment and by SandboxHosts alike.
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from vfray.errors import ConfigError, TaskError
-from vfray.harness import Harness
+from vfray.harnesses.base import Harness
+from vfray.harnesses.seats import Agent, Game, Play, Seat, SeatedTask, Turn, check_seats
 from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
-from vfray.seats import Agent, Game, Play, Seat, SeatedTask, Turn, check_seats
 from vfray.task import call_maybe_async
 from vfray.trace import StopCondition, Trace
 
@@ -35,7 +36,7 @@ class Station:
 
 
 class Stations:
-    """The run's own station, and one per other :class:`~vfray.seats.Agent` a seat names:
+    """The run's own station, and one per other :class:`~vfray.harnesses.seats.Agent` a seat names:
     an agent with its own model gets its own endpoint and interception (opened on first use,
     closed with :meth:`aclose`); one that changes only the harness or runtime shares the run's.
 

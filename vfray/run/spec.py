@@ -13,17 +13,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vfray.config import EvalConfig, format_validation_error
+from vfray.endpoints.retry import RetryPolicy
 from vfray.errors import ConfigError
-from vfray.harness import Harness, HarnessConfig, check_compatibility
+from vfray.harnesses.base import Harness, HarnessConfig, check_compatibility
 from vfray.harnesses.registry import harness_class
+from vfray.harnesses.users import declared_user
 from vfray.models.local import check_installed, parse_local_model
-from vfray.retry import RetryPolicy
 from vfray.rollout import RolloutPlan
 from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
 from vfray.runtimes.registry import runtime_options as typed_runtime_options
 from vfray.scoring import validate_group_config
 from vfray.task import Task
-from vfray.users import declared_user
 
 SCRIPTED_PREFIX = "scripted:"
 

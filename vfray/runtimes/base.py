@@ -17,7 +17,7 @@ from vfray.runtimes.live import BackgroundProcess, LiveProcess, ProcessInput
 from vfray.task import TaskData
 
 if TYPE_CHECKING:
-    from vfray.provision import ToolSpec
+    from vfray.runtimes.provision import ToolSpec
 
 __all__ = [
     "BackgroundProcess",

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
-from vfray.provision import tools_root
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.processes import (
@@ -39,6 +38,7 @@ from vfray.runtimes.processes import (
     network_env,
     rlimit_setter,
 )
+from vfray.runtimes.provision import tools_root
 from vfray.runtimes.subprocess import SubprocessRuntime
 
 logger = logging.getLogger(__name__)
@@ -271,8 +271,8 @@ class BwrapRuntime(SubprocessRuntime):
         # own dirs when they live there: a venv under /tmp, or under the work dir's path.
         for path in host_paths(self.ro_binds):
             args += ["--ro-bind", path, path]
-        # The node's agent tool dir (vfray.provision), when a harness made one; after the box's
-        # own /tmp too, so a root under /tmp is not hidden.
+        # The node's agent tool dir (vfray.runtimes.provision), when a harness made one; after the
+        # box's own /tmp too, so a root under /tmp is not hidden.
         tools = str(tools_root())
         if os.path.isdir(tools):
             args += ["--ro-bind", tools, tools]

@@ -25,7 +25,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.provision import tools_root
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
@@ -41,6 +40,7 @@ from vfray.runtimes.lifeline import (
     work_dir_prefix,
 )
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
+from vfray.runtimes.provision import tools_root
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
@@ -115,7 +115,8 @@ class DockerRuntime(Runtime):
         }
         for host, inside in self.volumes.items():
             volumes[host] = {"bind": inside, "mode": "ro"}
-        # The node's agent tool dir (vfray.provision), read-only at its own path as in bwrap:
+        # The node's agent tool dir (vfray.runtimes.provision), read-only at its own path as in
+        # bwrap:
         # agent harnesses run their programs from it. Its programs need what they link to
         # (glibc for node; a Python agent's venv, its interpreter's path).
         tools = str(tools_root())

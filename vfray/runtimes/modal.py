@@ -17,7 +17,7 @@ A task that names hosts gets Modal's default (open) network: a URL list is not a
 
 Agent programs: a Modal box cannot see the node's tool dir, so the tools the harness names
 (:meth:`ModalRuntime.plan_tools`) become build steps on the task's image
-(``Image.run_commands``, :func:`vfray.provision.image_build_commands`): the same pinned
+(``Image.run_commands``, :func:`vfray.runtimes.provision.image_build_commands`): the same pinned
 packages installed at the path they have on the node, so a harness launches them alike. Modal
 caches each layer by its definition, so a tool is built once per image, not per rollout.
 """
@@ -35,10 +35,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.provision import ToolSpec, image_build_commands, tools_root
 from vfray.runtimes._modal_process import ModalProcess
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.processes import OUTPUT_CAP
+from vfray.runtimes.provision import ToolSpec, image_build_commands, tools_root
 
 DEFAULT_IMAGE = "python:3.11-slim"
 

@@ -1,5 +1,5 @@
 """Runtime lookup by name: ``make_runtime("bwrap", spec)`` builds a runtime from configuration,
-with the same lookup rule as harnesses and tasksets (:class:`~vfray.plugins.Registry`), and
+with the same lookup rule as harnesses and tasksets (:class:`~vfray._plugins.Registry`), and
 :func:`runtime_options` types a runtime's options from its constructor, as ``HarnessConfig``
 types a harness's.
 
@@ -14,18 +14,18 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vfray.errors import ConfigError
-from vfray.plugins import (
+from vfray._plugins import (
     OpenPluginOptions,
     PluginOptions,
     Registry,
     options_model,
     validate_options,
 )
+from vfray.errors import ConfigError
 from vfray.runtimes.base import Runtime, RuntimeSpec
 
 if TYPE_CHECKING:
-    from vfray.harness import Harness
+    from vfray.harnesses.base import Harness
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vfray._plugins import Registry, options_model, validate_options
 from vfray.errors import ConfigError
-from vfray.plugins import Registry, options_model, validate_options
 from vfray.scoring import HookKind, scoring_hooks
 from vfray.taskset import Taskset
 

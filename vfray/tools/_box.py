@@ -12,7 +12,7 @@ from vfray.tools._mcp_app import Binding, build_app
 
 
 async def _serve(spec_path: str, log_path: str) -> None:
-    from vfray.serving import serve_in_loop
+    from vfray.endpoints.serving import serve_in_loop
 
     with open(spec_path, "rb") as fh:
         toolset = pickle.load(fh)

@@ -57,7 +57,7 @@ class HostToolServer:
         """Serve ``binding``; returns its URL (on the host's loopback)."""
         async with self._lock:
             if self._stack is None:
-                from vfray.serving import serve_in_loop
+                from vfray.endpoints.serving import serve_in_loop
 
                 stack = contextlib.AsyncExitStack()
                 # The SDK's session manager runs in the app's lifespan.

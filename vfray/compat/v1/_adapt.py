@@ -23,8 +23,8 @@ from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
 from vfray.errors import ConfigError, TaskError
+from vfray.harnesses.seats import Game, Seat, SeatedTask, Turn
 from vfray.interception.sessions import PENDING_REQUEST
-from vfray.seats import Game, Seat, SeatedTask, Turn
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
 from vfray.tools.toolset import Toolset as VfrayToolset

@@ -147,7 +147,7 @@ def boundary(fn: Callable[..., Any]) -> str:
 
 def load_function(path: str) -> Callable[..., Any]:
     """A function named ``pkg.mod.fn``, ``pkg.mod:fn`` or ``path/file.py:fn``."""
-    from vfray.plugins import load_object
+    from vfray._plugins import load_object
 
     if ":" not in path:
         module, _, name = path.rpartition(".")

@@ -11,10 +11,10 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
+from vfray.endpoints.client import ModelEndpoint
 from vfray.errors import ConfigError
 from vfray.judges.base import VIEWS, View, response_text
 from vfray.judges.reference import ReferenceJudge
-from vfray.model_client import ModelEndpoint
 from vfray.trace import Trace
 
 _OPTIONS = frozenset(

@@ -1,7 +1,9 @@
 """v1 envs with their own ``run(task, agents)`` (user simulation, multi-agent) as vfray seated
-tasks: each top-level ``AgentConfig`` field of the env's config is a :class:`~vfray.seats.Seat`,
+tasks: each top-level ``AgentConfig`` field of the env's config is a
+:class:`~vfray.harnesses.seats.Seat`,
 and the env's ``run`` is driven as the game's ``next_turn`` — every ``interaction.turn(message)``
-it awaits is one vfray :class:`~vfray.seats.Turn` of that seat, answered with the seat's reply.
+it awaits is one vfray :class:`~vfray.harnesses.seats.Turn` of that seat, answered with the
+seat's reply.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from vfray.compat.v1._env import AgentConfig, Env, Episode
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1.config import HARNESSES, RUNTIMES
 from vfray.errors import ConfigError
+from vfray.harnesses.seats import Agent, Game, Seat, Turn
 from vfray.interception.limits import Limits
-from vfray.seats import Agent, Game, Seat, Turn
 
 _CLIENT = frozenset({"base_url", "api_key_var"})
 _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")

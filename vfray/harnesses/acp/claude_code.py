@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from vfray.harness import HarnessConfig, LaunchContext
 from vfray.harnesses.acp.base import AcpHarness, AcpHarnessConfig
+from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.claude_code import CONFIG_DIR, OPT_OUTS, anthropic_root
-from vfray.provision import InstalledTool, ToolSpec
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import InstalledTool, ToolSpec
 
 
 class ClaudeCodeAcpConfig(AcpHarnessConfig):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from vfray.harness import HarnessConfig, LaunchContext
 from vfray.harnesses.acp.base import AcpHarness, AcpHarnessConfig
+from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.codex import CODEX_HOME, KEY_VAR, config_toml
-from vfray.provision import InstalledTool, ToolSpec
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import InstalledTool, ToolSpec
 
 
 class CodexAcpConfig(AcpHarnessConfig):

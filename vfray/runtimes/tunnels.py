@@ -260,7 +260,7 @@ def make_tunnel(settings: TunnelSettings) -> Tunnel:
                 f"unknown tunnel {settings.type!r} (known: {', '.join(TUNNELS)}, or a "
                 "'package.module:Class' path)"
             )
-        from vfray.plugins import load_object
+        from vfray._plugins import load_object
 
         cls = load_object(settings.type)
         if not (isinstance(cls, type) and issubclass(cls, Tunnel)):

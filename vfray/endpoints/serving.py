@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from vfray._guarded_http import HeadLimits, guarded_protocol
+from vfray.endpoints._guarded_http import HeadLimits, guarded_protocol
 
 __all__ = ["HeadLimits", "serve_in_loop", "serve_in_thread"]
 

@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from vfray.testing.agent import find_shell
-from vfray.testing.policies import NAMESPACE_SEP, Conversation
+from vfray.models.scripted.agent import find_shell
+from vfray.models.scripted.conversation import NAMESPACE_SEP, Conversation
 
 Json = dict[str, Any]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from vfray.testing.policies import Conversation, Decision
+from vfray.models.scripted.conversation import Conversation, Decision
 
 DONE = "###DONE###"
 _LABEL = re.compile(r"^([A-Z][A-Za-z ]{0,40}):\s*(.*)$")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vfray.endpoints.client import Target, rollout_target
 from vfray.errors import (
     HarnessError,
     PhaseTimeoutError,
@@ -24,10 +25,9 @@ from vfray.errors import (
     SandboxError,
     TaskError,
 )
-from vfray.harness import Harness, LaunchContext, classify_exit
+from vfray.harnesses.base import Harness, LaunchContext, classify_exit
 from vfray.harnesses.session import run_segments
 from vfray.interception.limits import Limits
-from vfray.model_client import Target, rollout_target
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.registry import make_runtime
 from vfray.scoring import check_stop, score_rollout

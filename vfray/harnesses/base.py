@@ -32,7 +32,7 @@ from vfray.trace import AgentArtifact, Message
 
 if TYPE_CHECKING:
     from vfray.harnesses.session import AgentSession
-    from vfray.provision import ToolSpec
+    from vfray.runtimes.provision import ToolSpec
 
 STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import Any
 
-from vfray.testing.policies import NAMESPACE_SEP, Conversation, Decision, ShellTool
+from vfray.models.scripted.conversation import NAMESPACE_SEP, Conversation, Decision, ShellTool
 
 SHELL_TOOLS = (
     "bash",

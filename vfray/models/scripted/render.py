@@ -7,8 +7,8 @@ import json
 import time
 from typing import Any
 
-from vfray.testing.policies import Reply
-from vfray.testing.wire import Json, new_id
+from vfray.models.scripted.conversation import Reply
+from vfray.models.scripted.wire import Json, new_id
 
 
 def sse(data: Json | str, event: str | None = None) -> str:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vfray._hook_calls import run_in_hook_thread
+from vfray.endpoints.client import ModelEndpoint, chat
 from vfray.errors import ConfigError
-from vfray.model_client import ModelEndpoint, chat
 from vfray.task import Task, call_maybe_async
 from vfray.trace import Message, Trace
 

@@ -7,127 +7,30 @@ wire layer renders that reply in the dialect the request came in.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import operator
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+
+from vfray.models.scripted import agent, side_policies
+from vfray.models.scripted.conversation import (
+    NAMESPACE_SEP,
+    Conversation,
+    Decision,
+    Reply,
+    ToolCall,
+    digest,
+    token_id,
+    token_logprob,
+    tokenize,
+)
 
 POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent", "user", "judge")
 """Names accepted by ``ScriptedModel(policy=...)``; ``user`` and ``judge`` answer vfray's own
-side calls (:mod:`vfray.testing.side_policies`), and are picked per request by their
+side calls (:mod:`vfray.models.scripted.side_policies`), and are picked per request by their
 ``x-vfray-role`` header whatever the server's policy."""
-
-VOCAB_SIZE = 1 << 17
-_PIECE = re.compile(r"\s*\S+|\s+")
-
-
-def tokenize(text: str) -> list[str]:
-    """Split ``text`` into whitespace-led pieces whose concatenation is exactly ``text``."""
-    return _PIECE.findall(text)
-
-
-def _digest(*parts: object) -> int:
-    data = "\x00".join(str(part) for part in parts).encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
-
-
-def token_id(piece: str) -> int:
-    """A stable id for one toy token (same piece, same id, across processes and runs)."""
-    return _digest("tok", piece) % VOCAB_SIZE
-
-
-def token_logprob(piece: str, position: int) -> float:
-    """A stable, plausible log-probability in (-4, 0] for the piece generated at ``position``."""
-    return -round((_digest("lp", piece, position) % 4000) / 1000.0, 3)
-
-
-def count_tokens(texts: list[str]) -> int:
-    return sum(len(tokenize(text)) for text in texts)
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One request, reduced to what the policies and the usage counts need."""
-
-    texts: tuple[str, ...]
-    """Every text the request carries (system prompt, all messages, tool outputs): the prompt."""
-    last_user: str
-    """Text of the last user message ('' when there is none)."""
-    tool_names: frozenset[str]
-    """Names of the tools the request offers."""
-    tool_output: str | None
-    """The tool result's text when the last message is a tool result, else None."""
-    max_tokens: int | None = None
-    seed: int | None = None
-    """An integer ``seed`` field in the request body, used as the sampling nonce when present."""
-    want_tokens: bool = False
-    """The request asked for logprobs / token ids (the ``tokens`` policy always returns them)."""
-    user_texts: tuple[str, ...] = ()
-    """Texts of every user message, oldest first (tool results excluded)."""
-    user_actions: tuple[int, ...] = ()
-    """For each of ``user_texts``, how many actions the assistant had taken before it."""
-    shell: ShellTool | None = None
-    """The shell-like tool the request offers, read from its schemas (the ``agent`` policy)."""
-    actions_taken: int = 0
-    """Actions the assistant already took in this conversation: tool calls, and replies
-    carrying a fenced code block (agents that parse commands out of text)."""
-    system: str = ""
-    """The system (and developer) messages' text (chat requests)."""
-    assistant_texts: tuple[str, ...] = ()
-    """Texts of the assistant messages, oldest first (chat requests)."""
-
-
-@dataclass(frozen=True)
-class ShellTool:
-    """A tool that runs a shell command: its name, argument name and whether the argument is
-    an argv list (``["bash", "-lc", cmd]``) rather than a command string."""
-
-    name: str
-    argument: str = "command"
-    argv: bool = False
-    extra: tuple[tuple[str, Any], ...] = ()
-    """Values for the schema's other required arguments (e.g. a ``timeout``)."""
-
-
-NAMESPACE_SEP = "::"
-"""Joins a Responses tool namespace and a tool in it, in ``Conversation.tool_names``."""
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str
-    """The arguments as a JSON object text, as the OpenAI dialects carry them."""
-    namespace: str | None = None
-    """The Responses namespace the tool was offered in (``name`` is then its own name)."""
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the model answers, plus token-level detail and usage for the wire layer."""
-
-    text: str
-    tool_call: ToolCall | None
-    finish: str
-    """``stop``, ``length`` (cut at ``max_tokens``) or ``tool_calls``."""
-    pieces: list[str]
-    """The generated toy tokens (of the text, or of the tool call's arguments)."""
-    prompt_token_ids: list[int]
-    prompt_tokens: int
-    with_tokens: bool
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.pieces)
-
 
 # -- arithmetic ------------------------------------------------------------------------------
 
@@ -229,13 +132,9 @@ class Sampler:
             count = self._seen.get(prompt, 0)
             self._seen[prompt] = count + 1
             nonce = f"k{count}"
-        return random.Random(_digest("rng", self.seed, prompt, nonce))
+        return random.Random(digest("rng", self.seed, prompt, nonce))
 
 
-@dataclass(frozen=True)
-class Decision:
-    text: str = ""
-    tool_call: tuple[str, dict[str, object]] | None = None
 
 
 def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -> Decision:
@@ -260,12 +159,8 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
             return Decision(text=command)
         return Decision(tool_call=("bash", {"command": command}))
     if policy == "agent":
-        from vfray.testing.agent import decide_agent
-
-        return decide_agent(conv)
+        return agent.decide_agent(conv)
     if policy in ("user", "judge"):
-        from vfray.testing import side_policies
-
         return side_policies.decide(policy, conv)
     raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
 

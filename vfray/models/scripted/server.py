@@ -21,9 +21,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from vfray.serving import serve_in_thread
-from vfray.testing import render, wire
-from vfray.testing.policies import POLICIES, Sampler, count_tokens, decide, reply
+from vfray.endpoints.serving import serve_in_thread
+from vfray.models.scripted import render, wire
+from vfray.models.scripted.conversation import count_tokens
+from vfray.models.scripted.policies import POLICIES, Sampler, decide, reply
 
 FAIL_HEADER = "x-scripted-fail"
 """Request header: answer with this error: an HTTP status (400-599) or ``context_length``."""
@@ -32,7 +33,7 @@ FAIL_COUNT_HEADER = "x-scripted-fail-count"
 POLICY_HEADER = "x-scripted-policy"
 """Request header: answer this request with the named policy instead of the server's."""
 ROLE_HEADER = "x-vfray-role"
-"""Sent by vfray's simulated users and judges (:data:`vfray.model_client.ROLE_HEADER`)."""
+"""Sent by vfray's simulated users and judges (:data:`vfray.endpoints.client.ROLE_HEADER`)."""
 LATENCY_HEADER = "x-scripted-latency"
 """Request header: override the per-call latency (seconds); echoed on every completion."""
 
@@ -101,10 +102,11 @@ class ScriptedModel:
     """A deterministic model server; the instance is the ASGI app.
 
     ``policy`` is one of ``echo``, ``arithmetic``, ``bash``, ``tokens`` (see
-    :mod:`vfray.testing.policies`) or ``agent`` (drives real agent programs, see
-    :mod:`vfray.testing.agent`); one request may ask for another (``x-scripted-policy``), and
-    vfray's simulated users and judges get the ``user`` and ``judge`` policies
-    (:mod:`vfray.testing.side_policies`) by their ``x-vfray-role`` header. ``accuracy`` is the
+    :mod:`vfray.models.scripted.policies`) or ``agent`` (drives real agent programs, see
+    :mod:`vfray.models.scripted.agent`); one request may ask for another
+    (``x-scripted-policy``), and vfray's simulated users and judges get the ``user`` and ``judge``
+    policies (:mod:`vfray.models.scripted.side_policies`) by their ``x-vfray-role`` header.
+    ``accuracy`` is the
     chance an arithmetic answer is right, drawn from ``seed``, the prompt and a per-call nonce
     (see :class:`Sampler`). ``latency`` is slept before every completion; ``stall`` is slept
     inside every stream, after its head and first event: an agent whose timeout covers the
