@@ -18,14 +18,28 @@ import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from vfray.errors import PhaseTimeoutError
 
-if TYPE_CHECKING:
-    from vfray.scoring import ScoringHook
-
 T = TypeVar("T")
+
+
+class Hook(Protocol):
+    """What running a hook needs of it (:class:`vfray.scoring.ScoringHook` is one): this module
+    sits below the scoring model and must not import it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> tuple[str, ...]: ...
+    @property
+    def func(self) -> Callable[..., Any] | None: ...
+    @property
+    def priority(self) -> int: ...
+
+
+H = TypeVar("H", bound=Hook)
 
 HOOK_THREADS = 16
 """Sync hooks running at once per process; more wait their turn (and their deadline)."""
@@ -91,20 +105,20 @@ async def run_in_hook_thread(fn: Callable[..., T], /, **kwargs: Any) -> T:
 
 
 async def run_levels(
-    hooks: list[ScoringHook],
+    hooks: list[H],
     owner: Any,
     available: Mapping[str, Any],
     offload: bool,
     timeout: float | None = None,
-) -> AsyncGenerator[list[tuple[ScoringHook, Any]], None]:
+) -> AsyncGenerator[list[tuple[H, Any]], None]:
     """Run hooks level by level (highest priority first), concurrently within a level.
 
     With ``timeout`` (seconds, for all levels together), a hook still running when it expires
     is abandoned and its result is a :class:`PhaseTimeoutError`; later levels get the same.
     """
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-    priorities = sorted({h.spec.priority for h in hooks}, reverse=True)
-    for level in ([h for h in hooks if h.spec.priority == p] for p in priorities):
+    priorities = sorted({h.priority for h in hooks}, reverse=True)
+    for level in ([h for h in hooks if h.priority == p] for p in priorities):
         results = await asyncio.gather(
             *(_invoke(h, owner, available, offload, deadline) for h in level)
         )
@@ -112,7 +126,7 @@ async def run_levels(
 
 
 async def _invoke(
-    hook: ScoringHook,
+    hook: Hook,
     owner: Any,
     available: Mapping[str, Any],
     offload: bool,

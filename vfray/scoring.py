@@ -13,6 +13,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias, TypeVar, overload
@@ -22,6 +23,10 @@ from vfray._plugins import load_object
 from vfray.errors import ConfigError, PhaseTimeoutError
 from vfray.task import Task
 from vfray.trace import RewardRecord, StopCondition, Trace
+
+PENDING_BODY: ContextVar[dict[str, Any] | None] = ContextVar("vfray_pending_body", default=None)
+"""The JSON body of the model call being admitted, while ``@stop`` hooks run on it (set by the
+interception, which sits above the task model: the hooks read it as ``request``)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,6 +79,10 @@ class ScoringHook:
     @property
     def keys(self) -> tuple[str, ...]:
         return self.spec.keys or (self.name,)
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
 
     @property
     def needs_runtime(self) -> bool:
@@ -379,15 +388,13 @@ async def check_stop(
     stalled every rollout served by the same loop (a 3 s hook made every rollout on the host
     take 60 s). A hook that raises is noted on the trace once and does not stop the rollout.
     """
-    from vfray.interception.sessions import PENDING_REQUEST
-
     hooks = select_hooks(task, overrides, HookKind.STOP)
     replies = [m for m in trace.messages if m.role == "assistant"] if trace.calls else []
-    pending = PENDING_REQUEST.get()
+    body = PENDING_BODY.get()
     values = {
         "trace": trace,
         "task": task,
-        "request": pending.body if pending is not None else None,
+        "request": body,
         "response": replies[-1] if replies else None,
     }
     levels = run_levels(hooks, task, values, offload=True)

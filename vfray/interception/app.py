@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
+from vfray.scoring import PENDING_BODY
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -261,9 +262,11 @@ class InterceptionApp:
 
         pending = PendingRequest(body if isinstance(body, dict) else None, parsed)
         token = PENDING_REQUEST.set(pending)
+        body_token = PENDING_BODY.set(pending.body)
         try:
             refusal = await self._refusal(session)
         finally:
+            PENDING_BODY.reset(body_token)
             PENDING_REQUEST.reset(token)
         if refusal is not None:
             raise RequestError(400, f"rollout stopped: {refusal}", final=True)
