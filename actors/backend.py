@@ -22,7 +22,7 @@ from ray import exceptions as rex
 
 from actors.episode import run_episode
 from vfray.errors import SinkError
-from vfray.run.driver import HostLost
+from vfray.run.hosts import HostLost
 from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, RolloutJob, RolloutOutcome
 from vfray.task import Task
 from vfray.trace import Trace

@@ -22,8 +22,9 @@ import pytest
 import vfray as vf
 from vfray.endpoints.retry import EndpointCircuit, RetryPolicy
 from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
-from vfray.run import driver as run_driver
-from vfray.run.driver import HostLost, HostPool, ResumeState, RunDriver, RunPlan
+from vfray.run import hosts as run_hosts
+from vfray.run.driver import RunDriver
+from vfray.run.hosts import HostLost, HostPool
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
@@ -31,6 +32,7 @@ from vfray.run.outcomes import (
     RolloutOutcome,
     finish_episode,
 )
+from vfray.run.plan import ResumeState, RunPlan
 from vfray.trace import RewardRecord, StopCondition, Trace
 
 
@@ -215,7 +217,7 @@ def test_a_lost_host_is_picked_last_until_it_answers(monkeypatch: pytest.MonkeyP
     pool.answered(0)
     assert pool.acquire() == 0
     # The cooldown also ends on its own: a restarted host that got no rollout is used again.
-    monkeypatch.setattr(run_driver, "HOST_COOLDOWN_S", 0.0)
+    monkeypatch.setattr(run_hosts, "HOST_COOLDOWN_S", 0.0)
     pool.lost(1)
     pool.release(2)
     pool.release(2)

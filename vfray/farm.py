@@ -28,9 +28,10 @@ from vfray.config import EvalConfig, ModelConfig
 from vfray.errors import ConfigError, no_token_ids
 from vfray.rollout import RolloutPlan
 from vfray.run.backends import FarmBackend
-from vfray.run.driver import RunBackend, RunDriver, RunPlan
+from vfray.run.driver import RunBackend, RunDriver
 from vfray.run.folders import run_folder, run_header
 from vfray.run.outcomes import EpisodeGroup, RolloutOutcome
+from vfray.run.plan import RunPlan
 from vfray.run.progress import Baseline, live_progress
 from vfray.run.spec import RunSpec, resolve_run
 from vfray.run.streams import GroupStream

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vfray.endpoints.retry import EndpointCircuit, RetryPolicy
+from vfray.endpoints.retry import EndpointCircuit
 from vfray.errors import (
     InfrastructureError,
     ProviderError,
@@ -26,15 +25,16 @@ from vfray.errors import (
     TasksetError,
     VfrayError,
 )
+from vfray.run.hosts import HOST_LOST_BACKOFF_S, HostLost, HostPool
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
-    EpisodeSpec,
     RolloutJob,
     RolloutOutcome,
 )
+from vfray.run.plan import ResumeState, RunPlan
 from vfray.task import Task
-from vfray.trace import AgentInfo, StopCondition, Trace, new_id
+from vfray.trace import StopCondition, Trace, new_id
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,6 @@ RETRYABLE = frozenset({"InterceptionError", "InfrastructureError"})
 """Rollout error types that say nothing about the task or the policy: retried at once, up to
 ``max_retries``. A ``ProviderError`` is retried too, after a backoff, under the run's
 :class:`~vfray.endpoints.retry.RetryPolicy`."""
-
-
-class HostLost(Exception):
-    """The machinery under a rollout failed (its host or node died), not the rollout: the
-    driver records the attempt and retries it on another host."""
 
 
 class RunBackend(Protocol):
@@ -57,8 +52,8 @@ class RunBackend(Protocol):
 
     async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         """Run one rollout on ``host``; returns its outcome and a handle to its trace.
-        Raises :class:`HostLost` when the host failed under it, CancelledError when the host
-        cancelled it."""
+        Raises :class:`~vfray.run.hosts.HostLost` when the host failed under it, CancelledError
+        when the host cancelled it."""
         ...
 
     def hold(self, trace: Trace) -> Any:
@@ -76,92 +71,6 @@ class RunBackend(Protocol):
     def unfit(self, task: Task[Any]) -> str | None:
         """Why no host could ever run ``task`` (None when one can)."""
         ...
-
-
-HOST_COOLDOWN_S = 10.0
-"""How long a host that was just lost is picked last: Ray restarts a lost actor on another
-node, which takes seconds, and retries sent to it meanwhile would be lost again."""
-
-HOST_LOST_BACKOFF_S = 0.5
-"""The wait before a lost rollout's next attempt, times the attempt number."""
-
-
-class HostPool:
-    """A backend's hosts by index, picked least-loaded first, and a host lost in the last
-    :data:`HOST_COOLDOWN_S` seconds last (unless a rollout on it has finished since)."""
-
-    def __init__(self, count: int) -> None:
-        if count < 1:
-            raise ValueError("a HostPool needs at least one host")
-        self.load = [0] * count
-        self._cooling: dict[int, float] = {}  # host → monotonic time its cooldown ends
-
-    def acquire(self, avoid: int | None = None) -> int:
-        now = time.monotonic()
-        self._cooling = {i: end for i, end in self._cooling.items() if end > now}
-        order = sorted(
-            range(len(self.load)), key=lambda i: (i in self._cooling, i == avoid, self.load[i])
-        )
-        index = order[0]
-        self.load[index] += 1
-        return index
-
-    def release(self, index: int) -> None:
-        self.load[index] -= 1
-
-    def lost(self, index: int) -> None:
-        """The host failed under a rollout: pick it last for a while."""
-        self._cooling[index] = time.monotonic() + HOST_COOLDOWN_S
-
-    def answered(self, index: int) -> None:
-        """A rollout on the host finished: it is up again."""
-        self._cooling.pop(index, None)
-
-
-@dataclass
-class ResumeState:
-    """What an earlier run already holds for one task: finished traces by rollout index, the
-    episode id, and the next attempt number per rollout index. ``rescore``: the group's
-    episode row is missing or stale, so a group with nothing to re-run is scored again."""
-
-    episode_id: str
-    done: dict[int, Trace] = field(default_factory=dict)
-    next_attempt: dict[int, int] = field(default_factory=dict)
-    rescore: bool = False
-    games: dict[int, list[Trace]] = field(default_factory=dict)
-    """A seated task's finished games by rollout index (one trace per seat, every seat ok)."""
-
-    def finished(self) -> list[Trace]:
-        return [*self.done.values(), *(t for game in self.games.values() for t in game)]
-
-
-@dataclass
-class RunPlan:
-    run_id: str
-    rollouts_per_task: int
-    max_concurrent: int
-    max_retries: int = 2
-    scoring_overrides: dict[str, str] = field(default_factory=dict)
-    agent: AgentInfo = field(default_factory=AgentInfo)
-    keep_episodes: bool = False
-    max_groups_in_flight: int | None = None
-    """Bound on groups started but not yet delivered to ``on_episode`` (streaming: bounds how
-    stale a trainer's groups can be); None means only ``max_concurrent`` rollouts bound."""
-    scoring_timeout: float | None = None
-    """Seconds a group's ``@group_reward`` hooks may run (the config's ``env.timeouts.scoring``)."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    """Backoff of provider retries and the endpoint circuit (the config's ``retry``)."""
-    count_failed: bool = False
-    """Infrastructure failures count in their group (``env.count_failed``)."""
-
-    def episode_spec(self) -> EpisodeSpec:
-        return EpisodeSpec(
-            run_id=self.run_id,
-            overrides=self.scoring_overrides,
-            keep=self.keep_episodes,
-            scoring_timeout=self.scoring_timeout,
-            count_failed=self.count_failed,
-        )
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from vfray.run.driver import ResumeState
+from vfray.run.plan import ResumeState
 from vfray.run.results import RunResult, final_rows
 from vfray.trace import Trace
 from vfray.traces.convert import table_to_traces
