@@ -44,6 +44,30 @@ REPLICA_WAIT_S = 60.0
 _RETRY_PAUSE_S = 0.2
 
 
+def _keep_serve_grpc_off_the_network() -> None:
+    """Give this replica's Serve "inter-deployment" gRPC server no port.
+
+    Serve starts that server in every replica, bound to ``[::]`` (all interfaces; seen here as
+    the only non-loopback listener of a serve-mode run), and it unpickles the request metadata
+    and arguments of any caller that holds the cluster's token. The pool never uses it: its
+    handles call replicas by reference (Ray actor calls on the node's own address, see
+    :class:`ServeBroker`), so it is started with no address at all. Serve binds it through
+    this one module global; a Ray whose Serve does otherwise is refused rather than exposed."""
+    from ray.serve._private import replica as serve_replica
+
+    if not hasattr(serve_replica, "add_port_to_grpc_server"):
+        raise ConfigError(
+            "this Ray's Serve binds its replicas' gRPC server in a way vfray cannot keep off "
+            "the network; use farm.interception = 'host'"
+        )
+
+    def no_address(server: Any, address: str) -> int:
+        del server, address
+        return 0  # a port number Serve records and never dials (handles go by reference)
+
+    setattr(serve_replica, "add_port_to_grpc_server", no_address)  # noqa: B010
+
+
 @dataclass(frozen=True)
 class PoolRef:
     """What a SandboxHost needs to reach the pool: the Serve application's name."""
@@ -97,6 +121,8 @@ class InterceptionReplica:
         # ``sampling`` is not imposed here: each rollout's session imposes the plan's (once).
         del sampling
         self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=model))
+        # Before Serve's own start-up (which runs after this constructor) opens its listener.
+        _keep_serve_grpc_off_the_network()
         from ray import serve
 
         self.node_id: str = ray.get_runtime_context().get_node_id()
@@ -263,7 +289,10 @@ class ServeBroker:
         handle = serve.get_deployment_handle(DEPLOYMENT, pool.app_name)
         # Its node's replicas first (Serve's private switch; its proxies route the same way).
         handle._init(_prefer_local_routing=True)  # type: ignore[no-untyped-call]
-        self.handle = handle
+        # By reference (Ray actor calls), never by value over the replica's gRPC server, which
+        # has no address (:func:`_keep_serve_grpc_off_the_network`) whatever
+        # RAY_SERVE_USE_GRPC_BY_DEFAULT says.
+        self.handle = handle.options(_by_reference=True)
         self.per_node = pool.per_node
         self.slot = slot
         self.policy_version: int | None = None

@@ -1,7 +1,9 @@
 """A local run's Ray is private to the machine: during a real ``vf.Farm`` run every listening
 socket of the driver's process tree (GCS, raylet, agents, workers, the SandboxHost's interception,
 the scripted model) is on loopback, and Ray's token auth is on — an unauthenticated gRPC call to
-the GCS or the raylet is refused, the same call with the cluster's token is served.
+the GCS or the raylet is refused, the same call with the cluster's token is served. The same holds
+with the interception as a Serve deployment (``farm.interception = "serve"``): its replica,
+whose Serve gRPC server unpickles what it is sent, listens on no network address of its own.
 
 The run happens in a subprocess with a clean environment (no RAY_* variables), as a user's
 ``vfray eval`` or notebook would have it.
@@ -54,7 +56,9 @@ CHILD = textwrap.dedent(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    farm = vf.Farm(model="scripted:arithmetic?latency=1", harness="null",
+    config = vf.EvalConfig()
+    config.farm.interception = sys.argv[2]
+    farm = vf.Farm(config=config, model="scripted:arithmetic?latency=1", harness="null",
                    output_dir=sys.argv[1], progress=False, num_cpus=2)
     result = farm.run(load_taskset("arithmetic").head(4), rollouts_per_task=2)
     time.sleep(0.5)
@@ -111,14 +115,14 @@ def call_raylet(address: str, token: str | None) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-@pytest.fixture
-def local_run(tmp_path: Path) -> Any:
+@pytest.fixture(params=["host", "serve"])
+def local_run(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VFRAY_"))}
     env["PYTHONPATH"] = str(ROOT)
     child = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "outputs")],
+        [sys.executable, str(script), str(tmp_path / "outputs"), request.param],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -132,7 +136,7 @@ def local_run(tmp_path: Path) -> Any:
         if not line:
             child.wait(timeout=60)
             pytest.fail(f"the run failed:\n{child.stderr.read()[-5000:] if child.stderr else ''}")
-        yield json.loads(line)
+        yield {**json.loads(line), "interception": request.param}
     finally:
         with contextlib.suppress(BrokenPipeError):
             child.stdin.write("\n")
@@ -149,7 +153,10 @@ def test_local_run_is_on_loopback_with_ray_auth_on(local_run: dict[str, Any]) ->
     listeners = local_run["listeners"]
     commands = " ".join(row["cmd"] for row in listeners)
     # The check saw the servers that matter (it has teeth): Ray's core, the agents, our actors.
-    for name in ("gcs_server", "raylet", "DashboardAgent", "SandboxHost", "ScriptedModelServer"):
+    servers = ["gcs_server", "raylet", "DashboardAgent", "SandboxHost", "ScriptedModelServer"]
+    if local_run["interception"] == "serve":
+        servers.append("ServeReplica")
+    for name in servers:
         assert name in commands, (name, listeners)
     exposed = [row for row in listeners if not is_loopback(row["ip"])]
     assert not exposed, f"listening beyond loopback: {exposed}"
