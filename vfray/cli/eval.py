@@ -20,12 +20,12 @@ from vfray.cli.lifecycle import (
     startup_message,
 )
 from vfray.cli.overrides import add_config_options, collect_overrides, parse_free_overrides
-from vfray.cli.preflight import preflight, resolve_output_dir
+from vfray.cli.preflight import check_api_key_var, preflight, resolve_output_dir
 from vfray.cli.runlog import CONSOLE_REPEATS, capture_run_log
 from vfray.config import EvalConfig, load_config
 from vfray.errors import ConfigError
 from vfray.taskset import Taskset
-from vfray.tasksets import load_for_run
+from vfray.tasksets import load_for_run, task_type_of
 
 if TYPE_CHECKING:
     from vfray.run.spec import RunSpec
@@ -132,6 +132,8 @@ def check(config: EvalConfig) -> tuple[Taskset[Any], str | None, RunSpec]:
 
 def run(args: argparse.Namespace) -> int:
     config = resolve(args)
+    # Before anything prints or logs the config (--dry-run, eval.log, config.json).
+    check_api_key_var(config.model.api_key_var)
     notes = [resolve_output_dir(config)]
     tasks, note, spec = check(config)
     notes.append(note)
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
     # A group reward with one rollout per task: refused here, not after Ray started.
-    spec.check_task_type(tasks.task_type, config.rollouts_per_task)
+    spec.check_task_type(task_type_of(tasks), config.rollouts_per_task)
     preflight(config, endpoint=not args.no_preflight)
     from vfray.farm import Farm
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -69,6 +70,24 @@ def check_output_dir(output_dir: str) -> None:
     except OSError as exc:
         reason = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror
         raise ConfigError(f"output folder {path} is not writable: {reason or exc} (-o)") from exc
+
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_api_key_var(name: str | None) -> None:
+    """``--api-key-var`` names an environment variable. A value that cannot be one, or an
+    unset long mixed-case-and-digits one, is most likely the key itself pasted in: refused
+    without repeating it, since every other message (and eval.log, config.json) would."""
+    if not name or name in os.environ:
+        return
+    looks_like_key = len(name) >= 20 and any(c.isdigit() for c in name) and name != name.upper()
+    if _VARIABLE_NAME.fullmatch(name) is None or looks_like_key:
+        raise ConfigError(
+            f"--api-key-var takes the name of the environment variable holding the key, and "
+            f"the value given ({len(name)} characters, not shown) looks like a key itself: "
+            "export OPENAI_API_KEY=<key> and pass --api-key-var OPENAI_API_KEY"
+        )
 
 
 def check_endpoint(

@@ -38,6 +38,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("run_dir", help="the run folder (holds config.json)")
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
     parser.add_argument("--address", help="Ray cluster address (default: local)")
+    parser.add_argument(
+        "--backend",
+        choices=("ray", "local"),
+        help="ray (a cluster, or a local Ray) or local (this process, no Ray); default: the "
+        "run's own",
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -95,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
         config = EvalConfig.model_validate(header["config"])
     except ValidationError as exc:
         raise ConfigError(f"{run_dir}/config.json: {format_validation_error(exc)}") from exc
+    if args.address and args.backend == "local":
+        raise ConfigError(
+            f"--address {args.address!r} names a Ray cluster; --backend local runs without Ray "
+            "(drop one of them)"
+        )
+    if args.backend == "local":
+        config.backend, config.address = "local", None  # here, not on the run's cluster
+    elif args.backend == "ray" or args.address:
+        config.backend = "ray"
     if args.address:
         config.address = args.address
     n = int(header.get("rollouts_per_task", config.rollouts_per_task))

@@ -6,6 +6,7 @@ alike). Backends, the driver and the hosts read it; none of them re-derives or r
 
 from __future__ import annotations
 
+import difflib
 import os
 import urllib.parse
 from typing import Any, Literal
@@ -146,6 +147,7 @@ def resolve_endpoint(config: EvalConfig) -> Endpoint:
     m = config.model
     scripted = parse_scripted_model(m.name)
     if scripted is not None:
+        _check_policy(scripted[0])
         endpoint = Endpoint(
             kind="scripted",
             model=m.name,
@@ -167,6 +169,18 @@ def resolve_endpoint(config: EvalConfig) -> Endpoint:
         )
     endpoint.api_key()  # an unset key variable is refused here, for both backends
     return endpoint
+
+
+def _check_policy(policy: str) -> None:
+    """A misspelt ``scripted:<policy>`` is one line here, before Ray or a server starts."""
+    from vfray.models.scripted.policies import POLICIES
+
+    if policy not in POLICIES:
+        close = difflib.get_close_matches(policy, POLICIES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"unknown scripted policy {policy!r}{hint}; expected one of {', '.join(POLICIES)}"
+        )
 
 
 def resolve_run(config: EvalConfig, concurrency: dict[str, Any] | None = None) -> RunSpec:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from vfray._plugins import Registry, options_model, validate_options
-from vfray.errors import ConfigError
+from vfray.errors import ConfigError, TasksetError, VfrayError
 from vfray.scoring import HookKind, scoring_hooks
+from vfray.task import Task
 from vfray.taskset import Taskset
 
 BUILTINS: dict[str, str] = {
@@ -72,3 +73,17 @@ def load_for_run(
         f"each other, so it is left out with -r {rollouts_per_task}; use -r 2 or more to score it"
     )
     return load_taskset(spec, {**args, "group_rewards": False}), note
+
+
+def task_type_of(taskset: Taskset[Any]) -> type[Task[Any]]:
+    """``taskset.task_type`` for a run's up-front checks. A taskset that declares no Task class
+    builds its first task to find it: a ``load()`` that fails there (a missing data file) is
+    one line naming the taskset and the cause, not the user's traceback."""
+    try:
+        return taskset.task_type
+    except VfrayError:
+        raise
+    except Exception as exc:
+        raise TasksetError(
+            f"taskset {taskset.name!r} failed building its first task: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,133 @@
+"""Loose ends of the CLI met in production (issue 27, item 13), through the real ``python -m
+vfray`` in a subprocess: a taskset whose first task fails to build, errors grouped by type,
+phase and message, ``vfray resume --backend``, a key pasted into ``--api-key-var``, and a
+misspelt scripted policy refused before Ray starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_first_hour import LOCAL, one_error_line, run_folder, vfray
+
+BROKEN_LOAD = """
+import vfray as vf
+
+
+class Data(vf.TaskData):
+    word: str
+
+
+class Plain(vf.Task[Data]):
+    @vf.reward
+    def said(self, trace: vf.Trace) -> bool:
+        return True
+
+
+class Broken(vf.Taskset):  # no Task class declared: finding it builds the first task
+    def load(self):
+        raise FileNotFoundError("data/train.jsonl")
+"""
+
+TWO_FAILURES = """
+import os
+from pathlib import Path
+
+import vfray as vf
+
+BROKEN = Path(os.environ["LOOSE_ENDS_MARKER"])
+
+
+class Data(vf.TaskData):
+    where: str
+
+
+class Fragile(vf.Task[Data]):
+    def setup(self, trace, runtime):
+        if BROKEN.exists() and self.data.where == "setup":
+            raise RuntimeError("the fixture database is missing")
+
+    def finalize(self, trace, runtime):
+        if BROKEN.exists() and self.data.where == "finalize":
+            raise RuntimeError("could not copy the answer file out")
+
+    @vf.reward
+    def ok(self, trace: vf.Trace) -> bool:
+        return True
+
+
+class Tasks(vf.Taskset[Fragile]):
+    def load(self):
+        phases = ["setup"] * 5 + ["finalize"] * 3
+        return [
+            Fragile(Data(prompt=f"task {i}", where=p), key=f"t{i}") for i, p in enumerate(phases)
+        ]
+"""
+
+
+def test_a_taskset_failing_on_its_first_task_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN_LOAD)
+    proc = vfray("eval", "broken.py:Broken", *LOCAL, "-o", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2
+    one_error_line(proc, "taskset 'broken'", "first task", "FileNotFoundError: data/train.jsonl")
+
+
+@pytest.fixture
+def failed_run(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """A local run of 8 tasks: 5 fail in setup, 3 in finalize with another message."""
+    from tests.test_cli import cli_env
+
+    (tmp_path / "fragile.py").write_text(TWO_FAILURES)
+    marker = tmp_path / "broken"
+    marker.touch()
+    env = {**cli_env(), "LOOSE_ENDS_MARKER": str(marker)}
+    proc = vfray(
+        "eval", "fragile.py:Tasks", *LOCAL, "-o", str(tmp_path / "out"), "--no-progress",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    return run_folder(proc.stdout), proc.stdout, env
+
+
+def test_resume_takes_backend(failed_run: tuple[Path, str, dict[str, str]]) -> None:
+    folder, _, env = failed_run
+    marker = Path(env["LOOSE_ENDS_MARKER"])
+    marker.unlink()
+    # The run as if made on Ray: --backend local must resume it here, without starting Ray.
+    header_path = folder / "config.json"
+    header = json.loads(header_path.read_text())
+    header["config"]["backend"] = "ray"
+    header_path.write_text(json.dumps(header))
+    proc = vfray(
+        "resume", str(folder), "--backend", "local", "--no-progress", cwd=marker.parent, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "8 / 8" in proc.stdout
+    assert "Ray" not in proc.stderr, proc.stderr[-3000:]
+    both = vfray("resume", str(folder), "--backend", "local", "--address", "10.0.0.1:6379")
+    one_error_line(both, "--address", "drop one of them")
+
+
+@pytest.mark.parametrize(
+    "value", ["sk-proj-4fA9xQ2LmZ7bT1cD8eR3", "a8f3c91b2d4e5f60718293a4b5c6d7e8f9"]
+)
+def test_a_key_given_as_api_key_var_is_never_echoed(tmp_path: Path, value: str) -> None:
+    for extra in ([], ["--dry-run"]):
+        proc = vfray(
+            "eval", "arithmetic", "-m", "gpt-4o", "--base-url", "http://127.0.0.1:9/v1",
+            "--api-key-var", value, "-o", str(tmp_path), *extra,
+        )  # fmt: skip
+        one_error_line(proc, "--api-key-var", "looks like a key", "not shown")
+        assert value not in proc.stdout + proc.stderr
+    assert not list(tmp_path.iterdir())  # no eval.log or config.json holding it either
+
+
+def test_a_misspelt_scripted_policy_is_refused_before_ray(tmp_path: Path) -> None:
+    # The default backend (Ray): the check must come before Ray's start-up.
+    proc = vfray("eval", "arithmetic", "--model", "scripted:agnet", "-o", str(tmp_path))
+    one_error_line(proc, "unknown scripted policy 'agnet'", "did you mean 'agent'?")
+    assert "Ray" not in proc.stderr
+    local = vfray("eval", "arithmetic", "--model", "scripted:agnet", *LOCAL, "-o", str(tmp_path))
+    one_error_line(local, "unknown scripted policy 'agnet'")
