@@ -26,9 +26,13 @@ from vfray.errors import RunFolderError, SinkError
 from vfray.farm import Farm
 from vfray.run.results import RunResult
 from vfray.run.resume import load_resume_state
+from vfray.run.sink import TraceSink
 from vfray.tasksets.arithmetic import ArithmeticTaskset
+from vfray.trace import RewardRecord
 from vfray.traces import TraceWriter, read_traces
-from vfray.traces.episodes import EPISODE_SCHEMA
+from vfray.traces.convert import traces_to_table
+from vfray.traces.episodes import EPISODE_SCHEMA, episodes_to_table
+from vfray.traces.io import parquet_files, read_parquet
 from vfray.traces.parts import REPLACES_KEY
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -209,6 +213,52 @@ def test_trace_writer_keeps_rows_when_a_write_fails(tiny_disk: Path) -> None:
     ]
 
 
+async def test_a_full_disk_never_leaves_an_episode_row_without_its_traces(
+    tiny_disk: Path,
+) -> None:
+    """The traces' part is the big one: with room for the episode row's part only, neither is
+    written, and both are once there is room."""
+    task = next(iter(ArithmeticTaskset(num_tasks=1).load()))
+    traces = [vf.Trace(task=task.record(), rollout_index=i) for i in range(2)]
+    for trace in traces:
+        trace.notes.append(os.urandom(40 * 1024).hex())  # ~40 KiB of part each, compressed
+    episode = episodes_to_table([vf.Episode(task=task.record(), traces=traces)])
+    sink = TraceSink(str(tiny_disk / "run"), {}, flush_rows=1000, flush_seconds=3600)
+    (tiny_disk / "filler").write_bytes(os.urandom(150 * 1024))  # room for ~30 KiB
+    await sink.append(traces_to_table(traces), episode, key=task.key)
+    with pytest.raises(SinkError):
+        await sink.flush()
+    assert parquet_files(tiny_disk / "run" / "traces") == []
+    assert parquet_files(tiny_disk / "run" / "episodes") == [], "episode row before its traces"
+    assert RunResult(tiny_disk / "run").summary()["rollouts"] == 0
+    grow(tiny_disk)
+    assert await sink.flush() == [task.key]
+    await sink.close()
+    result = RunResult(tiny_disk / "run")
+    assert result.episodes.num_rows == 1 and result.traces.num_rows == 2
+
+
+def test_an_episode_row_whose_traces_are_missing_is_not_counted(tmp_path: Path) -> None:
+    """A folder that an older sink left after a full disk: the episode row is on disk, its
+    traces are not. It counts neither in pass@k nor as a group."""
+    tasks = list(ArithmeticTaskset(num_tasks=2).load())
+    solved = {"correct": RewardRecord(value=1.0)}
+    groups = [
+        [vf.Trace(task=t.record(), rollout_index=i, rewards=solved) for i in range(2)]
+        for t in tasks
+    ]
+    with TraceWriter(tmp_path / "traces") as writer:
+        writer.write(groups[0])  # the second group's trace rows never made it to disk
+    episodes = [vf.Episode(task=t.record(), traces=g) for t, g in zip(tasks, groups, strict=True)]
+    with TraceWriter(tmp_path / "episodes") as writer:
+        writer.write(episodes_to_table(episodes))
+    (tmp_path / "config.json").write_text("{}")
+    result = RunResult(tmp_path)
+    assert result.episodes.column("task_key").to_pylist() == [tasks[0].key]
+    summary = result.summary()
+    assert summary["rollouts"] == 2 and summary["pass@1"] == 1.0
+
+
 @both_backends
 def test_full_disk_stops_the_run_with_one_line_and_resume_completes_it(
     tiny_disk: Path, backend: str
@@ -229,6 +279,18 @@ def test_full_disk_stops_the_run_with_one_line_and_resume_completes_it(
         run_dir = only_run_dir(tiny_disk)
         assert "\n" not in message
         assert str(run_dir) in message and "vfray resume" in message
+        # Before the resume: no episode row on disk whose trace rows are not, and what `vfray
+        # show` counts is what is on disk.
+        on_disk = read_parquet(run_dir / "episodes", EPISODE_SCHEMA)
+        written = set(read_traces(run_dir / "traces").column("trace_id").to_pylist())
+        assert [
+            ids for ids in on_disk.column("trace_ids").to_pylist() if not set(ids) <= written
+        ] == []
+        stopped = RunResult(run_dir)
+        summary = stopped.summary()
+        assert summary["rollouts"] == stopped.final_traces.num_rows
+        if summary["rollouts"] == 0:
+            assert not [k for k in summary if k.startswith("pass@")], summary
         grow(tiny_disk)
         result = f.run(tasks, rollouts_per_task=2, resume=run_dir)
     assert_every_rollout_once(result, 40, 2)

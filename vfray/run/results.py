@@ -201,13 +201,25 @@ class RunResult:
     @property
     def episodes(self) -> pa.Table:
         """One row per task group (see :mod:`vfray.traces.episodes`): the current one, when a
-        resumed group has written a newer row that compaction has not yet dropped the old for."""
+        resumed group has written a newer row that compaction has not yet dropped the old for.
+        A row whose traces are not all in ``traces/`` is left out (in a folder written before
+        the sink wrote episode rows only after their traces, a full disk could take a group's
+        episode row and not its trace rows, and the group counted in pass@k with no rollouts)."""
         from vfray.traces.episodes import EPISODE_SCHEMA, latest_episodes
 
         folder = self.run_dir / "episodes"
         if not folder.exists():
             return EPISODE_SCHEMA.empty_table()
-        return latest_episodes(read_parquet(folder, EPISODE_SCHEMA))
+        episodes = latest_episodes(read_parquet(folder, EPISODE_SCHEMA))
+        if episodes.num_rows == 0:
+            return episodes
+        traces = self.run_dir / "traces"
+        rows = read_traces(traces, columns=["trace_id"]) if traces.exists() else None
+        written = set(rows.column("trace_id").to_pylist()) if rows is not None else set()
+        keep = [
+            all(t in written for t in ids or []) for ids in episodes.column("trace_ids").to_pylist()
+        ]
+        return episodes if all(keep) else episodes.filter(pa.array(keep, pa.bool_()))
 
     @property
     def config(self) -> dict[str, Any]:

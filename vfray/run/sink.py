@@ -3,7 +3,10 @@ finish, flushing by rows and by seconds, writes the run header (``config.json``)
 close compacts each table's parts into one. A plain class: Ray wraps it, and it runs in-process.
 
 Writes that fail (disk full) keep their rows buffered for the next flush and turn every later
-append into a :class:`~vfray.errors.SinkError`, which stops the run. Appends carry a key; the
+append into a :class:`~vfray.errors.SinkError`, which stops the run. Episode rows are written
+only after every trace row buffered with them is on disk: written side by side, a full disk
+took the traces' part but not the smaller episodes' one, and ``vfray show`` then counted 0/0
+rollouts with pass@1 = 1 (groups with an episode row and no trace rows). Appends carry a key; the
 sink reports the keys whose rows are on disk, so a caller can re-send the rest to a restarted
 sink, which skips rows its predecessor had already written.
 """
@@ -66,7 +69,9 @@ class TraceSink:
         for table in ("traces", "episodes"):
             finish_compaction(self.run_dir / table)
         self.traces = TraceWriter(self.run_dir / "traces", flush_rows=flush_rows)
-        self.episodes = TraceWriter(self.run_dir / "episodes", flush_rows=flush_rows)
+        # Episode rows never flush on their own (see _flush_all): sys.maxsize rows.
+        self.episodes = TraceWriter(self.run_dir / "episodes", flush_rows=sys.maxsize)
+        self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self.compact = compact
         self._ticker: asyncio.Task[None] | None = None
@@ -142,18 +147,16 @@ class TraceSink:
         )
 
     def _flush_all(self) -> None:
-        """Write both buffers (each keeps its rows when its write fails); raises the first
-        failure after trying both."""
-        failure: OSError | None = None
-        for writer in (self.traces, self.episodes):
-            try:
-                writer.flush()
-            except OSError as exc:
-                failure = failure or exc
+        """Write the trace rows, then the episode rows; a failed write keeps its rows (and
+        every episode row, when it is the traces') buffered, and is raised."""
+        try:
+            self.traces.flush()
+            self.episodes.flush()
+        except OSError as exc:
+            self._settle()
+            self._failed(exc)
+            raise
         self._settle()
-        if failure is not None:
-            self._failed(failure)
-            raise failure
 
     def _settle(self) -> None:
         # A key is durable once both its trace and its episode rows are on disk: when both
@@ -208,6 +211,11 @@ class TraceSink:
                 failure = failure or exc
             if not is_episode:
                 self.rows += table.num_rows
+        if failure is None and self.episodes.buffered_rows >= self.flush_rows:
+            try:
+                self._flush_all()
+            except OSError as exc:
+                failure = exc
         self._settle()
         if failure is not None:
             self._failed(failure)
