@@ -18,9 +18,9 @@ from typing import Any
 
 import ray
 
-from vfray.runtimes._reap import env_pids
 from vfray.runtimes.lifeline import OWNER_ENV, owner_id
 from vfray.runtimes.processes import kill_pids
+from vfray.runtimes.strays import pids_by_env
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def kill_start(token: str) -> None:
 
 def _pids_with_token(token: str) -> list[int]:
     """PIDs of the processes started with this auth token (one start's Ray processes)."""
-    return env_pids("RAY_AUTH_TOKEN").get(token, [])
+    return pids_by_env("RAY_AUTH_TOKEN").get(token, [])
 
 
 def restore_auth_settings() -> None:

@@ -31,7 +31,8 @@ from vfray.harnesses.registry import make_harness
 from vfray.harnesses.seats import SeatedTask
 from vfray.interception import InterceptionApp, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
-from vfray.run.environment import InProcessBroker
+from vfray.run.broker import InProcessBroker
+from vfray.run.environment import open_endpoint
 from vfray.run.outcomes import (
     EpisodeJob,
     EpisodeOutcome,
@@ -169,7 +170,7 @@ class SandboxHost:
                 # host, on first use, closed with the host; also with the Serve pool, whose
                 # replicas serve only the run's model (see :mod:`vfray.run.seating`).
                 default = Station(self.plan, self.harness, self.runtime_options, broker, url)
-                self._seating = Stations(default)
+                self._seating = Stations(default, open_endpoint)
                 self._seating.set_policy_version(self._policy_version())
                 self._stack.push_async_callback(self._seating.aclose)
             job = asyncio.ensure_future(play_game(rollout.task, self._seating, **ids))

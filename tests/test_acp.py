@@ -22,11 +22,11 @@ from agent_tools import need_registry
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.harnesses._agent import ProvisionedHarness
 from vfray.harnesses.acp._client import BoxClient, Transcript
 from vfray.harnesses.acp.base import AcpHarness
 from vfray.harnesses.acp.claude_code import ClaudeCodeAcpConfig
 from vfray.harnesses.acp.codex import CodexAcpConfig
+from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts

@@ -19,7 +19,7 @@ from agent_tools import need_registry
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.harnesses._agent import ProvisionedHarness
+from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.interception.app import RETRY_HEADER, InterceptionApp
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import ensure_tool

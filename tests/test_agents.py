@@ -19,11 +19,11 @@ from agent_tools import need_registry
 import vfray as vf
 from vfray.errors import ConfigError, HarnessError
 from vfray.harnesses import available_harnesses, make_harness
-from vfray.harnesses._agent import ProvisionedHarness
 from vfray.harnesses.base import run_until_stopped
 from vfray.harnesses.claude_code import ClaudeCodeConfig, anthropic_root
 from vfray.harnesses.codex import CodexConfig, config_toml
 from vfray.harnesses.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
+from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
 from vfray.runtimes.base import Runtime

@@ -18,7 +18,7 @@ from modal_box import LocalModal, image_layers
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.harnesses._agent import ProvisionedHarness
+from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.modal import ModalRuntime
 from vfray.runtimes.provision import ensure_tool, image_build_commands, planned_tool

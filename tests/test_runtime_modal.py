@@ -18,8 +18,8 @@ from agent_tools import need_registry
 
 from vfray.errors import ConfigError, SandboxError
 from vfray.harnesses import make_harness
-from vfray.harnesses._agent import ProvisionedHarness
 from vfray.harnesses.base import check_compatibility
+from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.modal import ModalRuntime
 from vfray.runtimes.provision import (

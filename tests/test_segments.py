@@ -13,7 +13,8 @@ from vfray.harnesses.chat import TRANSCRIPT_PATH
 from vfray.harnesses.registry import register_harness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts, run_planned_rollout
-from vfray.run.environment import InProcessBroker, LocalEnvironment
+from vfray.run.broker import InProcessBroker
+from vfray.run.environment import LocalEnvironment
 from vfray.runtimes.base import Runtime
 from vfray.trace import AgentArtifact
 

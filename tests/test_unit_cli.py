@@ -19,7 +19,6 @@ from rich.console import Console
 
 from vfray.cli import lifecycle, runlog
 from vfray.cli.overrides import (
-    _parse_literal,
     _parse_value,
     config_option_names,
     near_options,
@@ -27,9 +26,10 @@ from vfray.cli.overrides import (
     open_sections,
     parse_free_overrides,
 )
-from vfray.cli.report import ErrorExample, error_lines, first_errors, results_table
-from vfray.config import EvalConfig
+from vfray.cli.report import error_lines, results_table
+from vfray.config import EvalConfig, parse_literal
 from vfray.errors import ConfigError
+from vfray.run.error_examples import ErrorExample, first_errors
 
 # --- overrides ----------------------------------------------------------------------------------
 
@@ -63,7 +63,7 @@ def test_typed_option_values_are_json_only_for_objects_and_lists(raw: str, value
     ],
 )
 def test_open_section_values_are_json_literals_else_strings(raw: str, value: Any) -> None:
-    assert _parse_literal(raw) == value
+    assert parse_literal(raw) == value
 
 
 @pytest.mark.parametrize(

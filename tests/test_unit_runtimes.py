@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vfray.errors import ConfigError, SandboxError
-from vfray.runtimes import bwrap, processes
+from vfray.runtimes import bwrap, live, processes
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.docker import DEFAULT_ENGINE, DEFAULT_IMAGE, DockerRuntime, _tail
 from vfray.runtimes.launches import Launch, launch_slots
@@ -26,6 +26,7 @@ from vfray.runtimes.registry import (
     options_type,
     runtime_class,
     runtime_options,
+    task_spec,
 )
 from vfray.runtimes.subprocess import SubprocessRuntime
 from vfray.task import TaskData
@@ -140,7 +141,7 @@ def test_a_runtime_spec_comes_from_the_tasks_data() -> None:
         network_allow=["pypi.org"],
         network_block=["10.0.0.0/8"],
     )
-    spec = RuntimeSpec.from_task(data)
+    spec = task_spec(data)
     assert spec == RuntimeSpec(
         image="alpine:3",
         workdir="/srv",
@@ -150,7 +151,7 @@ def test_a_runtime_spec_comes_from_the_tasks_data() -> None:
         network_block=("10.0.0.0/8",),
     )
     assert spec.pids == 512  # the default fork-bomb bound, not the task's to lift
-    assert RuntimeSpec.from_task(TaskData(prompt="p")).network_allow == ("*",)
+    assert task_spec(TaskData(prompt="p")).network_allow == ("*",)
 
 
 @pytest.mark.parametrize(
@@ -269,11 +270,11 @@ def test_descendants_include_a_grandchild() -> None:
         assert proc.stdout is not None
         grandchild = int((await proc.stdout.readline()).decode())
         try:
-            found = processes.descendants(proc.pid)
+            found = live.descendants(proc.pid)
             assert found[0] == proc.pid
             assert grandchild in found
         finally:
-            processes.kill_pids(processes.descendants(proc.pid))
+            processes.kill_pids(live.descendants(proc.pid))
             await proc.wait()
         processes.kill_pids([grandchild])  # gone already: no error
         processes.kill_group(2**22 + 1)  # no such group: no error

@@ -16,14 +16,14 @@ import pytest
 
 import vfray as vf
 from vfray._plugins import load_object
-from vfray.endpoints.client import upstream_target
 from vfray.errors import ConfigError, IncompatibleError
 from vfray.farm import Farm
 from vfray.harnesses.users import declared_user
 from vfray.interception import Limits
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.rollout import run_planned_rollout
-from vfray.run.environment import InProcessBroker, LocalEnvironment
+from vfray.run.broker import InProcessBroker
+from vfray.run.environment import LocalEnvironment
 from vfray.traces import to_samples, write_traces
 from vfray.traces.convert import table_to_traces, traces_to_table
 
@@ -342,7 +342,7 @@ async def test_a_simulated_users_calls_reach_the_trace_from_a_snapshot() -> None
             runtime_options={},
             broker=CopyingBroker(env.interception.app),
             interception_url=env.interception.url,
-            model_target=upstream_target(env.interception.app.upstream),
+            model_target=env.interception.app.upstream.target(),
         )
     assert trace.stop_condition is vf.StopCondition.USER_CLOSED, trace.errors
     assert [c.reply for c in trace.side_calls] == [

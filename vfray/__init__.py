@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from vfray.run.results import RunResult
     from vfray.traces import read_traces, to_samples, write_traces
 
-__version__ = "0.1.0"
+from vfray._version import __version__ as __version__
 
 __all__ = [
     "Agent",

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -275,3 +276,12 @@ def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str,
             yield from iter_fields(annotation, dotted + ".")
         else:
             yield dotted, annotation, field.description or ""
+
+
+def parse_literal(raw: str) -> Any:
+    """A value under an open section (no declared type), from a command line or a v1 config:
+    JSON literals (numbers, true, null, lists, objects) as such, anything else as a string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vfray.config import EvalConfig, iter_fields
+from vfray.config import EvalConfig, iter_fields, parse_literal
 from vfray.errors import ConfigError
 
 ALIASES: dict[str, list[str]] = {
@@ -44,15 +44,6 @@ def _parse_value(raw: str) -> Any:
         except json.JSONDecodeError:
             return raw
     return raw
-
-
-def _parse_literal(raw: str) -> Any:
-    """Values under open sections have no declared type: take JSON literals (numbers, true,
-    null, lists, objects) as such and anything else as a string."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
 
 
 def bool_options() -> set[str]:
@@ -202,5 +193,5 @@ def parse_free_overrides(extra: list[str], known: Sequence[str] = ()) -> dict[st
             if not items or items[0].startswith("--"):
                 raise ConfigError(f"option {token!r} needs a value")
             value = items.pop(0)
-        overrides[dotted] = _parse_literal(value)
+        overrides[dotted] = parse_literal(value)
     return overrides

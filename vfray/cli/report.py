@@ -4,14 +4,15 @@ of each error type under it (the cause, not just a count)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from vfray.run.error_examples import ErrorExample
+
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 REWARD_LABEL = "reward (mean of per-rollout reward)"
 """Each rollout's ``reward`` is the weighted sum of its rewards, group rewards included; the
@@ -61,43 +62,6 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
         if seconds is not None:
             table.add_row(f"time/{phase} (mean s)", f"{seconds:.3f}")
     return table
-
-
-@dataclass(frozen=True)
-class ErrorExample:
-    """The first rollout (in run order) that failed with one error type, and how many did."""
-
-    type: str
-    count: int
-    message: str
-    phase: str | None
-    task_key: str
-    rollout_index: int
-
-
-def first_errors(final: pa.Table) -> list[ErrorExample]:
-    """One example per error type among the final rows, most frequent type first."""
-    if final.num_rows == 0:
-        return []
-    columns = ["error_type", "error_message", "error_phase", "task_key", "rollout_index"]
-    counts: dict[str, int] = {}
-    first: dict[str, dict[str, Any]] = {}
-    for row in final.select(columns).to_pylist():
-        kind = row["error_type"]
-        if kind:
-            counts[kind] = counts.get(kind, 0) + 1
-            first.setdefault(kind, row)
-    return [
-        ErrorExample(
-            kind,
-            counts[kind],
-            " ".join((first[kind]["error_message"] or "").split())[:300] or "(no message)",
-            first[kind]["error_phase"],
-            first[kind]["task_key"],
-            first[kind]["rollout_index"],
-        )
-        for kind in sorted(counts, key=lambda k: (-counts[k], k))
-    ]
 
 
 def error_lines(examples: list[ErrorExample], run_dir: str) -> list[str]:

@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the parser of every command is built on each `vfray` call.
     from rich.console import Console
 
-    from vfray.cli.report import error_lines, first_errors, print_errors, print_results
+    from vfray.cli.report import error_lines, print_errors, print_results
+    from vfray.run.error_examples import first_errors
     from vfray.run.results import RunResult
     from vfray.traces.convert import table_to_traces
 

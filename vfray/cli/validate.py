@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vfray.errors import ConfigError
-from vfray.runtimes.base import RuntimeSpec
-from vfray.runtimes.registry import make_runtime, runtime_class
+from vfray.runtimes.registry import make_runtime, runtime_class, task_spec
 from vfray.task import Task, call_maybe_async
 from vfray.tasksets import load_taskset
 
@@ -135,7 +134,7 @@ async def validate_in_runtime(
     index: int, task: Task[Any], runtime_type: str, options: dict[str, Any], timeout: float
 ) -> list[Problem]:
     """Start a runtime shaped by the task (image, workdir, network), run ``task.validate``."""
-    runtime = make_runtime(runtime_type, RuntimeSpec.from_task(task.data), **options)
+    runtime = make_runtime(runtime_type, task_spec(task.data), **options)
     try:
         async with asyncio.timeout(timeout):
             await runtime.start()

@@ -16,15 +16,12 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfray.errors import ConfigError, ProviderError
 from vfray.trace import ErrorInfo, Message, SideCall, Trace, Usage
-
-if TYPE_CHECKING:
-    from vfray.interception.upstream import Upstream
 
 ROLE_HEADER = "x-vfray-role"
 """Sent on every side call with its kind (``user``/``judge``), so an endpoint's logs (and the
@@ -63,11 +60,6 @@ class Target:
 
     def __repr__(self) -> str:
         return f"Target({self.base_url!r}, model={self.model!r})"
-
-
-def upstream_target(upstream: Upstream) -> Target:
-    """The interception's upstream (the rollout's model endpoint) as a target."""
-    return Target(upstream.base_url, upstream.model, upstream.api_key)
 
 
 _ROLLOUT_TARGET: contextvars.ContextVar[Target | None] = contextvars.ContextVar(

@@ -1,5 +1,6 @@
 """Built-in harnesses (``null``, ``bash``), the harness registry and the segment model."""
 
+from vfray.harnesses.base import AgentSession
 from vfray.harnesses.bash import BashHarness
 from vfray.harnesses.chat import ChatLoopConfig, ChatLoopHarness
 from vfray.harnesses.null import NullHarness
@@ -9,7 +10,6 @@ from vfray.harnesses.registry import (
     make_harness,
     register_harness,
 )
-from vfray.harnesses.session import AgentSession
 
 __all__ = [
     "AgentSession",

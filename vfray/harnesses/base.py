@@ -31,7 +31,6 @@ from vfray.task import TaskData
 from vfray.trace import AgentArtifact, Message
 
 if TYPE_CHECKING:
-    from vfray.harnesses.session import AgentSession
     from vfray.runtimes.provision import ToolSpec
 
 STDERR_TAIL_CHARS = 2000
@@ -147,8 +146,6 @@ class Harness(abc.ABC):
         """The object that runs this rollout's segments. The default launches the program and
         relaunches it per resume (``history`` gives the recorded conversation when the program
         leaves no transcript); a live-session harness returns one that keeps its process."""
-        from vfray.harnesses.session import AgentSession
-
         return AgentSession(self, runtime, history)
 
     async def read_transcript(
@@ -318,3 +315,34 @@ async def run_until_stopped(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class AgentSession:
+    """The default session: each segment is one run of the program to its exit."""
+
+    def __init__(
+        self, harness: Harness, runtime: Runtime, history: Callable[[], Sequence[Message]]
+    ) -> None:
+        self.harness = harness
+        self.runtime = runtime
+        self.history = history
+        """The conversation as the interception recorded it (used when the box has none)."""
+        self.segments = 0
+
+    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+        """Run the next segment and wait for it to end. The first is the launch on the task's
+        prompt (with ``message`` appended when the user speaks first); each later one resumes
+        the conversation with ``message`` as the new user turn."""
+        self.segments += 1
+        new = [] if message is None else [Message(role="user", content=message)]
+        if self.segments == 1:
+            if new:
+                prompt = [Message.model_validate(m) for m in self.harness.resolve_prompt(ctx.data)]
+                ctx = with_conversation(ctx, [*prompt, *new])
+            return await self.harness.launch(ctx, self.runtime)
+        transcript = await self.harness.read_transcript(self.runtime, ctx)
+        history = transcript if transcript is not None else list(self.history())
+        return await self.harness.resume(ctx, self.runtime, [*history, *new])
+
+    async def close(self) -> None:
+        """End whatever the session still runs (always called, also after a failure)."""

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from vfray.harnesses._agent import (
+from vfray.harnesses.base import HarnessConfig, LaunchContext
+from vfray.harnesses.provisioned import (
     AGENT_DIR,
     AgentHarnessConfig,
     ProvisionedHarness,
     prompt_text,
 )
-from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import ToolSpec
 

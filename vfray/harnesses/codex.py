@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from vfray.harnesses._agent import (
+from vfray.harnesses.base import HarnessConfig, LaunchContext
+from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.provisioned import (
     AGENT_DIR,
     AgentHarnessConfig,
     ProvisionedHarness,
     prompt_text,
 )
-from vfray.harnesses.base import HarnessConfig, LaunchContext
-from vfray.harnesses.chat import openai_base_url
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import ToolSpec
 

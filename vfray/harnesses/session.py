@@ -12,54 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from vfray.errors import TaskError
-from vfray.harnesses.base import LaunchContext, run_until_stopped, with_conversation
+from vfray.harnesses.base import AgentSession, LaunchContext, run_until_stopped
 from vfray.harnesses.users import TaskUser, task_user
-from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.base import ProgramResult
 from vfray.task import Task
-from vfray.trace import Message, PhaseTiming, StopCondition, Trace
-
-if TYPE_CHECKING:
-    from vfray.harnesses.base import Harness
+from vfray.trace import PhaseTiming, StopCondition, Trace
 
 log = logging.getLogger(__name__)
 
 MAX_SEGMENTS = 100
 """Segments one rollout may run (a task whose next_message never returns None ends here)."""
-
-
-class AgentSession:
-    """The default session: each segment is one run of the program to its exit."""
-
-    def __init__(
-        self, harness: Harness, runtime: Runtime, history: Callable[[], Sequence[Message]]
-    ) -> None:
-        self.harness = harness
-        self.runtime = runtime
-        self.history = history
-        """The conversation as the interception recorded it (used when the box has none)."""
-        self.segments = 0
-
-    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
-        """Run the next segment and wait for it to end. The first is the launch on the task's
-        prompt (with ``message`` appended when the user speaks first); each later one resumes
-        the conversation with ``message`` as the new user turn."""
-        self.segments += 1
-        new = [] if message is None else [Message(role="user", content=message)]
-        if self.segments == 1:
-            if new:
-                prompt = [Message.model_validate(m) for m in self.harness.resolve_prompt(ctx.data)]
-                ctx = with_conversation(ctx, [*prompt, *new])
-            return await self.harness.launch(ctx, self.runtime)
-        transcript = await self.harness.read_transcript(self.runtime, ctx)
-        history = transcript if transcript is not None else list(self.history())
-        return await self.harness.resume(ctx, self.runtime, [*history, *new])
-
-    async def close(self) -> None:
-        """End whatever the session still runs (always called, also after a failure)."""
 
 
 async def _segment_until_stopped(

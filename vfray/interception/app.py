@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
-from vfray.scoring import PENDING_BODY
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -36,6 +35,7 @@ from vfray.interception.sessions import (
 )
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
+from vfray.scoring import PENDING_BODY
 from vfray.trace import StopCondition, Trace
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from vfray.endpoints.client import Target
+
 
 class Upstream:
     """Where model calls go: ``base_url`` includes the version prefix (``http://host/v1``)."""
@@ -36,6 +38,10 @@ class Upstream:
     def __repr__(self) -> str:
         # Never print the key.
         return f"Upstream({self.base_url!r}, model={self.model!r}, sampling={self.sampling!r})"
+
+    def target(self) -> Target:
+        """This upstream (the rollout's model endpoint) as a target for vfray's own calls."""
+        return Target(self.base_url, self.model, self.api_key)
 
 
 class Forwarder:

@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from vfray.config import EvalConfig, format_validation_error
-from vfray.endpoints.client import upstream_target
 from vfray.episode import Episode, finalize_episode
 from vfray.errors import ConfigError
-from vfray.interception import Interception, InterceptionApp, Limits, Upstream
+from vfray.harnesses.seats import Agent
+from vfray.interception import Interception, Limits, Upstream
 from vfray.models.local import LocalModelServer, parse_local_model
 from vfray.rollout import Timeouts, run_planned_rollout
+from vfray.run.broker import InProcessBroker
+from vfray.run.seating import Station, Stations, play_game
 from vfray.run.spec import RunSpec, parse_scripted_model, resolve_run
 from vfray.task import Task
 from vfray.trace import Trace
 
-if TYPE_CHECKING:
-    from vfray.run.seating import Station, Stations
-
 __all__ = [
-    "InProcessBroker",
     "LocalEnvironment",
     "parse_scripted_model",
     "run_episode",
@@ -45,36 +43,6 @@ def _config(tree: dict[str, Any]) -> EvalConfig:
         return EvalConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from exc
-
-
-class InProcessBroker:
-    """The :class:`~vfray.rollout.SessionBroker` for an interception app in this process."""
-
-    def __init__(self, app: InterceptionApp) -> None:
-        self.app = app
-
-    async def register(
-        self,
-        trace: Trace,
-        limits: Limits,
-        stop_check: Callable[[Trace], Awaitable[str | None]] | None,
-        sampling: Mapping[str, Any] | None,
-    ) -> str:
-        return self.app.register(
-            trace,
-            limits=limits,
-            stop_check=stop_check,
-            sampling=dict(sampling) if sampling else None,
-        )
-
-    async def conclude(self, secret: str) -> Trace:
-        return self.app.conclude(secret)
-
-    async def snapshot(self, secret: str) -> Trace:
-        return self.app.snapshot(secret)
-
-    def endpoint(self, secret: str) -> str | None:
-        return None  # the rollout's own interception_url
 
 
 class LocalEnvironment:
@@ -188,13 +156,11 @@ class LocalEnvironment:
             attempt=attempt,
             run_id=run_id,
             episode_id=episode_id,
-            model_target=upstream_target(self.interception.app.upstream),
+            model_target=self.interception.app.upstream.target(),
         )
 
     def station(self) -> Station:
         """This environment's own agent: its plan, harness, box options and interception."""
-        from vfray.run.seating import Station
-
         return Station(
             self.plan,
             self.harness,
@@ -206,9 +172,7 @@ class LocalEnvironment:
     async def stations(self) -> Stations:
         """Its own station and, opened on first use, one per other agent a seat names."""
         if self._stations is None:
-            from vfray.run.seating import Stations
-
-            self._stations = Stations(self.station())
+            self._stations = Stations(self.station(), open_endpoint)
             self._stations.set_policy_version(self.interception.app.policy_version)
             self._stack.push_async_callback(self._stations.aclose)
         return self._stations
@@ -230,8 +194,6 @@ class LocalEnvironment:
     ) -> list[Trace]:
         """Play one game of a :class:`~vfray.harnesses.seats.SeatedTask`: one trace per seat."""
         from vfray.harnesses.seats import SeatedTask
-        from vfray.run.seating import play_game
-
         if not isinstance(task, SeatedTask):
             raise ConfigError(f"{type(task).__name__} is not a vf.SeatedTask")
         return await play_game(
@@ -287,3 +249,15 @@ async def run_episode(task: Task[Any], n: int = 4, **options: Any) -> Episode:
     env.spec.check_task_type(type(task), n)  # refused before anything starts
     async with env:
         return await env.episode(task, n)
+
+
+def open_endpoint(agent: Agent, model: str) -> LocalEnvironment:
+    """A seat's own model endpoint and interception (its harness and runtime are never used:
+    the cheapest ones are named), for :class:`~vfray.run.seating.Stations`."""
+    return LocalEnvironment(
+        model=model,
+        base_url=agent.base_url,
+        api_key_var=agent.api_key_var,
+        harness="null",
+        runtime="subprocess",
+    )

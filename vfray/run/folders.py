@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from vfray._version import __version__
 from vfray.config import EvalConfig
 from vfray.errors import ConfigError
 
@@ -40,15 +41,13 @@ def run_folder(config: EvalConfig, name: str, resume: str | Path | None) -> tupl
 
 def run_header(config: EvalConfig, run_id: str, name: str, n: int) -> dict[str, Any]:
     """The run's ``config.json``: resolved config and versions (resume reads it back)."""
-    import vfray
-
     return {
         "run_id": run_id,
         "taskset": name,
         "rollouts_per_task": n,
         "config": config.model_dump(mode="json"),
         "versions": {
-            "vfray": vfray.__version__,
+            "vfray": __version__,
             # From the package metadata: importing ray costs ~0.5 s a local run never needs.
             "ray": importlib.metadata.version("ray"),
             "python": platform.python_version(),

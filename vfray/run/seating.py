@@ -1,8 +1,8 @@
 """Plays one game of a :class:`~vfray.harnesses.seats.SeatedTask`: each seat is one rollout (its
-own box,
-harness, interception session and trace) started on its first turn; a turn is one harness segment,
-whose reply the task's ``next_turn`` reads before naming the next seat. Seats that share a box get
-one box, stopped by the last of them. Used by the local environment and by SandboxHosts alike.
+own box, harness, interception session and trace) started on its first turn; a turn is one
+harness segment, whose reply the task's ``next_turn`` reads before naming the next seat. Seats
+that share a box get one box, stopped by the last of them. Used by the local environment and by
+SandboxHosts alike.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -18,10 +19,16 @@ from vfray.errors import ConfigError, TaskError
 from vfray.harnesses.base import Harness
 from vfray.harnesses.seats import Agent, Game, Play, Seat, SeatedTask, Turn, check_seats
 from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
-from vfray.runtimes.base import Runtime, RuntimeSpec
-from vfray.runtimes.registry import make_runtime
+from vfray.run.broker import InProcessBroker
+from vfray.runtimes.base import Runtime
+from vfray.runtimes.registry import make_runtime, task_spec
 from vfray.task import call_maybe_async
 from vfray.trace import StopCondition, Trace
+
+EndpointOpener = Callable[[Agent, str], AbstractAsyncContextManager[Any]]
+"""Opens a seat's own model endpoint and interception (``agent``, the model it names): the
+caller's kind of environment (:func:`vfray.run.environment.open_endpoint`), passed in so seating
+never imports the environment that plays its games."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,9 @@ class Stations:
     a deployment per model, and a game lives and dies with its host anyway (retried whole), so a
     session held in the host adds no way to lose one."""
 
-    def __init__(self, default: Station) -> None:
+    def __init__(self, default: Station, open_endpoint: EndpointOpener) -> None:
         self.default = default
+        self._open_endpoint = open_endpoint
         self._stack = contextlib.AsyncExitStack()
         self._endpoints: dict[tuple[str | None, str | None, str | None], Any] = {}
         self._lock = asyncio.Lock()
@@ -81,28 +89,17 @@ class Stations:
         broker, url = base.broker, base.interception_url
         if agent.own_endpoint:
             env = await self._endpoint(agent)
-            from vfray.run.environment import InProcessBroker
-
             broker, url = InProcessBroker(env.interception.app), env.interception.url
         return Station(plan, harness, runtime_options, broker, url)
 
     async def _endpoint(self, agent: Agent) -> Any:
-        from vfray.run.environment import LocalEnvironment
-
         key = (agent.model, agent.base_url, agent.api_key_var)
         async with self._lock:
             if key not in self._endpoints:
-                # Only its model endpoint and interception are used: the harness and runtime
-                # named here are the cheapest to check.
-                env = LocalEnvironment(
-                    model=agent.model or self.default.plan.model,
-                    base_url=agent.base_url,
-                    api_key_var=agent.api_key_var,
-                    harness="null",
-                    runtime="subprocess",
-                )
-                self._endpoints[key] = await self._stack.enter_async_context(env)
+                opened = self._open_endpoint(agent, agent.model or self.default.plan.model)
+                env = await self._stack.enter_async_context(opened)
                 env.interception.app.policy_version = self.policy_version
+                self._endpoints[key] = env
             return self._endpoints[key]
 
     async def aclose(self) -> None:
@@ -325,14 +322,14 @@ async def play_game(
                 boxes[owner] = _Box(
                     make_runtime(
                         owner_station.plan.runtime_type,
-                        RuntimeSpec.from_task(task.data),
+                        task_spec(task.data),
                         **dict(owner_station.runtime_options),
                     )
                 )
             runtime = cast(Runtime, _Lease(boxes[owner]))
         else:
             runtime = make_runtime(
-                plan.runtime_type, RuntimeSpec.from_task(task.data), **dict(station.runtime_options)
+                plan.runtime_type, task_spec(task.data), **dict(station.runtime_options)
             )
         player.rollout = asyncio.ensure_future(
             execute_rollout(

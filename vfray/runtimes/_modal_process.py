@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from vfray.runtimes.base import Runtime
 from vfray.runtimes.live import STOP_GRACE, LiveProcess
 from vfray.runtimes.processes import LIVE_LINE_LIMIT
-
-if TYPE_CHECKING:
-    from vfray.runtimes.modal import ModalRuntime
 
 KILL_WAIT = 10.0
 """Seconds to wait for the sandbox to report a SIGKILLed process's exit."""
@@ -51,7 +49,7 @@ async def _pump(source: Any, sink: asyncio.StreamReader) -> None:
 class ModalProcess(LiveProcess):
     """One sandbox ``exec``; ``stop`` runs ``kill`` on its recorded pid inside the sandbox."""
 
-    def __init__(self, runtime: ModalRuntime, process: Any, pid_file: str) -> None:
+    def __init__(self, runtime: Runtime, process: Any, pid_file: str) -> None:
         self._runtime = runtime
         self._process = process
         self._pid_file = pid_file

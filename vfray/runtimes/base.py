@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from vfray.runtimes.live import BackgroundProcess, LiveProcess, ProcessInput
-from vfray.task import TaskData
 
 if TYPE_CHECKING:
     from vfray.runtimes.provision import ToolSpec
@@ -27,6 +27,10 @@ __all__ = [
     "Runtime",
     "RuntimeSpec",
 ]
+
+UV_CACHE_DIR = ".vfray/uv-cache"
+"""uv's cache for :meth:`Runtime.run_uv_script`, relative to the box's work dir (always
+writable, removed with the box)."""
 
 
 class ProgramResult(BaseModel):
@@ -59,17 +63,6 @@ class RuntimeSpec(BaseModel):
     pids: int | None = 512
     network_allow: tuple[str, ...] = ("*",)
     network_block: tuple[str, ...] = ()
-
-    @classmethod
-    def from_task(cls, data: TaskData) -> RuntimeSpec:
-        return cls(
-            image=data.image,
-            workdir=data.workdir,
-            cpu=data.resources.cpu,
-            memory_gb=data.resources.memory,
-            network_allow=tuple(data.network_allow),
-            network_block=tuple(data.network_block),
-        )
 
 
 class Runtime(abc.ABC):
@@ -228,10 +221,28 @@ class Runtime(abc.ABC):
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> ProgramResult:
-        """Run a PEP 723 script (inline dependencies) with ``uv run`` inside the box."""
-        from vfray.runtimes.uv import run_uv_script
+        """Run a PEP 723 script (inline dependencies) with ``uv run --script`` inside the box.
 
-        return await run_uv_script(self, script, args, env=env, timeout=timeout)
+        uv installs the script's dependencies inside the box, so scorer dependencies never touch
+        the farm process. uv must be on the box's PATH; its cache lives in the box's work dir. A
+        box without network (bwrap/docker default-deny) can only run scripts whose dependencies
+        are none or already in that cache: ``UV_OFFLINE`` is set there so uv fails fast instead
+        of retrying."""
+        name = f".vfray/scripts/{uuid.uuid4().hex[:12]}.py"
+        await self.write(name, script.encode(), mode=0o755)
+        uv_env = {
+            "UV_CACHE_DIR": UV_CACHE_DIR,
+            "UV_NO_PROGRESS": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+        }
+        if self.isolates_network:
+            uv_env["UV_OFFLINE"] = "1"
+        uv_env.update(env or {})
+        return await self.run(
+            ["uv", "run", "--quiet", "--no-project", "--script", name, *args],
+            uv_env,
+            timeout=timeout,
+        )
 
     async def __aenter__(self) -> Runtime:
         await self.start()

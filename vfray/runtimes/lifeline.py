@@ -36,7 +36,7 @@ import tempfile
 import threading
 import uuid
 
-from vfray.runtimes import _reap
+import vfray.runtimes._reap as _reap
 from vfray.runtimes._executor import runtime_executor
 
 OWNER_ENV = _reap.OWNER_ENV

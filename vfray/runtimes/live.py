@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from pathlib import Path
 from typing import Protocol
 
 from vfray.runtimes._executor import blocking
@@ -72,13 +73,50 @@ def _comm(pid: int) -> str:
     return stat[stat.find("(") + 1 : stat.rfind(")")]
 
 
+def descendants(root: int) -> list[int]:
+    """``root`` and every live process below it, from the parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The comm field may contain spaces and parentheses; the ppid follows the last ')'.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+async def wait_exit(proc: asyncio.subprocess.Process) -> int:
+    """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
+    close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
+    if isinstance(proc, PopenProcess):  # its wait() is the exit alone, seen by a pidfd
+        return await proc.wait()
+    waiter = asyncio.ensure_future(proc.wait())
+    delay = 0.005
+    try:
+        while not waiter.done() and proc.returncode is None:
+            await asyncio.wait([waiter], timeout=delay)
+            delay = min(delay * 2, 0.1)
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+
 def signal_tree(root: int, sig: int, spare: frozenset[str] = frozenset()) -> None:
     """Send ``sig`` to ``root``'s process group and to every live descendant of ``root`` (a
     descendant may have started its own session, as bwrap's boxed program does). Processes
     named in ``spare`` (their ``comm``: a namespace's wrapper that dies of SIGTERM instead of
     passing it on) are skipped, and so is the group, which they lead."""
-    from vfray.runtimes.processes import descendants
-
     if not spare:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, sig)
@@ -134,8 +172,6 @@ class LocalProcess(LiveProcess):
 
     def _exit_future(self) -> asyncio.Future[int]:
         if self._exited is None:
-            from vfray.runtimes.processes import wait_exit
-
             self._exited = asyncio.ensure_future(wait_exit(self._proc))
         return self._exited
 

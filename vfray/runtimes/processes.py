@@ -18,7 +18,7 @@ from vfray.runtimes._spawn import PopenProcess, create_subprocess_exec
 from vfray.runtimes.base import ProgramResult
 from vfray.runtimes.launches import Launch
 from vfray.runtimes.lifeline import OWNER_ENV
-from vfray.runtimes.live import LocalProcess
+from vfray.runtimes.live import LocalProcess, wait_exit
 
 OUTPUT_CAP = 64 * 1024
 """Bytes of stdout and of stderr kept per run (the tail: the end of a log says why it ended)."""
@@ -118,27 +118,6 @@ def network_env(base: Mapping[str, str], *, host_paths: bool = True) -> dict[str
     return env
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every live process below it, from the parent links in /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The comm field may contain spaces and parentheses; the ppid follows the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def kill_pids(pids: Sequence[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -173,24 +152,6 @@ async def _drain(stream: asyncio.StreamReader | None, sink: _TailBuffer) -> None
         return
     while chunk := await stream.read(65536):
         sink.add(chunk)
-
-
-async def wait_exit(proc: asyncio.subprocess.Process) -> int:
-    """Wait for the process itself to exit. ``proc.wait()`` alone also waits for its pipes to
-    close (Python >= 3.11.x), which a daemon child holding stdout delays until it dies."""
-    if isinstance(proc, PopenProcess):  # its wait() is the exit alone, seen by a pidfd
-        return await proc.wait()
-    waiter = asyncio.ensure_future(proc.wait())
-    delay = 0.005
-    try:
-        while not waiter.done() and proc.returncode is None:
-            await asyncio.wait([waiter], timeout=delay)
-            delay = min(delay * 2, 0.1)
-    finally:
-        waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiter
-    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
 async def run_process_group(

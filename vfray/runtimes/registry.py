@@ -23,6 +23,7 @@ from vfray._plugins import (
 )
 from vfray.errors import ConfigError
 from vfray.runtimes.base import Runtime, RuntimeSpec
+from vfray.task import TaskData
 
 if TYPE_CHECKING:
     from vfray.harnesses.base import Harness
@@ -79,6 +80,19 @@ def runtime_options(type: str, options: Mapping[str, Any] | None = None) -> Runt
     typed = validate_options(options_type(runtime_class(type)), options, f"runtime {type!r}")
     assert isinstance(typed, RuntimeOptions)
     return typed
+
+
+def task_spec(data: TaskData) -> RuntimeSpec:
+    """What a task asks of its box. Here, not on :class:`RuntimeSpec`: the runtime contract must
+    not import the task model, whose hooks name the contract in their signatures."""
+    return RuntimeSpec(
+        image=data.image,
+        workdir=data.workdir,
+        cpu=data.resources.cpu,
+        memory_gb=data.resources.memory,
+        network_allow=tuple(data.network_allow),
+        network_block=tuple(data.network_block),
+    )
 
 
 def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> Runtime:

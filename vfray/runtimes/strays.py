@@ -13,6 +13,13 @@ from vfray.runtimes._reap import env_pids
 from vfray.runtimes.processes import MARKER_ENV, kill_pids
 
 
+def pids_by_env(name: str) -> dict[str, list[int]]:
+    """Value of the environment variable ``name`` -> PIDs of the live processes carrying it
+    (one walk of /proc; this process left out): for the Ray layer's own markers, such as a
+    local Ray start's token."""
+    return env_pids(name)
+
+
 def marked_pids(marker: str) -> list[int]:
     """PIDs of live processes whose environment carries ``VFRAY_BOX_ID=marker`` (Linux /proc)."""
     return marked_pids_of({marker}).get(marker, [])

@@ -13,9 +13,9 @@ from __future__ import annotations
 import shlex
 from typing import ClassVar
 
-from vfray.harnesses._agent import AGENT_DIR, AgentHarnessConfig, ProvisionedHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.provisioned import AGENT_DIR, AgentHarnessConfig, ProvisionedHarness
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import ToolSpec
 from vfray.trace import Message

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vfray.cli.report import first_errors
+from vfray.run.error_examples import first_errors
 from vfray.run.results import summarize
 from vfray.traces.schema import PHASES
 from vfray.view._html import as_json, esc, histogram, href, kv, note, num, pre, table

@@ -60,8 +60,12 @@ def install() -> None:
         raise ConfigError(_shadow_message())
     if importlib.util.find_spec("verifiers") is not None:
         raise ConfigError(_shadow_message())
-    import vfray.compat.v1 as layer
-    from vfray.compat.v1 import _surface, _user_sim
+    import vfray.compat.v1._surface as _surface
+    import vfray.compat.v1._user_sim as _user_sim
+
+    # The layer served as ``verifiers.v1`` is this module's own package, loaded before any of its
+    # modules: looked up, not imported, so the package and its parts do not import each other.
+    layer = sys.modules[__package__ or ""]
 
     served: dict[str, types.ModuleType] = {"verifiers.v1": layer}
     root = types.ModuleType("verifiers", "vfray's verifiers v1 compatibility layer")

@@ -5,6 +5,8 @@ under ``verifiers`` fails in one line naming it, instead of a bare ``AttributeEr
 
 from __future__ import annotations
 
+import sys
+
 from vfray.errors import ConfigError
 
 
@@ -267,10 +269,11 @@ def missing_module(module: str) -> NotServedModuleError:
 
 
 def served_names(module: str) -> str:
-    from vfray.compat import v1
-
+    # The layer is this module's own package, loaded before any of its modules: looked up,
+    # not imported, so the package and its parts do not import each other.
+    layer = sys.modules[__package__ or ""]
     if module == "verifiers.v1":
-        names = [n for n in V1_PUBLIC if n in v1.__all__]
+        names = [n for n in V1_PUBLIC if n in layer.__all__]
     else:
         names = list(SUBMODULES.get(module, ()))
     return ", ".join(names) if names else "nothing"

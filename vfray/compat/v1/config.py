@@ -128,7 +128,7 @@ def is_v1_toml(data: Mapping[str, Any]) -> bool:
 def parse_flags(tokens: Sequence[str]) -> dict[str, Any]:
     """v1-style flags (``--a.b-c V``, ``--a.b=V``, ``--flag`` / ``--no-flag``, ``-s``) as dotted
     keys, in v1's own names (aliases folded)."""
-    from vfray.cli.overrides import _parse_literal
+    from vfray.config import parse_literal
 
     out: dict[str, Any] = {}
     items = list(tokens)
@@ -156,7 +156,7 @@ def parse_flags(tokens: Sequence[str]) -> dict[str, Any]:
                 raise ConfigError(f"v1 option {token!r} needs a value")
             value = items.pop(0)
         # Ids and types are names: "null" is the null harness, not None.
-        out[dotted] = value if dotted.endswith((".id", ".type")) else _parse_literal(value)
+        out[dotted] = value if dotted.endswith((".id", ".type")) else parse_literal(value)
     return out
 
 

@@ -14,9 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from vfray.errors import ConfigError, HarnessError, SandboxError
-from vfray.harnesses._agent import AGENT_DIR, AgentHarnessConfig, ProvisionedHarness, prompt_text
-from vfray.harnesses.base import HarnessConfig, LaunchContext
-from vfray.harnesses.session import AgentSession
+from vfray.harnesses.base import AgentSession, HarnessConfig, LaunchContext
+from vfray.harnesses.provisioned import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.live import LiveProcess
 from vfray.runtimes.provision import InstalledTool
