@@ -8,8 +8,9 @@ own loopback (default-deny) unless ``share_network=True`` is configured, or the 
 so such a task falls back to the shared host network, with a logged warning. In a denied box,
 :meth:`host_url` endpoints are reached through :mod:`vfray.runtimes.bridge` at the same URL.
 Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capability dropped,
-and see only the parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at
-its own path wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
+cannot create nested user namespaces (``--disable-userns``, bubblewrap 0.8+), and see only the
+parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at its own path
+wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
 rlimits.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -64,11 +66,28 @@ OFFLINE_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\nnetworks: files\n
 """``/etc/nsswitch.conf`` of a box without network: no DNS to wait for."""
 
 
+@functools.cache
+def _can_disable_userns() -> bool:
+    """Whether this bubblewrap has ``--disable-userns`` (0.8 and later)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--disable-userns" in done.stdout
+
+
 def _namespaces() -> list[str]:
     """Namespaces, user and the read-only system dirs of every box."""
     # An unprivileged user with no capabilities: as uid 0 with the namespace's full
     # capability set, a box could read every root-only file bound into it.
     args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
+    if _can_disable_userns():
+        # No nested user namespace: one would hand a box's program a full capability set again
+        # inside it (and the kernel's user-namespace code is a frequent escalation route).
+        args.append("--disable-userns")
     args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
     args += ["--ro-bind", "/usr", "/usr"]
     for d in _ROOT_DIRS:
@@ -252,6 +271,11 @@ class BwrapRuntime(SubprocessRuntime):
                 f"bwrap runtime: a test box failed ({why}); bubblewrap needs user namespaces "
                 "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 when "
                 "not root; in a container: --security-opt seccomp=unconfined or --privileged)"
+            )
+        if not _can_disable_userns():
+            logger.warning(
+                "bwrap runtime: this bubblewrap has no --disable-userns (0.8 or later has it): "
+                "a box's programs can create nested user namespaces"
             )
 
     def _mounts(self) -> list[str]:
