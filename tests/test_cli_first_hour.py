@@ -220,7 +220,7 @@ def test_an_unreachable_endpoint_is_one_line_naming_the_url(tmp_path: Path) -> N
         "--base-url", "http://127.0.0.1:9/v1", "-o", str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 2
-    one_error_line(proc, "http://127.0.0.1:9/v1/models", "unreachable")
+    one_error_line(proc, "http://127.0.0.1:9/v1/chat/completions", "unreachable")
     assert "starting a local Ray" not in proc.stderr  # refused before Ray
     assert not list(tmp_path.iterdir())  # and before any run folder
     assert time.monotonic() - started < 60  # no 3 x 2 retried rollouts

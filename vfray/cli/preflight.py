@@ -1,5 +1,6 @@
 """Checks ``vfray eval`` runs before any rollout (and before Ray starts): the output folder is
-a writable directory somewhere durable, and a remote model endpoint answers.
+a writable directory somewhere durable, and a remote model endpoint answers one real model
+call.
 
 Each failure is one :class:`ConfigError` line naming the path or URL; a run that would fail on
 every rollout is refused in a second instead of after Ray's start-up and a table of errors.
@@ -12,13 +13,20 @@ import itertools
 import os
 import re
 import tempfile
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from vfray.config import EvalConfig
+from vfray.endpoints import answers
 from vfray.errors import ConfigError
 
-ENDPOINT_TIMEOUT = 5.0
-"""Seconds for the endpoint's ``GET /models``: a live server answers in milliseconds."""
+ENDPOINT_TIMEOUT = 60.0
+"""Seconds for the endpoint's one-token call: a live server answers in well under a second,
+a busy one may queue it a while."""
+ENDPOINT_CONNECT_TIMEOUT = 5.0
+"""Seconds to connect to it: a live server accepts in milliseconds."""
 DURABLE_OUTPUTS = "~/vfray-outputs"
 """Where run folders go by default when the working directory is Ray's temporary copy."""
 _RAY_WORKING_DIR_MARK = ("runtime_resources", "working_dir_files")
@@ -91,43 +99,83 @@ def check_api_key_var(name: str | None) -> None:
 
 
 def check_endpoint(
-    base_url: str, api_key_var: str | None, timeout: float = ENDPOINT_TIMEOUT
+    base_url: str,
+    api_key_var: str | None,
+    timeout: float = ENDPOINT_TIMEOUT,
+    *,
+    model: str = "",
+    sampling: Mapping[str, Any] | None = None,
 ) -> None:
-    """One ``GET {base_url}/models``: any HTTP answer but 401/403 means the server is there."""
+    """One real, tiny model call, ``POST {base_url}/chat/completions`` asking ``model`` for one
+    token with the run's sampling: an endpoint that cannot answer it (down, a 500, a 404 from a
+    base URL without ``/v1``, a 400 for the model name or a sampling field) would fail every
+    rollout, so it is refused in one line quoting its answer. A 408 or 429 passes: the endpoint
+    is there, only busy, and the run's retries ride that out."""
     import httpx
 
-    url = base_url.rstrip("/") + "/models"
+    url = base_url.rstrip("/") + "/chat/completions"
     headers = {}
     key = os.environ.get(api_key_var) if api_key_var else None
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say OK."}],
+        "max_tokens": 1,
+        **dict(sampling or {}),
+        "stream": False,
+    }
+    body.pop("return_tokens", None)  # vfray's own switch, translated by the interception
+    limits = httpx.Timeout(timeout, connect=min(timeout, ENDPOINT_CONNECT_TIMEOUT))
     try:
-        response = httpx.get(url, headers=headers, timeout=timeout)
+        response = httpx.post(url, json=body, headers=headers, timeout=limits)
+        if (
+            response.status_code == 400
+            and "max_tokens" in response.text
+            and "max_tokens" not in (sampling or {})
+        ):
+            # Reasoning models refuse the legacy ``max_tokens``; the run never sends it.
+            del body["max_tokens"]
+            response = httpx.post(url, json=body, headers=headers, timeout=limits)
     except httpx.TimeoutException as exc:
         raise ConfigError(
-            f"model endpoint {base_url} did not answer GET {url} within {timeout:g} s "
+            f"model endpoint {base_url} did not answer POST {url} within {timeout:g} s "
             "(is the server up? --no-preflight skips this check)"
         ) from exc
     except httpx.HTTPError as exc:
         reason = str(exc) or type(exc).__name__
         raise ConfigError(
-            f"model endpoint {base_url} is unreachable: GET {url}: {reason} "
+            f"model endpoint {base_url} is unreachable: POST {url}: {reason} "
             "(is the server up and --base-url right? --no-preflight skips this check)"
         ) from exc
-    if response.status_code in (401, 403):
+    status = response.status_code
+    if status < 400 or status in answers.OUTAGE_4XX:
+        return
+    said = answers.describe(status, response.content, limit=200)
+    if status in (401, 403):
         hint = (
             f"is ${api_key_var} the right key?"
             if key
             else (f"${api_key_var} is not set" if api_key_var else "pass --api-key-var")
         )
-        raise ConfigError(
-            f"model endpoint {base_url} refused the request: GET {url} gave HTTP "
-            f"{response.status_code} ({hint})"
-        )
+    elif status == 404 and not urllib.parse.urlsplit(base_url).path.rstrip("/").endswith("/v1"):
+        hint = f"the base URL usually ends in /v1: --base-url {base_url.rstrip('/')}/v1?"
+    elif status == 404:
+        hint = f"is {model!r} served there, and --base-url right?"
+    else:
+        hint = "--no-preflight skips this check"
+    raise ConfigError(
+        f"model endpoint {base_url} failed a one-token call: POST {url} answered {said} ({hint})"
+    )
 
 
 def preflight(config: EvalConfig, *, endpoint: bool = True) -> None:
     """Every check, in the order a user would fix them."""
     check_output_dir(config.output_dir)
     if endpoint and config.model.base_url:
-        check_endpoint(config.model.base_url, config.model.api_key_var)
+        check_endpoint(
+            config.model.base_url,
+            config.model.api_key_var,
+            model=config.model.name,
+            sampling=config.sampling.as_params(),
+        )

@@ -3,7 +3,8 @@ the single ``ModelCall`` recorded for it.
 
 Upstream failures map to statuses SDKs understand: 429/5xx are relayed (SDKs retry them), a
 connection failure is 503, a timeout 504, an unreadable reply 502 (all recorded as the
-provider's: ``ProviderError``); a context-length refusal stops the rollout cleanly
+provider's: ``ProviderError``); any other 4xx is relayed and recorded as the endpoint refusing
+that request (:mod:`vfray.endpoints.answers`); a context-length refusal stops the rollout cleanly
 (``StopCondition.CONTEXT_LENGTH``) and is relayed as the 400 it is.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
@@ -153,9 +155,9 @@ async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: E
     }
     if is_context_length_error(response.status, text):
         turn.session.trace.stop(StopCondition.CONTEXT_LENGTH)
-    error = ErrorInfo(
-        type="ProviderError", message=f"upstream HTTP {response.status}: {text[:1000]}"
-    )
+    # A refusal (a 4xx but 408/429) says so in its record: the run then keeps it as this
+    # rollout's own error instead of retrying it as an outage.
+    error = ErrorInfo(type="ProviderError", message=call_error(response.status, text[:1000]))
     turn.record(None, error)
     exchange.start(response.status, headers)
     exchange.push(data)

@@ -88,6 +88,8 @@ class Progress:
     endpoint_down_since: float | None = None
     """Wall-clock time since which the model endpoint is judged down and new rollouts wait
     (None while it is up)."""
+    last_upstream_error: str | None = None
+    """The last model call error a finished rollout attempt reported (``HTTP 500: boom``)."""
 
     @property
     def in_flight(self) -> int:
@@ -266,10 +268,16 @@ class RunDriver:
                     )
                     outcome, handle = await self.backend.rollout(host, job)
                     self.pool.answered(host)
-                    provider = outcome.error_type == ProviderError.__name__
+                    # A refusal (a 4xx) is this rollout's own error: the endpoint is up.
+                    provider = (
+                        outcome.error_type == ProviderError.__name__
+                        and not outcome.endpoint_refused
+                    )
                     self.circuit.record(provider, probe)
                     told = True
                     self.progress.endpoint_down_since = self.circuit.down_since
+                    if outcome.upstream_error is not None:
+                        self.progress.last_upstream_error = outcome.upstream_error
                     if self.on_rollout is not None:
                         try:
                             self.on_rollout(outcome)

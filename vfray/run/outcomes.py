@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from vfray.endpoints import answers
 from vfray.episode import Episode, finalize_episode
 from vfray.task import Task
 from vfray.trace import Trace
@@ -34,6 +35,12 @@ class RolloutOutcome(BaseModel):
     calls_without_tokens: int = 0
     """Model calls answered without token ids: a training stream stops at the first rollout
     that has one (its samples could not be trained on)."""
+    endpoint_refused: bool = False
+    """Its ``ProviderError`` is the endpoint refusing its request (a 4xx but 408/429): the
+    rollout's own error, neither retried nor counted as an outage by the endpoint circuit."""
+    upstream_error: str | None = None
+    """Its last model call's error in one short line (``HTTP 500: boom``): the progress line
+    names it, so an endpoint that fails says why while the run waits."""
 
     @classmethod
     def of(cls, trace: Trace) -> RolloutOutcome:
@@ -46,6 +53,10 @@ class RolloutOutcome(BaseModel):
             input_tokens=trace.usage.input_tokens,
             output_tokens=trace.usage.output_tokens,
             calls_without_tokens=_calls_without_tokens(trace),
+            endpoint_refused=err is not None
+            and err.type == "ProviderError"
+            and answers.is_refused(err.message),
+            upstream_error=_upstream_error(trace),
         )
 
     @classmethod
@@ -63,7 +74,18 @@ class RolloutOutcome(BaseModel):
             input_tokens=sum(t.usage.input_tokens for t in traces),
             output_tokens=sum(t.usage.output_tokens for t in traces),
             calls_without_tokens=sum(_calls_without_tokens(t) for t in traces),
+            endpoint_refused=bool(errors)
+            and errors[0].type == "ProviderError"
+            and answers.is_refused(errors[0].message),
+            upstream_error=next(
+                (e for e in map(_upstream_error, reversed(traces)) if e is not None), None
+            ),
         )
+
+
+def _upstream_error(trace: Trace) -> str | None:
+    failed = [c.error for c in trace.calls if c.error is not None]
+    return answers.short(failed[-1].message) if failed else None
 
 
 def _calls_without_tokens(trace: Trace) -> int:

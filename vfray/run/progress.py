@@ -1,6 +1,7 @@
 """Live progress of a run: done / in flight / errored, mean reward so far, rollouts/s and ETA,
-from the driver's counters. On a terminal one line refreshes in place (rich); elsewhere (CI
-logs, ``ray job submit``) a newline-terminated line is printed every few seconds."""
+the endpoint's outage and its last error, from the driver's counters. On a terminal one line
+refreshes in place (rich); elsewhere (CI logs, ``ray job submit``) a newline-terminated line is
+printed every few seconds."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def render(
     )
     if (down := getattr(counters, "endpoint_down_since", None)) is not None:
         line += f"  endpoint down {time.time() - down:.0f}s"
+    if (upstream := getattr(counters, "last_upstream_error", None)) is not None:
+        # The cause, while it matters: an endpoint answering 500s or 404s says why at once
+        # instead of in the results table at the end.
+        line += f"  last upstream error: {upstream}"
     return line
 
 

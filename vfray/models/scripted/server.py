@@ -116,6 +116,7 @@ class ScriptedModel:
     refused as a context-length error. ``count_tokens=False`` leaves out Anthropic's
     ``/v1/messages/count_tokens`` (as vLLM does). ``tokens=False`` ignores requests for token
     ids and logprobs, as an endpoint that cannot return them does (``scripted:echo?tokens=0``).
+    ``fail`` answers every completion with that HTTP status (``scripted:echo?fail=400``).
     """
 
     def __init__(
@@ -131,9 +132,15 @@ class ScriptedModel:
         history_size: int = 1000,
         count_tokens: bool = True,
         tokens: bool = True,
+        fail: float | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if fail is not None and not (float(fail).is_integer() and 400 <= fail <= 599):
+            raise ValueError(f"fail must be an HTTP status 400-599, got {fail!r}")
+        self.fail = None if fail is None else str(int(fail))
+        """Every completion is answered with this status (``scripted:echo?fail=500``: an
+        endpoint that is down, or refuses every request)."""
         if latency < 0 or stall < 0 or not 0.0 <= accuracy <= 1.0:
             raise ValueError("latency and stall must be >= 0 and accuracy within [0, 1]")
         self.policy, self.latency, self.accuracy, self.seed = policy, latency, accuracy, seed
@@ -285,6 +292,7 @@ class ScriptedModel:
         if kind is None:
             with self._lock:
                 kind = self._queued.popleft() if self._queued else None
+        kind = kind or self.fail
         needed = count_tokens(list(parsed.conv.texts)) + (parsed.conv.max_tokens or 0)
         if kind is None and self.context_window is not None and needed > self.context_window:
             kind = "context_length"
