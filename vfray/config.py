@@ -3,6 +3,9 @@
 ``EvalConfig`` reads, in increasing precedence: defaults, ``VFRAY_*`` environment variables
 (nested with ``__``: ``VFRAY_ENV__HARNESS__ID=null``), a TOML file, then dotted overrides such as
 ``env.harness.id=bash`` (which the command line produces from ``--env.harness.id bash``).
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

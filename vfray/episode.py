@@ -5,6 +5,9 @@ in a multi-agent episode).
 task's ``@group_reward`` hooks over the rollouts that count, stamps each trace with the episode
 id and its advantage, and returns the :class:`Episode` record. A rollout that failed for a
 reason outside the policy (:func:`infra_failure`) does not count by default.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

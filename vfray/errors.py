@@ -19,6 +19,9 @@
         ├── PhaseTimeoutError  a phase ran past its deadline
         ├── ToolError          a tool server did not start, or a tool call failed (on its record)
         └── InfrastructureError  an actor or node died under the rollout (retried elsewhere)
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

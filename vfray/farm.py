@@ -8,6 +8,9 @@ import path so this module never imports Ray. ``backend="ray"`` (the default,
 ``actors.ray_farm``): rollouts run in SandboxHost actors spread over the nodes, episodes are Ray
 tasks, and rows stream into Parquet parts through a TraceSink actor. ``backend="local"``
 (:mod:`vfray.run.local`): the same driver and run folder from one process with no Ray.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

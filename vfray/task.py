@@ -3,6 +3,9 @@
 ``TaskData`` is the only part of a task that crosses process boundaries and lands in a trace;
 ``Task`` holds one and carries the hooks (setup, finalize, validate, and the scoring methods
 decorated in :mod:`vfray.scoring`).
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Subclasses implement ``load()`` (a list, or a generator for large or infinite sources). Views
 never copy the parent: ``ts.shuffle().head(5)`` builds tasks only when iterated, and every
 taskset (views included) pickles with cloudpickle so it can be shipped to Ray workers.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Built-in harnesses (``null``, ``bash``), the harness registry and the segment model."""
+"""Built-in harnesses (``null``, ``bash``), the harness registry and the segment model.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from vfray.harnesses.base import AgentSession
 from vfray.harnesses.bash import BashHarness

@@ -3,6 +3,9 @@
 Every model call a harness makes passes through :class:`InterceptionApp`, which forwards it to
 the :class:`Upstream`, records it on the rollout's trace, and enforces the rollout's
 :class:`Limits`.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from vfray.interception.app import Interception, InterceptionApp

@@ -4,6 +4,9 @@ teardown, each phase under its own deadline, failures recorded on the trace as t
 The package re-exports what the rest of vfray uses: the plan a rollout runs under
 (:mod:`~vfray.rollout.plan`), the state machine (:mod:`~vfray.rollout.machine`), whose agent phase
 is :mod:`~vfray.rollout.agent_phase`. Its modules import each other directly, never this package.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from vfray.rollout.machine import execute_rollout, run_planned_rollout

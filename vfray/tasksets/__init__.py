@@ -1,5 +1,8 @@
 """Built-in tasksets and taskset lookup: a built-in id (``arithmetic``), an installed entry
-point (group ``vfray.tasksets``), ``package.module:Class`` or ``path/to/file.py:Class``."""
+point (group ``vfray.tasksets``), ``package.module:Class`` or ``path/to/file.py:Class``.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Run it on your own runtime plugin: ``await check_runtime(lambda: MyRuntime(spec))``. It raises
 :class:`AssertionError` naming the first violation. It needs the box's processes to be visible in
 this host's ``/proc`` (true for subprocess, bwrap and a local docker engine).
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ from ``GET /v1/models``, and its own transport retries). This harness provisions
 ``verifiers`` package into the node's tool dir, takes that program text from it as it ships, and
 runs it with the flags verifiers' ``BashHarness`` passes, so a rollout checks the endpoint
 contract vfray's interception offers against the program written for verifiers' own.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ A package rather than one module so :class:`Trace` stays here, at its public pat
 messages (:mod:`vfray.trace.messages`) and the frozen records it nests
 (:mod:`vfray.trace.records`) are modules of their own, re-exported here; they never import this
 package. (:mod:`vfray.traces`, plural, is the Parquet side.)
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

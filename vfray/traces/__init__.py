@@ -1,5 +1,8 @@
 """vfray's trace tables: a versioned Arrow schema, Parquet reading/writing, and the per-branch
 ``samples`` training view, readable unchanged by pandas, HF ``datasets`` and Ray Data.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from vfray.traces.convert import table_to_traces, traces_to_table

@@ -4,6 +4,9 @@ per-row Python: the list columns' flat values are scattered into place by offset
 One sample is one branch: its prompt then its completion tokens. ``loss_mask`` is 1 on the
 tokens the model sampled (never on the prompt, nor on tokens the environment inserted between
 turns); ``old_logprobs`` are the endpoint's logprobs of those tokens, at the same positions.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations

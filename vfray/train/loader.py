@@ -1,5 +1,8 @@
 """Batches for a trainer: from a live :meth:`vfray.Farm.stream` (whole groups, as they are
-scored) or from a run folder's Parquet traces (offline), both through :func:`build_batch`."""
+scored) or from a run folder's Parquet traces (offline), both through :func:`build_batch`.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from __future__ import annotations
 

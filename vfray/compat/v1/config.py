@@ -1,7 +1,10 @@
 """v1 eval configs on vfray: a v1 eval TOML (``[env.taskset]``, ``[env.agent.harness]``,
 ``[env.agent.runtime]``, ``[select]``, ``[client]`` ...) and the common ``vf-eval`` flags, mapped
 onto vfray's config tree. Every option is either mapped, accepted as already true of vfray (said
-in a note), or refused in one line naming it: nothing is dropped silently."""
+in a note), or refused in one line naming it: nothing is dropped silently.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from __future__ import annotations
 

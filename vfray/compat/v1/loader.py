@@ -1,7 +1,10 @@
 """Loading a v1 taskset package as v1 does: by id (``my-taskset`` imports ``my_taskset``; hub
 ``owner/name@version`` ids strip to ``name``) or by path (a package folder or a ``.py`` file),
 exporting exactly one ``Taskset`` subclass via ``__all__`` and optionally a default ``Env`` or
-``Harness``; its config validated from ``--env.taskset.*``."""
+``Harness``; its config validated from ``--env.taskset.*``.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """vfray traces in verifiers v1's on-disk format (``traces.jsonl``: one Episode per line, traces
 with their message-node graph, calls, rewards and metrics), so v1 tooling reads vfray runs; and
 a v1 ``traces.jsonl`` (verifiers' own or an export) read back rollout by rollout, with what it
-scored and said (:class:`Outcome`), to compare one run on each framework task by task."""
+scored and said (:class:`Outcome`), to compare one run on each framework task by task.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
 
 from __future__ import annotations
 
