@@ -1,5 +1,9 @@
 """One sync facade over the async core: run a coroutine to completion from plain code, also
-from inside a running event loop (a Jupyter cell), where ``asyncio.run`` would refuse."""
+from inside a running event loop (a Jupyter cell), where ``asyncio.run`` would refuse.
+
+Every coroutine running under :func:`run_sync` can be cancelled from outside its loop with
+:func:`cancel_runs` (a signal handler stopping the run; it must not depend on SIGINT, which a
+job started in the background has ignored)."""
 
 from __future__ import annotations
 
@@ -10,18 +14,42 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# No lock: a signal handler reading it may interrupt the very thread that changes it (set
+# operations are atomic under the GIL).
+_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+async def _tracked(coro: Coroutine[Any, Any, T]) -> T:
+    task = asyncio.current_task()
+    assert task is not None
+    _RUNNING.add(task)
+    try:
+        return await coro
+    finally:
+        _RUNNING.discard(task)
+
+
+def cancel_runs() -> bool:
+    """Cancel every coroutine :func:`run_sync` is running (safe from a signal handler and from
+    any thread): each unwinds through its own clean-up and its ``run_sync`` raises
+    :class:`asyncio.CancelledError`. False when none was running."""
+    running = tuple(_RUNNING)
+    for task in running:
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return bool(running)
+
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from sync code, also inside a running loop (Jupyter)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return asyncio.run(_tracked(coro))
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = asyncio.run(coro)
+            box["value"] = asyncio.run(_tracked(coro))
         except BaseException as exc:
             box["error"] = exc
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from vfray.cli.lifecycle import (
     RunStopped,
     guarded_run,
-    handle_sigterm,
+    handle_stop_signals,
     print_stopped,
     startup_message,
 )
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         def named(path: Path) -> None:
             run_dir.append(path)
             run_log.open(path)
-            handle_sigterm()  # ray.init (just before) installed its own
+            handle_stop_signals()  # ray.init (just before) installed its own
 
         try:
             with guarded_run(run_dir):

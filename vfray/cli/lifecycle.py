@@ -4,6 +4,7 @@ command, and report a full disk or a Ray that fails to start in one line."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shlex
@@ -16,24 +17,38 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from vfray._sync import cancel_runs
 from vfray.config import EvalConfig
 from vfray.errors import VfrayError
 
-_terminated = threading.Event()
+_stop_signal: list[int] = []
+"""The signal that is stopping the run (the first one received), empty while none has."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # The same path as Ctrl-C: asyncio cancels the run, the farm tears every sandbox down and
-    # flushes its rows. Ray's own driver handler (sys.exit from inside the loop) would skip
-    # that and print a C++ stack on the way out.
-    _terminated.set()
-    os.kill(os.getpid(), signal.SIGINT)
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM and Ctrl-C take one path: the run's coroutine is cancelled directly, so the
+    # driver cancels every rollout, the farm tears every box down and flushes its rows. Not by
+    # re-sending SIGINT, which a job started in the background (`cmd &` in a script) ignores;
+    # and not Ray's own driver handler (sys.exit from inside the loop), which skips that
+    # clean-up and prints a C++ stack on the way out.
+    if _stop_signal:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, clean-up or not
+        return  # already stopping (a scheduler repeating its SIGTERM)
+    _stop_signal.append(signum)
+    if not cancel_runs():
+        raise KeyboardInterrupt  # no run yet (Ray starting, tasks loading): stop right here
 
 
-def handle_sigterm() -> None:
-    """Treat SIGTERM like Ctrl-C. Called again once Ray is up: ``ray.init`` replaces it."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+def handle_stop_signals() -> None:
+    """SIGTERM, and SIGINT unless this process started with it ignored (a background job's
+    convention), stop the run. Called again once Ray is up: ``ray.init`` replaces the SIGTERM
+    handler with its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _on_stop_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _on_stop_signal)
 
 
 def startup_message(config: EvalConfig) -> str | None:
@@ -90,16 +105,25 @@ class RunStopped(Exception):
 @contextmanager
 def guarded_run(run_dir: list[Path]) -> Iterator[None]:
     """Around ``Farm.run``: ``run_dir`` is filled (by ``on_run_dir``) once the folder is named.
-    Ctrl-C / SIGTERM and a full disk become :class:`RunStopped` with the resume command."""
-    _terminated.clear()
-    handle_sigterm()
+    Ctrl-C / SIGTERM and a full disk become :class:`RunStopped` with the resume command; the
+    signal handlers in place before are put back on the way out."""
+    _stop_signal.clear()
+    before = (
+        {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if threading.current_thread() is threading.main_thread()
+        else {}
+    )
+    handle_stop_signals()
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError) and not _stop_signal:
+            raise
         where = resume_hint(run_dir[0] if run_dir else None)
-        what = "terminated (SIGTERM)" if _terminated.is_set() else "interrupted"
+        terminated = _stop_signal[:1] == [signal.SIGTERM]
+        what = "terminated (SIGTERM)" if terminated else "interrupted"
         raise RunStopped(
-            f"{what}; rows written so far are kept\n{where}", 143 if _terminated.is_set() else 130
+            f"{what}; rows written so far are kept\n{where}", 143 if terminated else 130
         ) from None
     except SystemExit as exc:
         # SIGTERM while ray.init held its own handler.
@@ -128,6 +152,10 @@ def guarded_run(run_dir: list[Path]) -> Iterator[None]:
             f"free some space, then: vfray resume {folder}",
             1,
         ) from None
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def print_stopped(stop: RunStopped) -> int:

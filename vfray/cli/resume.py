@@ -17,7 +17,7 @@ from vfray.cli.eval import build_tasks, exit_code
 from vfray.cli.lifecycle import (
     RunStopped,
     guarded_run,
-    handle_sigterm,
+    handle_stop_signals,
     print_stopped,
     startup_message,
 )
@@ -168,4 +168,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reinstall(_: Path) -> None:
-    handle_sigterm()  # ray.init (just before) installed its own
+    handle_stop_signals()  # ray.init (just before) installed its own

@@ -3,7 +3,8 @@ interception endpoint, the scripted model, tests and demos.
 
 The socket is bound before uvicorn starts, so port 0 yields a free port with no race. Every
 request head is bounded in size, header count and read time (:class:`HeadLimits`), and a handler
-cancelled by its server's or loop's shutdown answers 503 instead of logging a traceback.
+cancelled by its server's or loop's shutdown answers 503 instead of logging a traceback. The
+servers never take SIGINT/SIGTERM: the process that embeds them decides how it stops.
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ class _AnswerWhenCancelled:
                 await send({"type": "http.response.body", "body": b"the server is shutting down"})
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal capture. On the main thread uvicorn takes SIGINT and
+    SIGTERM for itself and shuts down at once: a run's interception and scripted model went
+    away under rollouts still in flight (recorded as ``Connection refused``) before the run's
+    own stop could cancel them; and it put its captured signal back afterwards."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) -> uvicorn.Config:
     # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
     options: dict[str, Any] = {
@@ -106,7 +118,7 @@ def serve_in_thread(
 ) -> Iterator[str]:
     """Run ``app`` in a daemon thread with its own event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
+    server = _Server(_config(app, head_limits, **uvicorn_options))
     thread = threading.Thread(
         target=lambda: asyncio.run(server.serve(sockets=[sock])), name="vfray-serve", daemon=True
     )
@@ -134,7 +146,7 @@ async def serve_in_loop(
 ) -> AsyncIterator[str]:
     """Run ``app`` as a task on the current event loop; yields ``http://host:port``."""
     sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, head_limits, **uvicorn_options))
+    server = _Server(_config(app, head_limits, **uvicorn_options))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
