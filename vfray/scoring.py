@@ -376,8 +376,15 @@ async def score_rollout(
         trace.notes.append("reward has no value: the weighted sum is not a finite number")
 
 
+STOP_TIMEOUT = 30.0
+"""Default seconds the ``@stop`` hooks may take before each model call (``timeouts.stop``)."""
+
+
 async def check_stop(
-    task: Task[Any], trace: Trace, overrides: Overrides | None = None
+    task: Task[Any],
+    trace: Trace,
+    overrides: Overrides | None = None,
+    timeout: float | None = STOP_TIMEOUT,
 ) -> str | None:
     """Run the ``@stop`` hooks; return the name of the first that says stop (truthy), else None.
 
@@ -386,9 +393,16 @@ async def check_stop(
     reply as a :class:`~vfray.trace.Message`, None before the first). Sync ones run on the
     hooks' own bounded pool of threads (:mod:`vfray._hook_calls`): inline, one slow hook
     stalled every rollout served by the same loop (a 3 s hook made every rollout on the host
-    take 60 s). A hook that raises is noted on the trace once and does not stop the rollout.
+    take 60 s). A hook that raises is noted on the trace once and does not stop the rollout;
+    so is one still running after ``timeout`` seconds, which is given up and not asked again in
+    this rollout (without a deadline, a hung hook held the model call, and its rollout, until
+    the agent's own timeout; asked again, it would cost the deadline on every call).
     """
-    hooks = select_hooks(task, overrides, HookKind.STOP)
+    hooks = [
+        h
+        for h in select_hooks(task, overrides, HookKind.STOP)
+        if timeout is None or _late_stop_note(h.name, timeout) not in trace.notes
+    ]
     replies = [m for m in trace.messages if m.role == "assistant"] if trace.calls else []
     body = PENDING_BODY.get()
     values = {
@@ -397,14 +411,23 @@ async def check_stop(
         "request": body,
         "response": replies[-1] if replies else None,
     }
-    levels = run_levels(hooks, task, values, offload=True)
+    levels = run_levels(hooks, task, values, offload=True, timeout=timeout)
     async with contextlib.aclosing(levels):  # closed promptly when a hook says stop
         async for level in levels:
             for hook, result in level:
-                if isinstance(result, BaseException):
+                if isinstance(result, PhaseTimeoutError) and timeout is not None:
+                    trace.notes.append(_late_stop_note(hook.name, timeout))
+                elif isinstance(result, BaseException):
                     note = f"stop hook {hook.name!r} failed: {_describe(result)}"
                     if note not in trace.notes:
                         trace.notes.append(note)
                 elif result:
                     return hook.name
     return None
+
+
+def _late_stop_note(name: str, timeout: float) -> str:
+    return (
+        f"stop hook {name!r} did not return within {timeout:g}s (PhaseTimeoutError): "
+        "taken as not stopping, and not asked again in this rollout"
+    )

@@ -40,7 +40,7 @@ async def run_agent_phase(
         secret = await broker.register(
             trace,
             plan.limits,
-            lambda t: check_stop(task, t, plan.scoring_overrides),
+            lambda t: check_stop(task, t, plan.scoring_overrides, timeouts.stop),
             plan.sampling,
         )
         live = secret

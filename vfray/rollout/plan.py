@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfray.interception.limits import Limits
+from vfray.scoring import STOP_TIMEOUT
 from vfray.task import TaskData
 from vfray.trace import Trace
 
@@ -30,6 +31,12 @@ class Timeouts(BaseModel):
     )
     finalize: float = Field(600.0, gt=0, description="seconds for task.finalize")
     scoring: float = Field(600.0, gt=0, description="seconds for reward and metric hooks")
+    stop: float = Field(
+        STOP_TIMEOUT,
+        gt=0,
+        description="seconds the @stop hooks may take before a model call; a hook past it is "
+        "noted on the trace, taken as not stopping and not asked again in that rollout",
+    )
     teardown: float = Field(60.0, gt=0, description="seconds to stop the box")
     stop_grace: float = Field(
         5.0,
