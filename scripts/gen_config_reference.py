@@ -1,5 +1,6 @@
 """Print the configuration reference as a Markdown table, generated from the config tree
-(``vfray.config.EvalConfig`` via ``iter_fields``), so the README never drifts from the code."""
+(``vfray.config.EvalConfig`` via ``iter_fields``), so the docs' configuration reference
+(docs/reference/configuration.md) never drifts from the code."""
 
 from __future__ import annotations
 

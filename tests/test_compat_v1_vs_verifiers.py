@@ -1,8 +1,8 @@
 """The same v1 taskset packages and the same ``vf-eval`` flags, run by verifiers 0.4.0 (PyPI, in
 its own virtualenv) and by ``vfray eval``, on the same scripted model: rewards, metrics, stop
-conditions and transcripts per task must be identical, except for the differences the README's
-compatibility table lists (each asserted here as measured); and verifiers itself reads vfray's
-exported traces.
+conditions and transcripts per task must be identical, except for the differences the
+compatibility table (docs/guides/v1.md) lists (each asserted here as measured); and verifiers
+itself reads vfray's exported traces.
 
 - ``v1cmp``: scoring (weighted, keyed), ``runtime.run`` / ``run_uv_script`` in scoring, trace /
   request / response stops, group-style scoring via v1's own mechanism (``--env.id best-of-n``:
@@ -198,7 +198,7 @@ def test_verifiers_and_vfray_score_the_same_v1_taskset_identically(
 
 
 def _assert_odd_rows_differ_as_listed(theirs: list[Outcome], ours: list[Outcome]) -> None:
-    """v1cmp's ODD_ROWS (idx 6, 7, 8), as the README's table says they differ."""
+    """v1cmp's ODD_ROWS (idx 6, 7, 8), as the table in docs/guides/v1.md says they differ."""
     scored = {"correct": 1.0, "has_reply": 1.0, "even": 1.0}
     for v1, mine in zip(
         sorted((o for o in theirs if o.idx in (6, 7, 8)), key=lambda o: o.idx or 0),
@@ -301,7 +301,7 @@ def test_user_sim_plays_the_same_conversation_and_scores_on_both(
         assert (mine.rewards, mine.metrics) == (want.rewards, want.metrics)
         assert mine.reward == want.reward
         assert want.rewards == {"correct": 1.0}
-    # The known differences (README's table, user-sim row), as measured:
+    # The known differences (docs/guides/v1.md's table, user-sim row), as measured:
     for seat, want in v1.items():
         mine = vfray[seat]
         # an interaction the env closes: v1 `user_closed`; vfray's seat ended by the game.

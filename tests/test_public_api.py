@@ -1,5 +1,5 @@
-"""The public surface: a small sorted ``__all__``, no Ray on ``import vfray``, and a README whose
-configuration reference matches the config tree."""
+"""The public surface: a small sorted ``__all__``, no Ray on ``import vfray``, and a configuration
+reference (docs/reference/configuration.md) that matches the config tree."""
 
 from __future__ import annotations
 
@@ -85,14 +85,15 @@ def test_import_vfray_does_not_import_ray() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_readme_config_reference_is_current() -> None:
+def test_docs_config_reference_is_current() -> None:
     generated = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "gen_config_reference.py")],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert generated in (REPO / "README.md").read_text(), (
-        "README's configuration reference is stale: paste the output of "
+    page = REPO / "docs" / "reference" / "configuration.md"
+    assert generated in page.read_text(), (
+        "docs/reference/configuration.md is stale: paste the output of "
         "scripts/gen_config_reference.py"
     )

@@ -1,4 +1,4 @@
-"""The README's verifiers v1 table, row by row, where the comparison runs
+"""The verifiers v1 table (docs/guides/v1.md), row by row, where the comparison runs
 (tests/test_compat_v1_vs_verifiers.py) do not reach: the same taskset code evaluated by
 verifiers 0.4.0 and by vfray's layer (keys, ``idx``, views, plugged hooks), and what the table
 says vfray maps or refuses (flags, harness ids, runtimes, best-of-n's group size, task fields)."""
