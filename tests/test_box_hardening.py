@@ -1,5 +1,7 @@
 """What a program in a box cannot do, on real boxes: a bwrap box cannot create a nested user
-namespace (``unshare -U`` fails there, while it works on the host)."""
+namespace (``unshare -U`` fails there, while it works on the host); a docker box has no
+capabilities and no way to gain privileges (``CapEff``/``CapBnd`` empty, ``NoNewPrivs: 1`` in
+``/proc/self/status``), and runs as the ``user`` it is given."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 
 import pytest
 
+from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime
 
 
@@ -29,3 +32,37 @@ def test_a_bwrap_box_cannot_create_a_user_namespace() -> None:
     assert plain_rc == 0
     assert nested_rc != 0, stderr
     assert "unshare failed" in stderr, stderr
+
+
+def _status(text: str) -> dict[str, str]:
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("user", [None, "65534:65534"])
+async def test_a_docker_box_has_no_capabilities_and_no_new_privileges(
+    docker_url: str, user: str | None
+) -> None:
+    from docker_engine import IMAGE, VOLUMES
+
+    from vfray.runtimes.docker import DockerRuntime
+
+    # A work dir the non-root user can create (the test image's /work is root's).
+    spec = RuntimeSpec(image=IMAGE, workdir="/tmp/box")
+    async with DockerRuntime(spec, base_url=docker_url, volumes=dict(VOLUMES), user=user) as rt:
+        seen = await rt.run(["cat", "/proc/self/status"], timeout=60)
+        await rt.write("given.txt", b"x\n")
+        wrote = await rt.run(
+            ["sh", "-c", "echo hi > made && echo y >> given.txt && cat made given.txt"],
+            timeout=60,
+        )
+    assert seen.ok, seen
+    status = _status(seen.stdout)
+    zero = "0" * 16
+    for field in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
+        assert status[field].strip() == zero, (field, status[field])
+    assert status["NoNewPrivs"].strip() == "1"
+    uid = status["Uid"].split()[0]
+    assert uid == ("0" if user is None else "65534"), status["Uid"]
+    # The box's user owns its work dir and the files written for it.
+    assert wrote.stdout.split() == ["hi", "x", "y"], wrote

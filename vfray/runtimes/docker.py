@@ -6,6 +6,8 @@ endpoints from :meth:`DockerRuntime.host_url` are reached through the unix-socke
 network rule is the bwrap one (:func:`vfray.runtimes.bwrap.shares_network`). Timeouts kill the
 exec'd process tree from the host, so the engine must be local. Containers carry their owner's
 token as a label, so the owner's lifeline removes them if it dies (:mod:`vfray.runtimes.lifeline`).
+Containers run with every capability dropped and ``no-new-privileges``, as the image's ``USER``
+or the ``user`` option.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ EXPOSE_SOCKET = "expose.sock"
 """The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
 
 
+def _numeric_user(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        raise ConfigError(f"docker runtime: user must be 'uid' or 'uid:gid' (numbers): {user!r}")
+    return int(uid), int(gid or uid)
+
+
 def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
     data = data or b""
     cut = len(data) > cap
@@ -71,8 +80,15 @@ class DockerRuntime(Runtime):
         volumes: Mapping[str, str] | None = None,
         python: str = "python3",
         output_cap: int = OUTPUT_CAP,
+        user: str | None = None,
     ) -> None:
         super().__init__(spec)
+        self.user = user
+        """The container's user as ``uid[:gid]``, for images that work as non-root; None keeps
+        the image's own ``USER``."""
+        self._ids = _numeric_user(user) if user is not None else None
+        """Its ids, which the work dir and written files are given (root could not hand them
+        over from inside: it has no CAP_CHOWN)."""
         self.base_url = base_url
         self.image = self.spec.image or default_image
         self.share_network = share_network
@@ -135,6 +151,12 @@ class DockerRuntime(Runtime):
                 f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
             ),
             "pids_limit": self.spec.pids,
+            # Root in the container has no capabilities (Docker's default set includes chown,
+            # setuid, net_raw, mknod…) and nothing gains privileges through setuid binaries.
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            # None: the image's own USER (root when the image names none).
+            "user": self.user,
         }
         if not shares_network(self.spec, self.share_network):
             options["network_mode"] = "none"
@@ -189,6 +211,10 @@ class DockerRuntime(Runtime):
             if isinstance(exc, ImportError):
                 raise
             raise SandboxError(f"cannot start a {self.image!r} container: {exc}") from exc
+        if self._ids is not None:
+            # Docker creates the work dir as root; the engine (not the capless box) gives it
+            # to the user.
+            await self._give_dir(PurePosixPath(self.box_workdir))
         made = await self.run(["mkdir", "-p", self.box_workdir], timeout=60)
         if not made.ok:
             raise SandboxError(f"cannot create {self.box_workdir} in the container: {made.stderr}")
@@ -298,11 +324,24 @@ class DockerRuntime(Runtime):
         exec can lag behind: :mod:`vfray.runtimes._docker_exec`)."""
         await blocking(signal_exec, token, signal.SIGKILL)
 
+    async def _give_dir(self, path: PurePosixPath) -> None:
+        assert self._ids is not None
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            member = tarfile.TarInfo(path.name)
+            member.type, member.mode, member.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            member.uid, member.gid = self._ids
+            tar.addfile(member)
+        if not await blocking(self._require().put_archive, str(path.parent), buffer.getvalue()):
+            raise SandboxError(f"cannot hand {path} to user {self.user}")
+
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             member = tarfile.TarInfo(path.name)
             member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+            if self._ids is not None:
+                member.uid, member.gid = self._ids
             tar.addfile(member, io.BytesIO(data))
         container = self._require()
         made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
