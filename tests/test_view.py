@@ -117,7 +117,7 @@ def listed_rows(html: str) -> set[tuple[str, int]]:
     return {
         (key, int(index))
         for key, index in re.findall(
-            r"episode\?task=(task-\d+)'>[^<]*</a></td><td><a class=open "
+            r"episode\?task=(task-\d+)'>(?:(?!</td>).)*</a></td><td><a class=open "
             r"href='[^']+'>#(\d+)</a>",
             html,
         )

@@ -24,7 +24,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "search), each rollout's conversation, episodes, and two runs compared task by task. "
         "Read-only; a run still being written is followed.",
     )
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders")
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders, or folders holding runs (outputs/ lists every run in it)",
+    )
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -40,11 +45,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from vfray.endpoints.serving import serve_in_thread
     from vfray.view import create_app
+    from vfray.view.runs import expand_runs
 
     folders = [Path(p).absolute() for p in args.run_dirs]
     missing = [str(p) for p in folders if not p.is_dir()]
     if missing:
         raise ConfigError(f"no such folder: {', '.join(missing)}")
+    # A folder of runs (``outputs/``) stands for the runs inside it.
+    folders = [run for folder in folders for run in expand_runs(folder)]
     # Read before the URL is printed: the first page then opens at once.
     app = create_app(folders, warm=True)
     with contextlib.ExitStack() as stack:

@@ -66,6 +66,30 @@ def kv(pairs: Iterable[tuple[str, str]], cls: str = "kv") -> str:
     return f"<table class='{cls}'>{rows}</table>"
 
 
+PROMPT_CHARS = 90
+"""The prompt shown next to a task key: enough to tell tasks apart at a glance."""
+
+
+def short_key(key: object) -> str:
+    """A 64-character content hash (the key of a task given none) cut to its first 12."""
+    text = "" if key is None else str(key)
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        return text[:12] + "…"
+    return text
+
+
+def task_label(key: object, prompt: object = None) -> str:
+    """A task for people: a content hash key (a task without an explicit key) is cut to 12
+    characters, its full value kept in the tooltip, and the prompt's start follows it."""
+    text = "" if key is None else str(key)
+    shown = short_key(text)
+    words = " ".join(str(prompt).split()) if prompt else ""
+    if len(words) > PROMPT_CHARS:
+        words = words[: PROMPT_CHARS - 1] + "…"
+    tail = f" <span class='dim prompt'>{esc(words)}</span>" if words else ""
+    return f"<span class=key title='{esc(text)}'>{esc(shown)}</span>{tail}"
+
+
 def note(text: str, cls: str = "note") -> str:
     return f"<p class='{cls}'>{esc(text)}</p>"
 

@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from vfray.view._html import esc, href, note, page
+from vfray.view._html import esc, href, note, page, short_key
 from vfray.view.groups import compare_page, episode_page, tasks_page
 from vfray.view.rollout import rollout_page, tokens
 from vfray.view.rollouts import Filters, list_page
@@ -96,7 +96,7 @@ def create_app(run_dirs: Sequence[Path], *, warm: bool = False) -> Starlette:
 
     def episode(base: str, run: RunFolder, snap: Snapshot, request: Request) -> tuple[str, str]:
         key = request.query_params.get("task", "")
-        return f"episode {key}", episode_page(base, run, snap, key)
+        return f"episode {short_key(key)}", episode_page(base, run, snap, key)
 
     def locate(snap: Snapshot, trace_id: str) -> tuple[int, int]:
         found = snap.rows.filter(pc.equal(snap.rows.column("trace_id"), trace_id))
@@ -111,7 +111,7 @@ def create_app(run_dirs: Sequence[Path], *, warm: bool = False) -> Starlette:
         trace = run.trace_json(snap, part, row)
         columns = run.row_values(snap, part, row)
         api = f"/api{base}/rollout/{trace_id}"
-        title = f"rollout {columns.get('task_key')} #{columns.get('rollout_index')}"
+        title = f"rollout {short_key(columns.get('task_key'))} #{columns.get('rollout_index')}"
         return title, rollout_page(base, api, trace, columns)
 
     def stamp(request: Request) -> Response:

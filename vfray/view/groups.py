@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vfray.view._html import esc, href, kv, num, table, value
+from vfray.view._html import esc, href, kv, num, table, task_label, value
 from vfray.view.rollout import conversation
 from vfray.view.runs import RunFolder, Snapshot
 
@@ -34,12 +34,14 @@ def _mean(values: list[float]) -> float | None:
 
 def tasks_page(base: str, snap: Snapshot) -> str:
     episodes = {r["task_key"]: r for r in snap.episodes.to_pylist()}
+    prompts = snap.prompts()
     rows = []
     for key, group in _by_task(snap.final).items():
         episode = episodes.get(key) or {}
         rows.append(
             [
-                f"<a href='{href(base + '/episode', task=key)}'>{esc(key)}</a>",
+                f"<a href='{href(base + '/episode', task=key)}'>"
+                f"{task_label(key, prompts.get(key))}</a>",
                 num(group["n"]),
                 num(_mean(group["rewards"])),
                 num(group["n"] - group["ok"]),
@@ -100,7 +102,8 @@ def episode_page(base: str, run: RunFolder, snap: Snapshot, key: str) -> str:
     if not episode:
         group.append(("episode row", "<span class=dim>none written (yet)</span>"))
     return (
-        f"<h1>Episode of {esc(key)}</h1><section>{kv(group)}</section>"
+        f"<h1>Episode of {task_label(key, snap.prompts().get(key))}</h1>"
+        f"<section>{kv(group)}</section>"
         f"<div class=lanes style='--lanes:{len(columns)}'>{''.join(columns)}</div>"
     )
 

@@ -161,7 +161,7 @@ def _calls(api: str, trace: dict[str, Any]) -> str:
         return "<p class=dim>no model calls</p>"
     head = ["#", "branch", "model", "dialect", "finish", "tokens in / out", "latency s",
             "policy", "error", "token ids & logprobs", "sampling, tools, other"]  # fmt: skip
-    return table(head, rows, "calls")
+    return f"<div class=scroll>{table(head, rows, 'calls')}</div>"
 
 
 def _timing(trace: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vfray.run.results import final_rows
-from vfray.view._html import esc, href, num, table
+from vfray.view._html import esc, href, num, table, task_label
 from vfray.view.runs import RunFolder, Snapshot
 
 PAGE_SIZE = 100
@@ -188,7 +188,7 @@ def list_page(base: str, run: RunFolder, snap: Snapshot, f: Filters) -> str:
         )
         cells = {
             "task_key": f"<a href='{href(base + '/episode', task=row['task_key'])}'>"
-            f"{esc(row['task_key'])}</a>",
+            f"{task_label(row['task_key'], row.get('_prompt'))}</a>",
             "rollout_index": f"<a class=open href='{esc(link)}'>#{row['rollout_index']}</a>",
             "error_type": status,
             "stop_condition": esc(row["stop_condition"]),

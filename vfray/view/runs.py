@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,6 +38,14 @@ GROUPS_KEPT = 2
 one, and a compacted row group holds up to 64 MiB of text."""
 POSITION = ("_part", "_row")
 """Columns the viewer adds: which part file a row came from, and its row in that file."""
+PROMPT = re.compile(
+    r'"prompt":\s*"(?P<text>(?:[^"\\]|\\.){0,200})'
+    r'|"role":\s*"user",\s*"content":\s*"(?P<chat>(?:[^"\\]|\\.){0,200})'
+)
+"""The start of the prompt in a row's ``task`` JSON (a string prompt, else the first user
+message of a chat prompt), taken by an Arrow kernel without decoding the task's data."""
+PROMPT_SCAN = 4096
+"""Characters of the task JSON searched for it (the prompt is its first field)."""
 
 
 def _scalar(kind: pa.DataType) -> bool:
@@ -77,15 +86,84 @@ class Snapshot:
 
     @property
     def title(self) -> str:
-        config = self.config or {}
-        return str(config.get("run_id") or self.path.name)
+        """The run as people tell runs apart: model and harness, then the run id."""
+        header = self.config or {}
+        run_id = str(header.get("run_id") or self.path.name)
+        config = header.get("config")
+        if not isinstance(config, dict):
+            return run_id
+        model = (config.get("model") or {}).get("name")
+        harness = ((config.get("env") or {}).get("harness") or {}).get("id")
+        return " · ".join(str(p) for p in (model, harness, run_id) if p)
+
+    def prompts(self) -> dict[str, str]:
+        """Task key -> the start of its prompt (for tasks shown by their hash key)."""
+        if not len(self.rows) or "_prompt" not in self.rows.column_names:
+            return {}
+        columns = self.rows.select(["task_key", "_prompt"]).to_pydict()
+        return {k: p for k, p in zip(columns["task_key"], columns["_prompt"], strict=True) if p}
+
+
+FIND_DEPTH = 3
+"""How deep :func:`expand_runs` looks: ``outputs/<taskset--model--harness>/<run id>`` is 2."""
+
+
+def is_run_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() or (path / "traces").is_dir()
+
+
+def expand_runs(path: Path) -> list[Path]:
+    """``path`` itself when it is a run folder (or holds no run folder: its page says why),
+    else the run folders under it, newest first: ``vfray view outputs/`` lists every run."""
+    if is_run_folder(path):
+        return [path]
+    found: list[Path] = []
+    level = [path]
+    for _ in range(FIND_DEPTH):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                children = sorted(p for p in folder.iterdir() if p.is_dir())
+            except OSError:
+                continue
+            for child in children:
+                if child.name.startswith("."):
+                    continue
+                (found if is_run_folder(child) else below).append(child)
+        level = below
+    if not found:
+        return [path]
+    return sorted(found, key=lambda p: (p / "config.json").stat().st_mtime
+                  if (p / "config.json").exists() else 0.0, reverse=True)  # fmt: skip
 
 
 def _empty() -> pa.Table:
-    table = LIGHT_SCHEMA.empty_table()
+    table = LIGHT_SCHEMA.empty_table().append_column("_prompt", pa.array([], pa.string()))
     for name in POSITION:
         table = table.append_column(name, pa.array([], pa.int64()))
     return table
+
+
+def _prompts(task: pa.ChunkedArray) -> pa.Array:
+    """Each row's prompt start (None when its task JSON has none), for hash-keyed tasks."""
+    head = pc.utf8_slice_codeunits(task.combine_chunks(), 0, PROMPT_SCAN)
+    found = pc.extract_regex(head, PROMPT.pattern)
+    out: list[str | None] = []
+    for pair in found.to_pylist():
+        raw = (pair["text"] or pair["chat"]) if pair else None
+        out.append(_unescape(raw) if raw else None)
+    return pa.array(out, pa.string())
+
+
+def _unescape(raw: str) -> str:
+    """A JSON string body cut at any point: decoded, with a cut escape dropped."""
+    for end in range(len(raw), max(len(raw) - 6, -1), -1):
+        try:
+            text: str = json.loads(f'"{raw[:end]}"')
+            return text
+        except ValueError:
+            continue
+    return raw
 
 
 def _stamp(path: Path) -> str:
@@ -194,7 +272,7 @@ class RunFolder:
         if tables:
             snap.rows = pa.concat_tables(tables, promote_options="default")
         snap.extra_columns = [
-            n for n in snap.rows.column_names if n not in KNOWN and n not in POSITION
+            n for n in snap.rows.column_names if n not in KNOWN and n not in (*POSITION, "_prompt")
         ]
         _version_notes(snap, versions)
 
@@ -272,6 +350,11 @@ def _read_part(file: Path) -> Part:
         if name in LIGHT_SCHEMA.names or (name not in KNOWN and _scalar(schema.field(name).type))
     ]
     table = conform(handle.read(columns=wanted), LIGHT_SCHEMA)
+    if "task" in schema.names:
+        prompts = _prompts(handle.read(columns=["task"]).column(0))
+    else:
+        prompts = pa.nulls(table.num_rows, pa.string())
+    table = table.append_column("_prompt", prompts)
     raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
     return Part(table, int(raw) if raw is not None and raw.isdigit() else None)
 
