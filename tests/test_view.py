@@ -375,14 +375,19 @@ def test_the_command_refuses_a_missing_folder_and_a_busy_port_in_one_line(
 
 
 def test_the_viewer_is_package_data(tmp_path: Path) -> None:
-    """A built wheel carries the page assets (so `pip install` serves them)."""
+    """A built wheel carries the page assets (so `pip install` serves them).
+
+    Built the way pip builds for a user, in an isolated build env that gets the setuptools
+    pyproject.toml asks for: with ``--no-build-isolation`` it used the venv's own, which in a
+    fresh ``python3 -m venv`` is Python 3.11's bundled setuptools 65.5, too old to read
+    pyproject.toml's ``license = "Apache-2.0"``, so the test failed on every fresh venv."""
     shutil.copytree(
         Path(__file__).parents[1],
         tmp_path / "src",
         ignore=shutil.ignore_patterns(".git", "outputs", "*.egg-info", "build", "__pycache__"),
     )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
          "-w", str(tmp_path / "dist"), str(tmp_path / "src")],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
