@@ -131,3 +131,27 @@ def test_a_misspelt_scripted_policy_is_refused_before_ray(tmp_path: Path) -> Non
     assert "Ray" not in proc.stderr
     local = vfray("eval", "arithmetic", "--model", "scripted:agnet", *LOCAL, "-o", str(tmp_path))
     one_error_line(local, "unknown scripted policy 'agnet'")
+
+
+def test_init_prints_next_steps_the_quick_start_venv_can_run(tmp_path: Path) -> None:
+    """The quick start installs vfray alone (``pip install -e .``): no pytest. Every command
+    ``vfray init`` suggests is one that venv has, or installs what it needs first."""
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not any(d.split()[0].startswith("pytest") for d in deps)  # what the venv lacks
+    proc = vfray("init", "word-check", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    available = ("cd", "pip", "vfray", "python")
+    for line in proc.stdout.splitlines():
+        if not line.startswith(("next:", "then:", "tests:")):
+            continue
+        installed: set[str] = set()
+        for command in line.split(":", 1)[1].split("(")[0].split("&&"):
+            words = command.split()
+            if words[:2] == ["pip", "install"]:
+                installed |= set(words[2:])
+            assert words[0] in available or words[0] in installed, line
+    readme = (tmp_path / "word-check" / "README.md").read_text()
+    assert "pip install pytest && pytest" in readme

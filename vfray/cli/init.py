@@ -116,9 +116,9 @@ A taskset for vfray (agentic LLM rollouts on Ray).
 
 ```bash
 pip install -e .          # registers the `{name}` taskset (vfray must be installed already)
-pytest                    # runs tests/test_taskset.py
 vfray validate {name}     # keys, serialization, Task.validate in a runtime
 {eval_command}
+pip install pytest && pytest   # runs tests/test_taskset.py (vfray's install has no pytest)
 ```
 
 `scripted:echo` is vfray's built-in stand-in model that repeats the prompt, so every task
@@ -176,6 +176,8 @@ def scaffold(name: str, parent: str | Path = ".") -> Path:
 def run(args: argparse.Namespace) -> int:
     root = scaffold(args.name, args.dir)
     print(f"created {root.absolute()}")
-    print(f"next: cd {root} && pip install -e . && pytest && vfray validate {args.name}")
+    # Every command works in the quick start's venv, which has vfray but no pytest.
+    print(f"next: cd {root} && pip install -e . && vfray validate {args.name}")
     print(f"then: vfray eval {args.name} {EVAL_ARGS}")
+    print("tests: pip install pytest && pytest   (tests/test_taskset.py)")
     return 0
