@@ -1,7 +1,9 @@
 """What a program in a box cannot do, on real boxes: a bwrap box cannot create a nested user
 namespace (``unshare -U`` fails there, while it works on the host); a docker box has no
 capabilities and no way to gain privileges (``CapEff``/``CapBnd`` empty, ``NoNewPrivs: 1`` in
-``/proc/self/status``), and runs as the ``user`` it is given."""
+``/proc/self/status``), and runs as the ``user`` it is given; a command the bash harness's tool
+runs finds the rollout's interception key neither in its environment nor in any process's
+``/proc/PID/environ`` it can read."""
 
 from __future__ import annotations
 
@@ -66,3 +68,33 @@ async def test_a_docker_box_has_no_capabilities_and_no_new_privileges(
     assert uid == ("0" if user is None else "65534"), status["Uid"]
     # The box's user owns its work dir and the files written for it.
     assert wrote.stdout.split() == ["hi", "x", "y"], wrote
+
+
+# Every process environment the tool's command can read, searched for the key's variable (the
+# chat loop itself, its parent the box's forwarder, and the command's own).
+LOOK_FOR_THE_KEY = """```
+echo "own:$(env | grep -c '^VFRAY_API_KEY=')"
+n=0
+for f in /proc/[0-9]*/environ; do
+  if tr '\\0' '\\n' < "$f" 2>/dev/null | grep -q '^VFRAY_API_KEY='; then n=$((n+1)); fi
+done
+echo "readable:$n"
+echo "files:$(ls .vfray | grep -c '^key-')"
+echo "parent:$(tr '\\0' '\\n' < /proc/$PPID/environ 2>&1 | grep -c '^VFRAY_API_KEY=')"
+```"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+async def test_the_bash_tool_cannot_read_the_rollout_key() -> None:
+    import vfray as vf
+
+    trace = await vf.run_rollout(
+        vf.Task(vf.TaskData(prompt=LOOK_FOR_THE_KEY)),
+        model="scripted:bash",
+        harness="bash",
+        runtime="bwrap",
+    )
+    assert trace.errors == [], trace.errors
+    seen = trace.last_reply or ""
+    assert "own:0" in seen and "readable:0" in seen and "parent:0" in seen, seen
+    assert "files:0" in seen, seen  # the key file is gone once the program read it

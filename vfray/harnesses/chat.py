@@ -131,10 +131,10 @@ class ChatLoopHarness(Harness):
         ]
 
     def env(self, ctx: LaunchContext) -> dict[str, str]:
+        """The program's environment, without the rollout secret (see :meth:`launch`)."""
         return {
             **self.config.env,
             "VFRAY_BASE_URL": openai_base_url(ctx.endpoint),
-            "VFRAY_API_KEY": ctx.secret,
             "VFRAY_MODEL": ctx.model,
         }
 
@@ -144,11 +144,15 @@ class ChatLoopHarness(Harness):
         prompt = json.dumps(self.resolve_prompt(ctx.data), ensure_ascii=False)
         await runtime.write(prompt_path, prompt.encode())
         argv = self.argv(prompt_path, runtime.python, ctx.mcp_servers, transcript_path(ctx.seat))
+        # The secret goes in a file the program deletes once read, not in the environment: the
+        # bash tool's commands run as the program's user and could read the environment of
+        # every process of the box that holds it (the program's, the box's forwarder's).
+        key_path = f"{PROGRAM_DIR}/key-{uuid.uuid4().hex[:12]}"
+        await runtime.write(key_path, ctx.secret.encode(), mode=0o600)
+        env = {**self.env(ctx), "VFRAY_API_KEY_FILE": key_path}
         # The program signals once its interpreter is up: a throttled runtime starts the next
         # launch then (vfray.runtimes.launches).
-        return await runtime.run_program(
-            argv, self.env(ctx), timeout=ctx.timeout, signals_ready=True
-        )
+        return await runtime.run_program(argv, env, timeout=ctx.timeout, signals_ready=True)
 
     async def read_transcript(
         self, runtime: Runtime, ctx: LaunchContext | None = None

@@ -496,7 +496,7 @@ def save_transcript(path: str | None, messages: list[dict[str, Any]]) -> None:
 def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
     """Drive the conversation until the model stops calling tools (or max steps)."""
     base = os.environ.get("VFRAY_BASE_URL", "").rstrip("/")
-    key = os.environ.get("VFRAY_API_KEY", "")
+    key = take_key()
     model = os.environ.get("VFRAY_MODEL", "")
     if not base:
         raise Fatal("VFRAY_BASE_URL is not set")
@@ -556,6 +556,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--backoff", type=float, default=0.5)
     return parser.parse_args(argv)
+
+
+def take_key() -> str:
+    """The rollout secret, kept from the bash tool's commands (they run as this program's user):
+    read from ``$VFRAY_API_KEY_FILE``, a file deleted once read (so it is in no process's
+    environment), else ``$VFRAY_API_KEY``; and this process made non-dumpable, so no process
+    without CAP_SYS_PTRACE can read its ``/proc/PID/environ`` or memory."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    path = os.environ.pop("VFRAY_API_KEY_FILE", "")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                key = fh.read().strip()
+        except OSError as exc:
+            raise Fatal(f"cannot read the key file: {exc}") from exc
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return key
+    return os.environ.pop("VFRAY_API_KEY", "")
 
 
 def signal_ready() -> None:
