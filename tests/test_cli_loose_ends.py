@@ -91,6 +91,16 @@ def failed_run(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
     return run_folder(proc.stdout), proc.stdout, env
 
 
+def test_errors_are_grouped_by_type_phase_and_message(
+    failed_run: tuple[Path, str, dict[str, str]],
+) -> None:
+    _, stdout, _ = failed_run
+    lines = [line.strip() for line in stdout.splitlines() if line.strip().startswith("TaskError")]
+    assert len(lines) == 2, stdout
+    assert lines[0].startswith("TaskError x5 in setup:") and "fixture database" in lines[0]
+    assert lines[1].startswith("TaskError x3 in finalize:") and "answer file" in lines[1]
+
+
 def test_resume_takes_backend(failed_run: tuple[Path, str, dict[str, str]]) -> None:
     folder, _, env = failed_run
     marker = Path(env["LOOSE_ENDS_MARKER"])
@@ -155,3 +165,24 @@ def test_init_prints_next_steps_the_quick_start_venv_can_run(tmp_path: Path) -> 
             assert words[0] in available or words[0] in installed, line
     readme = (tmp_path / "word-check" / "README.md").read_text()
     assert "pip install pytest && pytest" in readme
+
+
+def test_error_groups_fold_numbers_and_cap_their_count() -> None:
+    import pyarrow as pa
+
+    from vfray.run.error_examples import MAX_GROUPS, first_errors
+
+    rows = [
+        {"error_type": "HarnessError", "error_message": f"exit code {i} after {i * 7} s",
+         "error_phase": "agent", "task_key": f"k{i}", "rollout_index": 0}
+        for i in range(4)
+    ] + [
+        {"error_type": "TaskError", "error_message": f"check {word} broke",
+         "error_phase": "scoring", "task_key": word, "rollout_index": 1}
+        for word in [chr(ord("a") + i) * 3 for i in range(MAX_GROUPS + 3)]
+    ]  # fmt: skip
+    examples = first_errors(pa.Table.from_pylist(rows))
+    assert (examples[0].type, examples[0].count, examples[0].task_key) == ("HarnessError", 4, "k0")
+    assert len(examples) == MAX_GROUPS + 1  # 1 + (MAX_GROUPS - 1) shown, 4 folded into one
+    assert examples[-1].count == 4 and examples[-1].message.startswith("(4 kinds of message")
+    assert sum(e.count for e in examples) == len(rows)

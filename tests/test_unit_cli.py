@@ -212,7 +212,7 @@ def _final(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table({n: [r.get(n) for r in rows] for n in names})
 
 
-def test_the_first_error_of_each_type_most_frequent_first() -> None:
+def test_the_first_error_of_each_type_phase_and_message_most_frequent_first() -> None:
     final = _final(
         [
             {"task_key": "a", "rollout_index": 0},
@@ -234,13 +234,18 @@ def test_the_first_error_of_each_type_most_frequent_first() -> None:
         ]
     )
     examples = first_errors(final)
-    assert [(e.type, e.count) for e in examples] == [
-        ("SandboxError", 2),
-        ("AgentError", 1),
-        ("ToolError", 1),
+    # Two SandboxErrors in different phases with different messages are two ways of failing.
+    assert [(e.type, e.phase, e.count) for e in examples] == [
+        ("AgentError", None, 1),
+        ("SandboxError", None, 1),
+        ("SandboxError", "setup", 1),
+        ("ToolError", None, 1),
     ]
-    assert examples[0] == ErrorExample("SandboxError", 2, "no space", "setup", "b", 0)
-    assert examples[1].message == "(no message)"
+    assert examples[2] == ErrorExample("SandboxError", 1, "no space", "setup", "b", 0)
+    assert examples[0].message == "(no message)"
+    twice = _final([{"error_type": "SandboxError", "error_message": m, "task_key": k}
+                    for m, k in (("port 4101 busy", "x"), ("port 4102 busy", "y"))])  # fmt: skip
+    assert [(e.count, e.task_key) for e in first_errors(twice)] == [(2, "x")]
     assert first_errors(final.slice(0, 0)) == []
     assert first_errors(final.slice(0, 1)) == []
 
