@@ -3,7 +3,8 @@ namespace (``unshare -U`` fails there, while it works on the host); a docker box
 capabilities and no way to gain privileges (``CapEff``/``CapBnd`` empty, ``NoNewPrivs: 1`` in
 ``/proc/self/status``), and runs as the ``user`` it is given; a command the bash harness's tool
 runs finds the rollout's interception key neither in its environment nor in any process's
-``/proc/PID/environ`` it can read."""
+``/proc/PID/environ`` it can read; the interception's ``/health``, which every box can reach,
+answers liveness and nothing about the rollouts that are live."""
 
 from __future__ import annotations
 
@@ -98,3 +99,21 @@ async def test_the_bash_tool_cannot_read_the_rollout_key() -> None:
     seen = trace.last_reply or ""
     assert "own:0" in seen and "readable:0" in seen and "parent:0" in seen, seen
     assert "files:0" in seen, seen  # the key file is gone once the program read it
+
+
+async def test_health_tells_a_box_nothing_about_live_sessions() -> None:
+    import httpx
+
+    from vfray.interception import Interception, Upstream
+    from vfray.models.scripted.server import scripted_server
+    from vfray.trace import TaskRecord, Trace
+
+    with scripted_server("echo") as model:
+        async with Interception(Upstream(model, "upstream-key", model="m")) as icpt:
+            for _ in range(3):
+                icpt.app.register(Trace(task=TaskRecord(key="k", hash="h")))
+            assert icpt.app.session_count == 3
+            async with httpx.AsyncClient() as http:
+                health = await http.get(f"{icpt.root_url}/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok"}

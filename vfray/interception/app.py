@@ -233,7 +233,9 @@ class InterceptionApp:
         return JSONResponse({**page, "first_id": name, "last_id": name})
 
     async def _health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "sessions": self.session_count})
+        # Liveness only: every box can reach this route, and how many rollouts are live is
+        # none of a box's business (the host reads ``session_count`` directly).
+        return JSONResponse({"status": "ok"})
 
     # -- one model call -----------------------------------------------------------------
 
