@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from vfray.interception import Interception, Limits, Upstream
+from vfray.interception import Interception, InterceptionSettings, Limits, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import StopCondition, TaskRecord, Trace
 
@@ -442,7 +442,8 @@ async def test_upstream_down_is_503_and_timeout_is_504() -> None:
         assert failed.value.status_code == 503
         assert trace.calls[0].error is not None and trace.calls[0].error.type == "ProviderError"
     with scripted_server("echo", latency=1.0) as url:
-        async with Interception(Upstream(url, model=MODEL, timeout=0.2)) as icpt:
+        settings = InterceptionSettings(upstream_timeout=0.2)
+        async with Interception(Upstream(url, model=MODEL), settings=settings) as icpt:
             trace = new_trace()
             with pytest.raises(openai.APIStatusError) as failed:
                 await oai(icpt, icpt.app.register(trace)).chat.completions.create(

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import vfray as vf
+from vfray.config import load_config
 from vfray.endpoints.serving import serve_in_loop
 from vfray.harnesses.base import Harness, LaunchContext
 from vfray.harnesses.chat import openai_base_url
@@ -25,6 +26,7 @@ from vfray.harnesses.registry import register_harness
 from vfray.interception import Interception, Upstream
 from vfray.models.scripted.server import scripted_server
 from vfray.run.driver import RETRYABLE
+from vfray.run.spec import resolve_run
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.scoring import check_stop
 from vfray.trace import TaskRecord, Trace
@@ -130,13 +132,21 @@ async def test_unreadable_upstream_reply_is_a_retryable_provider_error() -> None
 
 
 async def test_prompt_over_the_body_cap_is_a_413_on_the_trace_not_a_reset() -> None:
-    prompt = "x" * 9_000_000  # over the default 8 MiB body cap
-    async with chat_env() as env:
+    # The cap as configured (interception.max_body_bytes) reaches the local backend's proxy.
+    overrides = {
+        "backend": "local",
+        "model.name": "scripted:echo",
+        "env.harness.id": "null",
+        "env.harness.options": {"retries": 1, "extra_args": ["--backoff", "0.05"]},
+        "interception.max_body_bytes": 2_000_000,
+    }
+    prompt = "x" * 2_500_000
+    async with vf.LocalEnvironment(spec=resolve_run(load_config(overrides=overrides))) as env:
         trace = await env.rollout(vf.Task(vf.TaskData(prompt=prompt)))
     first = trace.error()
     assert first is not None and first.type == "HarnessError", trace.errors
     assert first.type not in RETRIED
-    assert "HTTP 413" in first.message and "exceeds the 8388608-byte limit" in first.message
+    assert "HTTP 413" in first.message and "exceeds the 2000000-byte limit" in first.message
     assert "retrying" not in first.message and "reset" not in first.message
     assert any("refused a call as bad input: HTTP 413" in note for note in trace.notes)
     assert trace.calls == []

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from vfray.endpoints.retry import RetryPolicy
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
+from vfray.interception.settings import InterceptionSettings
 from vfray.rollout import Timeouts
 from vfray.runtimes.tunnels import TunnelSettings
 
@@ -178,6 +179,7 @@ class EvalConfig(BaseSettings):
         "ray", description="ray (a cluster, or a local Ray) or local (this process, no Ray)"
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    interception: InterceptionSettings = Field(default_factory=InterceptionSettings)
     farm: FarmConfig = Field(default_factory=FarmConfig)
 
     def runtime_options(self) -> dict[str, Any]:

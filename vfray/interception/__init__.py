@@ -11,6 +11,14 @@ Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`
 from vfray.interception.app import Interception, InterceptionApp
 from vfray.interception.limits import Limits
 from vfray.interception.sessions import StopCheck
+from vfray.interception.settings import InterceptionSettings
 from vfray.interception.upstream import Upstream
 
-__all__ = ["Interception", "InterceptionApp", "Limits", "StopCheck", "Upstream"]
+__all__ = [
+    "Interception",
+    "InterceptionApp",
+    "InterceptionSettings",
+    "Limits",
+    "StopCheck",
+    "Upstream",
+]

@@ -1,5 +1,5 @@
-"""Reading a client's request body under the size cap, answering refusals, and refusing JSON that
-is not valid Unicode: the interception's client-input plumbing.
+"""Reading a client's request body under the size cap and the stall timeout, answering
+refusals, and refusing JSON that is not valid Unicode: the interception's client-input plumbing.
 
 An answer sent before the body was read (401, 413) is written at once, then the rest of the
 body is read and dropped before the response ends: a client that writes its whole request
@@ -42,14 +42,27 @@ class RequestError(Exception):
 
 
 class Incoming:
-    """The request body as it is read, so an early answer knows whether any is left to drain."""
+    """The request body as it is read, so an early answer knows whether any is left to drain.
 
-    def __init__(self, receive: Receive) -> None:
+    ``stall_timeout``: seconds :meth:`read` waits for the next piece of the body; a body that
+    stops midway is answered 408 (and its connection closed) instead of holding the call."""
+
+    def __init__(self, receive: Receive, stall_timeout: float | None = None) -> None:
         self._receive = receive
+        self.stall_timeout = stall_timeout
         self.done = False
+        self.stalled = False
+        """The body stopped midway: nothing is left to drain, the connection is closed."""
 
-    async def chunk(self) -> bytes:
-        message = await self._receive()
+    async def chunk(self, timeout: float | None = None) -> bytes:
+        try:
+            # asyncio.timeout, not wait_for: no task per chunk on the proxy's hot path.
+            async with asyncio.timeout(timeout):
+                message = await self._receive()
+        except TimeoutError:
+            self.stalled = True
+            reason = f"the request body stalled: no bytes for {timeout:g} s"
+            raise RequestError(408, reason, client_input=True) from None
         if message["type"] == "http.disconnect":
             self.done = True
             raise ClientDisconnect()
@@ -70,7 +83,7 @@ class Incoming:
         chunks = []
         received = 0
         while not self.done:
-            chunk = await self.chunk()
+            chunk = await self.chunk(self.stall_timeout)
             received += len(chunk)
             if received > limit:
                 raise RequestError(413, too_large(limit), client_input=True)
@@ -101,7 +114,10 @@ class ErrorResponse(JSONResponse):
         self.incoming = incoming
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.incoming is None or self.incoming.done:
+        if self.incoming is not None and self.incoming.stalled:
+            # Nothing more is coming on this connection: answer and let the server close it.
+            self.headers["connection"] = "close"
+        if self.incoming is None or self.incoming.done or self.incoming.stalled:
             await super().__call__(scope, receive, send)
             return
         await send(

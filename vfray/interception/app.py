@@ -33,12 +33,15 @@ from vfray.interception.sessions import (
     SessionRegistry,
     StopCheck,
 )
+from vfray.interception.settings import InterceptionSettings
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
 from vfray.trace import StopCondition, Trace
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+KEEPALIVE = b": keepalive\n\n"
+"""An SSE comment: every SSE parser skips it, every idle-timeout between here and the agent
+(a proxy, the SDK's read timeout) sees bytes."""
 DEFAULT_RETRY_WINDOW_S = 10.0
 """Real clients back off 0.5-8 s before retrying a lost answer (Claude Code, litellm)."""
 RETRY_HEADER = "x-stainless-retry-count"
@@ -84,7 +87,8 @@ class InterceptionApp:
         self,
         upstream: Upstream,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        settings: InterceptionSettings | None = None,
+        max_body_bytes: int | None = None,
         forward_headers: Collection[str] = (),
         connection_limit: int = 16384,
         retry_window_s: float | None = DEFAULT_RETRY_WINDOW_S,
@@ -97,13 +101,17 @@ class InterceptionApp:
         the first is in flight, or this many seconds after it was answered, is a retry of it:
         answered from it, never sampled (and recorded) again. None: only requests marked
         ``x-stainless-retry-count > 0``."""
-        self.max_body_bytes = max_body_bytes
+        self.settings = settings or InterceptionSettings()
+        """Timeouts, the body cap and SSE keepalives (the config's ``interception``)."""
+        self.max_body_bytes = (
+            max_body_bytes if max_body_bytes is not None else self.settings.max_body_bytes
+        )
         self.forward_headers = frozenset(h.lower() for h in forward_headers)
         """Client headers relayed upstream as they are (e.g. a session-affinity header)."""
         self.policy_version: int | None = None
         """Stamped on every ModelCall recorded from now on (RL: the weights that sampled it)."""
         self.sessions = SessionRegistry()
-        self.forwarder = Forwarder(upstream, connection_limit=connection_limit)
+        self.forwarder = Forwarder(upstream, connection_limit, self.settings)
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
         """Set when the listener is closing (a Serve replica then fails its health check)."""
@@ -176,7 +184,7 @@ class InterceptionApp:
 
     def _endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            incoming = Incoming(request.receive)
+            incoming = Incoming(request.receive, self.settings.body_timeout)
             session: Session | None = None
             try:
                 session = self._authenticate(request)
@@ -197,7 +205,7 @@ class InterceptionApp:
     async def _count_tokens(self, request: Request) -> Response:
         """Anthropic's ``count_tokens``: authenticated like a model call, but not one (see
         :mod:`vfray.interception.count_tokens`)."""
-        incoming = Incoming(request.receive)
+        incoming = Incoming(request.receive, self.settings.body_timeout)
         anthropic = DIALECTS["anthropic"]
         try:
             self._authenticate(request)
@@ -260,7 +268,7 @@ class InterceptionApp:
             # sample again, unless it failed (then the retry is a fresh attempt, as intended).
             await same.head()
             if same.ok:
-                return await _respond(same)
+                return await _respond(same, self.settings.sse_keepalive)
 
         pending = PendingRequest(body if isinstance(body, dict) else None, parsed)
         token = PENDING_REQUEST.set(pending)
@@ -299,7 +307,7 @@ class InterceptionApp:
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await _respond(exchange)
+        return await _respond(exchange, self.settings.sse_keepalive)
 
     def _authenticate(self, request: Request) -> Session:
         secret = _secret(request)
@@ -352,11 +360,35 @@ def _note_refusal(session: Session, status: int, message: str) -> None:
         session.trace.notes.append("interception refused further calls as bad input (not noted)")
 
 
-async def _respond(exchange: Exchange) -> Response:
+async def _respond(exchange: Exchange, keepalive: float = 0.0) -> Response:
     status, headers = await exchange.head()
     if headers.get("content-type") == "text/event-stream":
-        return StreamingResponse(exchange.iter_chunks(), status_code=status, headers=headers)
+        chunks = exchange.iter_chunks()
+        if keepalive > 0:
+            chunks = _with_keepalives(chunks, keepalive)
+        return StreamingResponse(chunks, status_code=status, headers=headers)
     return Response(await exchange.body(), status_code=status, headers=headers or JSON_HEADERS)
+
+
+async def _with_keepalives(chunks: AsyncIterator[bytes], every: float) -> AsyncIterator[bytes]:
+    """``chunks``, with :data:`KEEPALIVE` after each ``every`` seconds without one. The relay
+    pushes whole SSE events, so a comment between two pushes never splits an event."""
+    source = aiter(chunks)
+    pending: asyncio.Future[bytes] = asyncio.ensure_future(anext(source))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield KEEPALIVE
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+            pending = asyncio.ensure_future(anext(source))
+    finally:
+        pending.cancel()
 
 
 class Interception:

@@ -120,7 +120,8 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
     body = json.dumps(turn.upstream_body).encode()
     headers = turn.dialect.upstream_headers(turn.api_key, turn.client_headers)
     try:
-        async with forwarder.post(turn.dialect.path, body, headers) as response:
+        stream = turn.request.stream
+        async with forwarder.post(turn.dialect.path, body, headers, stream=stream) as response:
             if response.status >= 400:
                 await _relay_error(turn, response, exchange)
             elif response.content_type == "text/event-stream":
@@ -128,7 +129,18 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
             else:
                 await _relay_json(turn, response, exchange)
     except TimeoutError:
-        turn.fail(exchange, 504, "upstream model endpoint timed out", "ProviderError")
+        settings = forwarder.settings
+        if turn.request.stream:
+            message = (
+                "upstream model endpoint timed out: its stream was silent for "
+                f"{settings.stream_idle_timeout:g} s (interception.stream_idle_timeout)"
+            )
+        else:
+            message = (
+                "upstream model endpoint timed out: no answer within "
+                f"{settings.upstream_timeout:g} s (interception.upstream_timeout)"
+            )
+        turn.fail(exchange, 504, message, "ProviderError")
     except UnreadableReply as exc:
         message = f"the upstream model endpoint sent an unreadable reply ({exc})"
         turn.fail(exchange, 502, message, "ProviderError")

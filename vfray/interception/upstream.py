@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from vfray.endpoints.client import Target
+from vfray.interception.settings import InterceptionSettings
 
 
 class Upstream:
@@ -27,13 +28,11 @@ class Upstream:
         *,
         model: str,
         sampling: Mapping[str, Any] | None = None,
-        timeout: float = 600.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.model = model
         self.sampling: dict[str, Any] = dict(sampling or {})
-        self.timeout = timeout
 
     def __repr__(self) -> str:
         # Never print the key.
@@ -45,11 +44,21 @@ class Upstream:
 
 
 class Forwarder:
-    """Posts request bodies to the upstream; created lazily on the loop that serves requests."""
+    """Posts request bodies to the upstream; created lazily on the loop that serves requests.
 
-    def __init__(self, upstream: Upstream, connection_limit: int = 16384) -> None:
+    A plain call is bounded in all by ``settings.upstream_timeout``; a stream only by its
+    silences (``stream_idle_timeout``, for the head and for each read), since a long reasoning
+    stream is alive as long as it sends."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        connection_limit: int = 16384,
+        settings: InterceptionSettings | None = None,
+    ) -> None:
         self.upstream = upstream
         self.connection_limit = connection_limit
+        self.settings = settings or InterceptionSettings()
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -62,7 +71,7 @@ class Forwarder:
                 connector=aiohttp.TCPConnector(
                     limit=self.connection_limit, limit_per_host=self.connection_limit
                 ),
-                timeout=aiohttp.ClientTimeout(total=self.upstream.timeout),
+                timeout=aiohttp.ClientTimeout(total=self.settings.upstream_timeout),
                 # One client serves every rollout: a cookie the upstream sets for one must not
                 # ride along on the others' calls (and a jar costs CPU on every request).
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -73,14 +82,25 @@ class Forwarder:
         return self._session
 
     def post(
-        self, path: str, body: bytes, headers: Mapping[str, str], timeout: float | None = None
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout: float | None = None,
+        *,
+        stream: bool = False,
     ) -> aiohttp.client._RequestContextManager:
         """``async with forwarder.post(...) as response``: the upstream's response (within
-        ``timeout`` seconds when given, else the upstream's own timeout)."""
+        ``timeout`` seconds when given; else a stream within the idle timeout of each read,
+        anything else within the upstream timeout)."""
         url = f"{self.upstream.base_url}{path}"
-        if timeout is None:
+        if timeout is not None:
+            limit = aiohttp.ClientTimeout(total=timeout)
+        elif stream:
+            idle = self.settings.stream_idle_timeout
+            limit = aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle)
+        else:
             return self._client().post(url, data=body, headers=headers)
-        limit = aiohttp.ClientTimeout(total=timeout)
         return self._client().post(url, data=body, headers=headers, timeout=limit)
 
     async def aclose(self) -> None:

@@ -118,7 +118,9 @@ class LocalEnvironment:
             base_url = server.base_url
         assert base_url is not None
         upstream = Upstream(base_url=base_url, api_key=self.api_key, model=self.plan.model)
-        self._interception = await self._stack.enter_async_context(Interception(upstream))
+        self._interception = await self._stack.enter_async_context(
+            Interception(upstream, settings=self.spec.config.interception)
+        )
         return self
 
     async def __aexit__(
