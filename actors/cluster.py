@@ -51,19 +51,21 @@ def local_node_strategy() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_scripted_model(policy: str, options: dict[str, Any]) -> Any:
+def start_scripted_model(policy: str, options: dict[str, Any], name: str) -> Any:
+    """The scripted model server, on the driver's node, as the actor ``name`` (the hosts find
+    it by name: :class:`~actors.sandbox_host.LateUrl`)."""
     actor_cls = ray.remote(ScriptedModelServer)
     return actor_cls.options(
-        num_cpus=0, max_concurrency=10_000, scheduling_strategy=local_node_strategy()
+        name=name, num_cpus=0, max_concurrency=10_000, scheduling_strategy=local_node_strategy()
     ).remote(policy, options)
 
 
-def start_local_model(model: str) -> Any:
+def start_local_model(model: str, name: str) -> Any:
     """The ``local:<name>`` model server, on the driver's node like the scripted one. It
     reserves no Ray CPUs so it can never starve the episode tasks on a small machine."""
     actor_cls = ray.remote(LocalModelActor)
     return actor_cls.options(
-        num_cpus=0, max_concurrency=100, scheduling_strategy=local_node_strategy()
+        name=name, num_cpus=0, max_concurrency=100, scheduling_strategy=local_node_strategy()
     ).remote(model)
 
 

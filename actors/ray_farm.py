@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,6 @@ class RayFarm:
         self.policy_version: int | None = None
         self.hosts: list[Any] = []
         self.model_actor: Any = None
-        # The model actor's URL, as an ObjectRef the hosts' creation args hold (LateUrl). Kept
-        # for the farm's life: a host Ray restarts (its node died) reads it again in __init__,
-        # and once the driver dropped it Ray had deleted the object ("already deleted by the
-        # reference counting protocol"), so the restarted host died (seen in CI, 3 nodes).
-        self._model_url: Any = None
         self.pool: PoolRef | None = None
         """The interception deployment (``farm.interception = "serve"``)."""
         self.toolset_nodes = ToolsetNodes()
@@ -54,14 +50,16 @@ class RayFarm:
         self._started_ray = cluster.connect(spec.address, num_cpus=spec.concurrency.num_cpus)
         endpoint = spec.endpoint
         model_url: Any = None  # the built-in model actor's URL, as it will be
+        # Named: the hosts find it by name (LateUrl), also when Ray restarts one of them.
+        model_name = f"vfray-model-{uuid.uuid4().hex[:12]}"
         if endpoint.kind == "scripted":
             assert endpoint.scripted_policy is not None
             self.model_actor = cluster.start_scripted_model(
-                endpoint.scripted_policy, dict(endpoint.scripted_options)
+                endpoint.scripted_policy, dict(endpoint.scripted_options), model_name
             )
             model_url = self.model_actor.url.remote()
         elif endpoint.kind == "local":
-            self.model_actor = cluster.start_local_model(endpoint.model)
+            self.model_actor = cluster.start_local_model(endpoint.model, model_name)
             model_url = self.model_actor.url.remote()
         # The hosts start while the model actor does (each is a worker process to start and an
         # import of vfray: seconds before a first rollout); a host reads the URL when it is up.
@@ -69,8 +67,7 @@ class RayFarm:
             assert endpoint.base_url is not None, "a remote endpoint has a base URL"
             base_url: str | LateUrl = endpoint.base_url
         else:
-            base_url = LateUrl(model_url)
-            self._model_url = model_url
+            base_url = LateUrl(model_name)
         layout = spec.config.farm
         placement = cluster.host_placement(
             spec.concurrency.hosts, layout.hosts_per_node, layout.cpus_per_host
@@ -165,7 +162,6 @@ class RayFarm:
             self.pool = None
         self.hosts = []
         self.model_actor = None
-        self._model_url = None
         if self._started_ray:
             ray.shutdown()
 

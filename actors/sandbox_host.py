@@ -52,14 +52,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LateUrl:
-    """A URL that an actor still starting will answer (its ``url`` method's ObjectRef). Held
-    in a record, not passed bare: Ray would wait for a bare ObjectRef argument before it even
-    starts the receiving actor's worker."""
+    """The URL of the built-in model actor, which may still be starting, by the actor's name:
+    the host asks it in ``__init__`` (again when Ray restarts the host elsewhere).
 
-    ref: Any
+    A name, not the actor's handle or its ``url()`` ObjectRef: Ray keeps creation arguments
+    holding either in the object store, logs a red ``ERROR … has constructor arguments in the
+    object store and max_restarts > 0`` for every host (ray#53727), and a host restarted after
+    the ref was released died of it."""
+
+    actor: str
 
     def get(self) -> str:
-        url: str = ray.get(self.ref)
+        model: Any = ray.get_actor(self.actor)
+        url: str = ray.get(model.url.remote())
         return url
 
 

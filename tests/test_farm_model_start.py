@@ -1,6 +1,6 @@
-"""The Ray farm's SandboxHosts start while the built-in model actor does (the hosts hold its URL
-as a ``LateUrl``): a model actor slow to start still serves every rollout, and one that cannot
-start ends Farm start with its own error, once, without a hang."""
+"""The Ray farm's SandboxHosts start while the built-in model actor does (the hosts find it by
+name, a ``LateUrl``): a model actor slow to start still serves every rollout, and one that
+cannot start ends Farm start with its own error, once, without a hang."""
 
 from __future__ import annotations
 
@@ -40,13 +40,16 @@ def model_actor_from(init: Any) -> Any:
             init()
             super().__init__(policy, options)
 
-    def start(policy: str, options: dict[str, Any]) -> Any:
+    def start(policy: str, options: dict[str, Any], name: str) -> Any:
         import ray
 
         return (
             ray.remote(Model)
             .options(
-                num_cpus=0, max_concurrency=1000, scheduling_strategy=cluster.local_node_strategy()
+                name=name,
+                num_cpus=0,
+                max_concurrency=1000,
+                scheduling_strategy=cluster.local_node_strategy(),
             )
             .remote(policy, options)
         )
