@@ -383,3 +383,62 @@ def test_a_snapshot_kills_an_unmarked_child_whose_marked_parent_died_first() -> 
             os.kill(child, signal.SIGKILL)
         bystander.kill()
         bystander.wait()
+
+
+# A driver with a lifeline of its own, whose child (a "host") carries the driver's token in its
+# environment, as a local Ray's workers do: the host starts boxes under its own lifeline.
+DRIVER = """
+import os, subprocess, sys
+from vfray.runtimes import lifeline
+
+env = {**os.environ, lifeline.OWNER_ENV: lifeline.owner_id()}
+host = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], env=env)
+host.wait()
+"""
+
+
+def _host_under_a_driver(
+    root: str, kinds: list[str], docker: dict[str, object] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, OWNER, root, ",".join(kinds), json.dumps(docker or {})],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert driver.stdout is not None
+    line = driver.stdout.readline()
+    if not line:
+        driver.kill()
+        raise AssertionError("the host did not start its boxes")
+    held: dict[str, object] = json.loads(line)
+    return driver, held
+
+
+def _check_the_host_is_reaped_with_its_driver(
+    driver: subprocess.Popen[str], held: dict[str, object], docker_url: str | None = None
+) -> None:
+    assert leftovers(held, docker_url), "the host holds nothing to reap"
+    # A host lives long: by the time its driver dies, the driver's watchdog has noted the host's
+    # tree (every SNAPSHOT_S), the host's watchdog included, and kills what it noted.
+    time.sleep(2.5 * _reap.SNAPSHOT_S)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    # The driver's watchdog kills the host (it carries the driver's token) but spares the
+    # host's own watchdog, which then reaps the host's dirs, cgroups and containers.
+    assert wait_until_clean(held, docker_url) == []
+
+
+def test_a_hosts_watchdog_reaps_its_boxes_when_the_driver_above_it_is_killed(root: str) -> None:
+    driver, held = _host_under_a_driver(root, LOCAL)
+    _check_the_host_is_reaped_with_its_driver(driver, held)
+
+
+def test_a_hosts_docker_containers_are_removed_when_the_driver_is_killed(
+    root: str, docker_url: str
+) -> None:
+    from docker_engine import IMAGE, VOLUMES
+
+    docker = {"url": docker_url, "image": IMAGE, "volumes": VOLUMES}
+    driver, held = _host_under_a_driver(root, ["docker"], docker)
+    _check_the_host_is_reaped_with_its_driver(driver, held, docker_url)

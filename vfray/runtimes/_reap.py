@@ -30,6 +30,10 @@ import urllib.parse
 from collections.abc import Iterable
 
 OWNER_ENV = "VFRAY_OWNER_ID"
+WATCHDOG_ENV = "VFRAY_WATCHDOG_OF"
+"""In a watchdog's environment: the token it watches. Reaping an owner spares the watchdogs
+below it: a Ray worker carries its driver's token, and the driver's watchdog killed each
+SandboxHost's own watchdog with it, leaving the host's work dirs, cgroups and containers."""
 OWNER_LABEL = "vfray.owner"
 HOST_LABEL = "vfray.host"
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -108,7 +112,9 @@ def env_pids(name: str) -> dict[str, list[int]]:
 def _with_descendants(pids: Iterable[int]) -> list[int]:
     """``pids`` and every process below them, read from /proc before any is killed (a killed
     parent's children are reparented, and a child whose environment was rewritten, e.g. by
-    ``setproctitle`` in Ray's agents, is still found through its parent)."""
+    ``setproctitle`` in Ray's agents, is still found through its parent). Other owners'
+    watchdogs are left out: each reaps its own owner once that owner is killed here."""
+    spare = {pid for found in env_pids(WATCHDOG_ENV).values() for pid in found}
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -125,7 +131,7 @@ def _with_descendants(pids: Iterable[int]) -> list[int]:
     found, todo, me = set(), list(pids), os.getpid()
     while todo:
         pid = todo.pop()
-        if pid in found or pid == me:
+        if pid in found or pid == me or pid in spare:
             continue
         found.add(pid)
         todo.extend(children.get(pid, ()))

@@ -117,7 +117,9 @@ def owner_id() -> str | None:
                 stderr=subprocess.DEVNULL,
                 pass_fds=(read_fd,),
                 start_new_session=True,
-                env={},  # none of the owner's secrets
+                # None of the owner's secrets; the mark that spares it when an owner above
+                # its own (a Ray worker's driver) is reaped, so that it reaps its owner's boxes.
+                env={_reap.WATCHDOG_ENV: life.token},
                 cwd="/",
             )
         finally:
