@@ -4,6 +4,7 @@ its own local Ray inside the kernel process."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,27 @@ def text_of(book: Any) -> str:
     return "\n".join(parts)
 
 
+def assert_quiet_progress(book: Any) -> int:
+    """Each cell shows at most one progress output (one display updated in place, not a line
+    every few seconds) and no warning on stderr (tqdm's "IProgress not found", Ray's "Missing
+    packages: ['ipywidgets']"); returns how many cells showed progress."""
+    cells = 0
+    for cell in book.cells:
+        shown = 0
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                if output.name == "stderr":
+                    assert not re.search(r"warn|missing packages|iprogress", output.text, re.I), (
+                        output.text
+                    )
+                shown += output.text.count("rollouts ")
+            elif "data" in output:
+                shown += output.data.get("text/plain", "").startswith("rollouts ")
+        assert shown <= 1, cell.get("outputs")
+        cells += shown
+    return cells
+
+
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "training_stream.ipynb", "grpo.ipynb"])
 def test_committed_notebooks_have_no_outputs(name: str) -> None:
     book = nbformat.read(NOTEBOOKS / name, as_version=4)  # type: ignore[no-untyped-call]
@@ -92,6 +114,9 @@ def test_quickstart_runs_end_to_end(kernel_path: Path, monkeypatch: pytest.Monke
         if output.output_type == "display_data" and "image/png" in output.data
     ]
     assert len(images) == 1  # the reward distribution plot
+    # The one run shows one live progress output, ending at its total.
+    assert assert_quiet_progress(book) == 1
+    assert "rollouts 24/24" in text
 
 
 @pytest.mark.timeout(900)
@@ -106,6 +131,7 @@ def test_training_stream_yields_groups_with_tokens(
     assert "loss " in text
     assert text.count("completion tokens [") == 4  # token ids came back with every group
     assert "completion_token_ids" in text  # the last batch as a DataFrame
+    assert_quiet_progress(book)
 
 
 @pytest.mark.timeout(900)

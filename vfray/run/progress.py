@@ -1,6 +1,7 @@
 """Live progress of a run: done / in flight / errored, mean reward so far, rollouts/s and ETA,
 the endpoint's outage and its last error, from the driver's counters. On a terminal one line
-refreshes in place (rich); elsewhere (CI logs, ``ray job submit``) a newline-terminated line is
+refreshes in place (rich); in a Jupyter kernel one output is updated in place (IPython's
+display ids); elsewhere (CI logs, ``ray job submit``) a newline-terminated line is
 printed every few seconds."""
 
 from __future__ import annotations
@@ -90,15 +91,21 @@ async def live_progress(
     if not enabled:
         yield
         return
-    from rich.console import Console
-
-    # In Jupyter without ipywidgets rich's Live shows an empty box: print plainly instead.
-    jupyter = None if importlib.util.find_spec("ipywidgets") else False
-    console = console or Console(file=sys.stderr, force_jupyter=jupyter)
     started = time.monotonic()
 
     def line() -> str:
         return render(counters, total, time.monotonic() - started, baseline)
+
+    if console is None and _in_jupyter_kernel():
+        async with _notebook_live(line):
+            yield
+        return
+    from rich.console import Console
+
+    # Jupyter reached another way (a console given by the caller): rich's Live needs
+    # ipywidgets there, and shows an empty box without it; print plainly instead.
+    jupyter = None if importlib.util.find_spec("ipywidgets") else False
+    console = console or Console(file=sys.stderr, force_jupyter=jupyter)
 
     if console.is_terminal or console.is_jupyter:
         async with _live(console, line):
@@ -120,6 +127,49 @@ async def live_progress(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         print(line(), file=stream, flush=True)
+
+
+NOTEBOOK_INTERVAL = 1.0
+"""Seconds between updates of the notebook's progress output."""
+
+
+def _in_jupyter_kernel() -> bool:
+    """True inside a Jupyter kernel (IPython with a kernel; not the terminal IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+@contextlib.asynccontextmanager
+async def _notebook_live(line: Any) -> AsyncIterator[None]:
+    """One output in the cell, replaced in place (a display id and ``update_display``), so a
+    run shows one live line instead of a line every few seconds; no ipywidgets needed."""
+    from IPython.display import display, update_display
+
+    display_id = f"vfray-progress-{id(line):x}-{time.monotonic_ns()}"
+
+    def show(update: bool) -> None:
+        data = {"text/plain": line()}
+        if update:
+            update_display(data, raw=True, display_id=display_id)  # type: ignore[no-untyped-call]
+        else:
+            display(data, raw=True, display_id=display_id)  # type: ignore[no-untyped-call]
+
+    show(False)
+
+    async def refresh() -> None:
+        while True:
+            await asyncio.sleep(NOTEBOOK_INTERVAL)
+            show(True)
+
+    ticker = asyncio.ensure_future(refresh())
+    try:
+        yield
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        show(True)
 
 
 @contextlib.asynccontextmanager
