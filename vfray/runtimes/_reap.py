@@ -24,6 +24,7 @@ import select
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -229,9 +230,52 @@ def _dirs(roots: Iterable[str]) -> list[tuple[str, str]]:
     return found
 
 
+def mount_points_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` in this mount namespace, deepest first."""
+    path = os.path.realpath(path)
+    found = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) < 5:
+                continue
+            # Octal escapes for space, tab, newline and backslash in the mount point.
+            point = re.sub(
+                rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4]
+            ).decode(errors="surrogateescape")
+            if point == path or point.startswith(path.rstrip("/") + "/"):
+                found.append(point)
+    return sorted(set(found), key=lambda p: (-p.count("/"), p))
+
+
+def unmount_under(path: str) -> None:
+    """Detach every mount at or below ``path`` (a box's overlay root): ``umount2(MNT_DETACH)``,
+    or ``fusermount -u -z`` for a fuse mount this unprivileged user made. Before a box dir is
+    removed: removing through a live overlay would only write whiteouts."""
+    import ctypes  # here: the watchdog imports this file at start, and rarely needs it
+    import ctypes.util
+
+    points = mount_points_under(path)
+    if not points:
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    for point in points:
+        if libc.umount2(point.encode(errors="surrogateescape"), 2) == 0:  # MNT_DETACH
+            continue
+        for fusermount in ("fusermount3", "fusermount"):
+            found = shutil.which(fusermount, path="/usr/bin:/bin:/usr/local/bin")
+            if found:
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(
+                        [found, "-u", "-z", point], capture_output=True, timeout=30, check=False
+                    )
+                break
+
+
 def remove_dirs(token: str, roots: Iterable[str]) -> None:
     for owner, path in _dirs(roots):
         if owner == token:
+            unmount_under(path)  # a box's overlay root, left mounted by a dead owner
             shutil.rmtree(path, ignore_errors=True)
 
 

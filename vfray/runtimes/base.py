@@ -57,6 +57,9 @@ class RuntimeSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     image: str | None = None
+    rootfs: str | None = None
+    """The unpacked root filesystem of ``image`` on this node (a directory, never written),
+    filled in by the node's image store; the ``bwrap`` runtime boxes on it."""
     workdir: str | None = None
     cpu: float = 1.0
     memory_gb: float | None = None

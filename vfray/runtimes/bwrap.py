@@ -12,6 +12,12 @@ cannot create nested user namespaces (``--disable-userns``, bubblewrap 0.8+), an
 parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at its own path
 wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
 rlimits.
+
+A box over an image (``spec.rootfs``, the image's unpacked root filesystem) has that root instead
+of the host's, behind a copy-on-write layer of its own (:mod:`vfray.runtimes._overlay`) thrown
+away at ``stop``; ``spec.workdir`` is a dir of the image (made when missing), and the node's own
+programs (its Python, the forwarder, the agents' tool dir) run there through the node's loader
+(:mod:`vfray.runtimes._foreign_root`), never through the image's interpreters.
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes._executor import blocking
+from vfray.runtimes._foreign_root import NODE_DIR, NodePrograms, in_root
+from vfray.runtimes._overlay import CowRoot, auto_backend
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.processes import (
@@ -64,6 +73,8 @@ shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold cre
 
 OFFLINE_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\nnetworks: files\n"
 """``/etc/nsswitch.conf`` of a box without network: no DNS to wait for."""
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""``PATH`` in a box over an image: the image's own programs (its ``python3`` included)."""
 
 
 @functools.cache
@@ -79,8 +90,9 @@ def _can_disable_userns() -> bool:
     return "--disable-userns" in done.stdout
 
 
-def _namespaces() -> list[str]:
-    """Namespaces, user and the read-only system dirs of every box."""
+def _namespaces(host_root: bool = True) -> list[str]:
+    """Namespaces and user of every box, and (``host_root``) the host's read-only system
+    dirs."""
     # An unprivileged user with no capabilities: as uid 0 with the namespace's full
     # capability set, a box could read every root-only file bound into it.
     args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
@@ -89,6 +101,8 @@ def _namespaces() -> list[str]:
         # inside it (and the kernel's user-namespace code is a frequent escalation route).
         args.append("--disable-userns")
     args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
+    if not host_root:
+        return args
     args += ["--ro-bind", "/usr", "/usr"]
     for d in _ROOT_DIRS:
         if os.path.islink(d):
@@ -198,6 +212,8 @@ class BwrapRuntime(SubprocessRuntime):
         use_cgroups: bool = True,
         root: str | None = None,
         launch_concurrency: int | None = None,
+        overlay: Literal["auto", "kernel", "fuse", "copy"] = "auto",
+        require_shell: bool = True,
     ) -> None:
         super().__init__(
             spec,
@@ -211,6 +227,15 @@ class BwrapRuntime(SubprocessRuntime):
         """Whether runs before :meth:`prepare_execution` (task setup) use the host network."""
         self.ro_binds = tuple(ro_binds)
         self.use_cgroups = use_cgroups
+        self.overlay = overlay
+        """How a box over an image gets its copy-on-write root (:mod:`vfray.runtimes._overlay`);
+        ``auto``: kernel overlayfs as root, else fuse-overlayfs, else a copy."""
+        self.require_shell = require_shell
+        """Refuse an image root with no ``/bin/sh`` (provisioned agents, the bash tool and most
+        scoring hooks start through it); a harness that needs none (``chat``) may say False."""
+        self.image_root = self.spec.rootfs
+        self.layer: CowRoot | None = None
+        self.node: NodePrograms | None = None
         self.box_workdir = self.spec.workdir or "/work"
         self.base: Path | None = None
         self.cgroup: CgroupV1 | None = None
@@ -232,6 +257,8 @@ class BwrapRuntime(SubprocessRuntime):
         self.workdir = self.base / "work"
         for sub in ("work", "tmp", "bridge", "etc"):
             (self.base / sub).mkdir(mode=0o777)
+        if self.image_root is not None:
+            await self._start_image(self.base)
         home = self.box_workdir
         (self.base / "etc" / "passwd").write_text(
             f"root:x:0:0:root:/root:/bin/sh\nnobody:x:{BOX_UID}:{BOX_UID}:nobody:{home}:/bin/sh\n"
@@ -278,8 +305,58 @@ class BwrapRuntime(SubprocessRuntime):
                 "a box's programs can create nested user namespaces"
             )
 
+    async def _start_image(self, base: Path) -> None:
+        """The box's own root over the image's: its layer mounted, its work dir made."""
+        lower = self.image_root
+        assert lower is not None
+        if not os.path.isdir(lower):
+            raise SandboxError(f"image root {lower} is not a directory")
+        if self.require_shell and not os.path.lexists(in_root(lower, "/bin/sh")):
+            raise SandboxError(
+                f"image root {lower} (image {self.spec.image or '?'}) has no /bin/sh: "
+                "agent programs and scoring hooks start through it; use an image with a shell"
+            )
+        backend = (
+            await blocking(auto_backend, str(base.parent))
+            if self.overlay == "auto"
+            else self.overlay
+        )
+        self.layer = CowRoot(lower, base / "layer", backend)
+        root = str(await blocking(self.layer.mount))
+        tools = str(tools_root())
+        node_paths = host_paths(self.ro_binds) + ([tools] if os.path.isdir(tools) else [])
+        self.node = NodePrograms(node_paths, root)
+
+        def make_dirs() -> str:
+            tmp = in_root(root, "/tmp")
+            os.makedirs(tmp, exist_ok=True)
+            os.chmod(tmp, 0o1777)
+            workdir = in_root(root, self.box_workdir)
+            os.makedirs(workdir, exist_ok=True)
+            return workdir
+
+        try:
+            self.workdir = Path(await blocking(make_dirs))
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot make {self.box_workdir} in image root {lower}: {exc}"
+            ) from (exc)
+
+    def _image_mounts(self) -> list[str]:
+        """A box over an image: its layer as ``/``, the node's programs read-only on top."""
+        assert self.base is not None and self.layer is not None and self.node is not None
+        args = _namespaces(host_root=False)
+        args += ["--bind", str(self.layer.root), "/", "--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
+        args += self.node.mounts()
+        for path in self.node.node_paths:
+            args += ["--ro-bind", path, path]
+        return [*args, "--chdir", self.box_workdir]
+
     def _mounts(self) -> list[str]:
         assert self.base is not None and self.workdir is not None
+        if self.layer is not None:
+            return self._image_mounts()
         args = _namespaces()
         args += ["--tmpfs", "/etc"]
         for name in box_etc():
@@ -311,6 +388,14 @@ class BwrapRuntime(SubprocessRuntime):
         workdir = self._require_workdir()
         assert self.base is not None
         box = Path(self.box_workdir, path)  # an absolute path replaces the work dir
+        if self.layer is not None:
+            for mounted in ("/proc", "/dev", BRIDGE_DIR, NODE_DIR):
+                if box == Path(mounted) or Path(mounted) in box.parents:
+                    raise SandboxError(f"{path!r} is not in the box's root filesystem")
+            try:
+                return Path(in_root(str(self.layer.root), str(box)))
+            except OSError as exc:
+                raise SandboxError(f"cannot resolve {path!r} in the box: {exc}") from exc
         for inside, outside in (
             (Path(self.box_workdir), workdir),
             (Path("/tmp"), self.base / "tmp"),
@@ -355,19 +440,27 @@ class BwrapRuntime(SubprocessRuntime):
             # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
             prefix += ["--chdir", str(Path(self.box_workdir, cwd))]
         command = list(argv)
+        python_bin = os.path.dirname(sys.executable)
+        path = f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        forwarder = [sys.executable]
+        if self.node is not None:
+            # The node's programs through its loader; the image's PATH, so that its python3 is
+            # the image's (a harness that wants its tools first says so in env["PATH"]).
+            path = IMAGE_PATH
+            command = self.node.argv(argv, {"PATH": path, **(env or {})})
+            forwarder = self.node.argv(forwarder, {})
         if self._isolated() and (self.bridges.bridges or serve):
             ways_in = [f"@{BRIDGE_DIR}/{serve}"] if serve else []
             command = [
-                sys.executable,
+                *forwarder,
                 *("-I", "-S", "-c"),
                 BOX_FORWARDER,
                 *self.bridges.forwarder_args(),
                 *ways_in,
                 "--",
-                *argv,
+                *command,
             ]
-        python_bin = os.path.dirname(sys.executable)
-        base_env = {"PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+        base_env = {"PATH": path}
         base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
         if self._isolated():
             # Name lookups from files only: a phone-home lookup fails at once as unknown
@@ -442,6 +535,8 @@ class BwrapRuntime(SubprocessRuntime):
         for exposed in self._exposed.values():
             await exposed.close()
         self._exposed.clear()
+        if self.layer is not None:
+            await blocking(self.layer.unmount)
         if self.base is not None:
             self.workdir = self.base  # so the whole box dir is removed
         await super().stop()
