@@ -256,7 +256,7 @@ def test_error_lines_name_each_cause_and_one_transcript_to_read() -> None:
         ErrorExample("ToolError", 1, "t1", None, "b", 0),
     ]
     assert error_lines(examples, "/runs/my run") == [
-        "errors (the first of each type):",
+        "errors (the first of each type, phase and message):",
         "  SandboxError x2 in setup: no space",
         "  ToolError x1: t1",
         "  one transcript: vfray show '/runs/my run' --task 'task one' --rollout 1",

@@ -68,7 +68,7 @@ def error_lines(examples: list[ErrorExample], run_dir: str) -> list[str]:
     """Plain lines (for the terminal and for eval.log) naming each error type's first cause."""
     if not examples:
         return []
-    lines = ["errors (the first of each type):"]
+    lines = ["errors (the first of each type, phase and message):"]
     for e in examples:
         where = f" in {e.phase}" if e.phase else ""
         lines.append(f"  {e.type} x{e.count}{where}: {e.message}")

@@ -172,7 +172,7 @@ def _summary(base: str, snap: Snapshot) -> str:
         + "</section>",
         f"<section><h2>Time per phase</h2>{_phases(final)}</section>",
         "</div>",
-        "<section id=errors><h2>Errors by type (the first of each)</h2>"
+        "<section id=errors><h2>Errors by type, phase and message (the first of each)</h2>"
         + (
             table(["type", "rollouts", "phase", "first message", "first rollout"], errors)
             if errors
