@@ -3,7 +3,10 @@
 Three ways to give each box a private, throw-away layer over one unpacked image: a kernel
 overlayfs mount (root only; one ``mount(2)``), ``fuse-overlayfs`` (rootless nodes; a daemon per
 box) and a plain copy (anywhere; a full copy per box). ``auto`` takes the first that works here.
-Measured by ``benchmarks/bwrap_image.py``: see its docstring. The layer's dirs live in the box's
+Measured by ``benchmarks/bwrap_image.py`` on a 223 MB Debian minbase root (2 cores, shared with
+other work), box start to first command p50 against a plain bwrap box's 21 ms: kernel 27 ms
+(1.3x; 112 kB of disk per box), fuse-overlayfs 48 ms (2.3x; its daemon's CPU besides), copy
+3.1 s (146x; 224 MB and 2.7 s of CPU per box). The layer's dirs live in the box's
 work dir, whose name carries the owner token: after an owner crash the lifeline's reaper
 unmounts whatever is mounted under it before removing it (:func:`._reap.unmount_under`).
 """
