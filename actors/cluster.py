@@ -13,6 +13,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import _local_ray
+from actors._probe import check_address
 from actors.interception_pool import PoolRef
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import LateUrl, SandboxHost
@@ -36,6 +37,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _local_ray.restore_auth_settings()
+        check_address(address)  # seconds, where ray.init waits minutes
         ray.init(address=address, log_to_driver=False)
         return False
     _local_ray.start(num_cpus)
