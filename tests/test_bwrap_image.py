@@ -338,3 +338,38 @@ async def test_a_sigkilled_owner_leaves_nothing_mounted(bare_root: Path) -> None
         await asyncio.sleep(0.02)
     assert not mounted_under(base)
     assert not base.exists()
+
+
+# -- the provisioned agents, from the node's tool dir, in the image ---------------------------
+
+
+class WroteFile(vf.Task[vf.TaskData]):
+    @vf.reward
+    async def wrote_it(self, runtime: Runtime) -> bool:
+        return (await runtime.read("/testbed/out.txt")) == b"hello agent\n"
+
+
+@pytest.mark.parametrize("harness_id", ["mini-swe-agent", "codex", "claude-code"])
+async def test_a_provisioned_agent_solves_a_task_in_the_image(
+    harness_id: str, debian_root: Path
+) -> None:
+    """The agent program is the node's (its tool dir, its Python or Node through the node's
+    loader); the commands it runs are the image's."""
+    from vfray.harnesses.provisioned import ProvisionedHarness
+    from vfray.harnesses.registry import make_harness
+    from vfray.runtimes.provision import find_tool
+
+    harness = make_harness(harness_id)
+    assert isinstance(harness, ProvisionedHarness)
+    if find_tool(harness.tool_spec(), harness.tools_root) is None:
+        pytest.skip(f"{harness_id} is not provisioned on this node (tests/test_agents.py does)")
+    ImageBox.root = str(debian_root)
+    data = vf.TaskData(
+        prompt='Write "hello agent" to out.txt, then check it.', image="x", workdir="/testbed"
+    )
+    trace = await vf.run_rollout(
+        WroteFile(data), model="scripted:agent", harness=harness_id,
+        runtime=f"{__name__}:ImageBox",
+    )  # fmt: skip
+    assert trace.errors == [], trace.errors
+    assert trace.rewards["wrote_it"].value == 1.0

@@ -112,6 +112,8 @@ class ProvisionedHarness(Harness):
         so a failure's message shows the agent's last events."""
         exports = "".join(f'{v}="$PWD/${v}"; export {v}; ' for v in box_paths)
         script = f'{exports}exec "$0" "$@" > {shlex.quote(stdout_path)}'
+        # The node's program as the box must start it (through the node's loader in an image).
+        argv = runtime.program_argv(argv, env)
         result = await runtime.run_program(["/bin/sh", "-c", script, *argv], env, timeout=timeout)
         if result.ok:
             return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,10 @@ _SYSTEM_LIBDIRS = (
     "/usr/lib64",
 )
 """The node's library dirs (Debian's multiarch dirs, other distributions' lib64)."""
+HOST_PROGRAMS = ("node",)
+"""Interpreters a node script may name (``#!/usr/bin/env node``) that the tool dir need not
+bring: the node's own, from its ``PATH``, mounted at ``NODE_DIR/bin`` (an npm agent without a
+Node.js of its own in its tool dir, codex, runs with the node's)."""
 
 
 @functools.cache
@@ -100,11 +105,19 @@ class NodePrograms:
                 libdirs.append(real)
         self.libdirs = {real: f"{NODE_DIR}/lib{i}" for i, real in enumerate(libdirs)}
         self.loader = f"{NODE_DIR}/lib0/{os.path.basename(self.host_loader)}"
+        self.host_programs: dict[str, str] = {}
+        """Box path -> host file of each of :data:`HOST_PROGRAMS` the node has."""
+        for name in HOST_PROGRAMS:
+            found = shutil.which(name)
+            if found:
+                self.host_programs[f"{NODE_DIR}/bin/{name}"] = os.path.realpath(found)
 
     def mounts(self) -> list[str]:
         """bubblewrap arguments mounting the node's library dirs (read-only)."""
         args: list[str] = []
         for real, inside in self.libdirs.items():
+            args += ["--ro-bind", real, inside]
+        for inside, real in self.host_programs.items():
             args += ["--ro-bind", real, inside]
         return args
 
@@ -114,9 +127,10 @@ class NodePrograms:
         path = os.path.normpath(path)
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.node_paths)
 
-    def _which(self, name: str, env: Mapping[str, str]) -> str | None:
+    def _which(self, name: str, env: Mapping[str, str], *, for_node: bool = False) -> str | None:
         """``name`` as the box's PATH finds it, when that is a node program (a node dir holds
-        it before any image dir does)."""
+        it before any image dir does). ``for_node``: the interpreter of a node script, which is
+        never the image's: a node dir on PATH, else the node's own (:data:`HOST_PROGRAMS`)."""
         for directory in env.get("PATH", "").split(":"):
             if not os.path.isabs(directory):
                 continue
@@ -124,9 +138,12 @@ class NodePrograms:
                 candidate = os.path.join(directory, name)
                 if os.access(candidate, os.X_OK):
                     return candidate
-            elif os.path.lexists(os.path.join(self.root, directory.lstrip("/"), name)):
+            elif not for_node and os.path.lexists(
+                os.path.join(self.root, directory.lstrip("/"), name)
+            ):
                 return None  # the image's own
-        return None
+        fallback = f"{NODE_DIR}/bin/{name}"
+        return fallback if for_node and fallback in self.host_programs else None
 
     def _library_path(self, binary: str) -> str:
         dirs = [self.libdirs.get(d, d) for d in _linked_dirs(binary)]
@@ -142,13 +159,16 @@ class NodePrograms:
             return list(argv)
         program = argv[0]
         if "/" not in program:
-            found = self._which(program, env)
+            found = self._which(program, env, for_node=depth > 0)
             if found is None:
                 return list(argv)
             program = found
-        if not self._is_node(program):
+        if program in self.host_programs:
+            real = self.host_programs[program]
+        elif self._is_node(program):
+            real = os.path.realpath(program)
+        else:
             return list(argv)
-        real = os.path.realpath(program)
         if _interpreter(real) is not None:
             # The program's own path as argv[0] (the loader passes it on): a venv's Python
             # finds its pyvenv.cfg from it.

@@ -120,6 +120,14 @@ class Runtime(abc.ABC):
     ) -> ProgramResult:
         """Run a command to completion inside the box."""
 
+    def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """``argv`` (a node program, e.g. an agent from the tool dir) as a command line the
+        box's own shell can ``exec``: the same here; a box over an image starts the node's
+        programs through the node's loader (``vfray.runtimes._foreign_root``). ``run`` and
+        ``run_program`` do this to their own ``argv``; a harness that hands a program to a
+        shell in the box does it first."""
+        return list(argv)
+
     async def run_program(
         self,
         argv: Sequence[str],
