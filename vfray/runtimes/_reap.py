@@ -1,5 +1,6 @@
-"""Reaping what a dead owner left: its processes, bwrap cgroups, work dirs and docker containers,
-found by the owner token in their environment, name or label. Stdlib only: the lifeline watchdog
+"""Reaping what a dead owner left: its processes, bwrap cgroups, work dirs (and the overlay mounts
+of image boxes in them) and docker containers, found by the owner token in their environment,
+name or label. Stdlib only: the lifeline watchdog
 runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR``.
 
 An owner is dead when its lock file ``OWNERS_DIR/TOKEN`` exists and nobody holds its ``flock``
