@@ -114,9 +114,15 @@ class Head:
 
 
 @contextlib.contextmanager
-def ray_head(python: str | None = None, *, keep_pythonpath: bool = True) -> Iterator[Head]:
+def ray_head(
+    python: str | None = None,
+    *,
+    keep_pythonpath: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Head]:
     """A head node on loopback with a dashboard (the job API) and token auth on, started with
-    ``python``'s Ray (its workers run that Python) or the ``ray`` command beside this one's."""
+    ``python``'s Ray (its workers run that Python) or the ``ray`` command beside this one's;
+    ``extra_env`` is set for the head's processes (and so its jobs' drivers)."""
     temp_dir = tempfile.mkdtemp(prefix="vfrj", dir="/tmp")  # short: unix socket paths
     token = secrets.token_hex(32)
     token_file = Path(temp_dir) / "auth_token"
@@ -130,6 +136,7 @@ def ray_head(python: str | None = None, *, keep_pythonpath: bool = True) -> Iter
         RAY_AUTH_TOKEN_PATH=str(token_file),
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
     )
+    env.update(extra_env or {})
     dashboard = free_port()
     ports = {
         "--port": free_port(),

@@ -234,6 +234,24 @@ def test_runtime_env_validates() -> None:
     check_runtime_env(load("runtime_env.yaml"))
 
 
+def test_runtime_env_wheel_is_not_left_out_of_the_upload() -> None:
+    """Ray's working_dir upload leaves out what .gitignore names: the wheel must be outside
+    it (it was in dist/, and a job submitted from the repository failed for want of it)."""
+    import subprocess
+
+    data = load("runtime_env.yaml")
+    prefix = "${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/"
+    (wheel,) = [p[len(prefix) :] for p in data["pip"]["packages"] if p.startswith(prefix)]
+    root = CLUSTERS.parent
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "-q", wheel], cwd=root, check=False
+    )
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert ignored.returncode == 1, f"{wheel} is git-ignored, so Ray would not upload it"
+    assert "VFRAY_OUTPUT_DIR" not in data.get("env_vars", {})  # ~/vfray-outputs, as documented
+
+
 def test_rayjob_runtime_env_validates() -> None:
     check_runtime_env(yaml.safe_load(load("kuberay-rayjob.yaml")["spec"]["runtimeEnvYAML"]))
 

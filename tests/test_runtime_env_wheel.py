@@ -1,8 +1,11 @@
-"""Shipping vfray to a cluster that does not have it, as ``clusters/runtime_env.yaml`` says: a
-wheel built from this tree with ``pip wheel``, inside the job's working directory, installed by
-Ray's ``pip`` runtime_env on the node. The head runs a Python that has Ray and vfray's
-dependencies but no vfray (a stand-in for a cluster image); the job runs ``vfray eval`` and
-reports where its driver and a worker imported vfray from: the copy Ray installed.
+"""Shipping vfray to a cluster that does not have it, as the README and
+``clusters/runtime_env.yaml`` say: a wheel built from this tree with ``pip wheel`` into
+``wheels/``, submitted from the repository itself (so its ``.gitignore``, which Ray's
+working_dir upload honours, applies), installed by Ray's ``pip`` runtime_env on the node. The
+head runs a Python that has Ray and vfray's dependencies but no vfray (a stand-in for a cluster
+image); the job runs ``vfray eval`` with no ``-o`` (its run folder must land in
+``~/vfray-outputs``) and reports where its driver and a worker imported vfray from: the copy
+Ray installed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,28 +28,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_ENV = ROOT / "clusters" / "runtime_env.yaml"
-
-WHERE = '''
-"""Where do this job's driver and a worker import vfray and actors from?"""
-import json
-import sys
-
-import ray
-import vfray
-
-ray.init(log_to_driver=False)  # the job's cluster, under the job's runtime_env
-
-
-@ray.remote
-def where():
-    import actors.sandbox_host
-    import vfray
-
-    return {"vfray": vfray.__file__, "actors": actors.sandbox_host.__file__}
-
-
-print("WHERE " + json.dumps({"driver": vfray.__file__, "worker": ray.get(where.remote())}))
-'''
 
 
 def build_wheel(dest: Path) -> Path:
@@ -88,26 +70,33 @@ def node_python(where: Path) -> str:
 
 
 def test_runtime_env_yaml_ships_vfray_as_a_wheel(tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    project.mkdir()
-    wheel = build_wheel(project / "dist")
+    wheels = ROOT / "wheels"
+    had = set(wheels.glob("*")) if wheels.exists() else None
+    try:
+        run_job(tmp_path, build_wheel(wheels))
+    finally:  # leave the checkout as it was
+        if had is None:
+            shutil.rmtree(wheels, ignore_errors=True)
+
+
+def run_job(tmp_path: Path, wheel: Path) -> None:
     shipped = yaml.safe_load(RUNTIME_ENV.read_text())["pip"]["packages"]
-    assert any(entry.endswith(f"/dist/{wheel.name}") for entry in shipped), (
-        f"clusters/runtime_env.yaml must name the wheel `pip wheel` builds now: {wheel.name}"
+    assert any(entry.endswith(f"/wheels/{wheel.name}") for entry in shipped), (
+        f"clusters/runtime_env.yaml must name the wheel `pip wheel -w wheels` builds: {wheel.name}"
     )
-    (project / "where.py").write_text(WHERE)
-    outputs = tmp_path / "outputs"
+    home = tmp_path / "home"  # the driver's ~, where run folders go by default
+    home.mkdir()
     python = node_python(tmp_path / "node")
 
-    with ray_head(python, keep_pythonpath=False) as head:
+    with ray_head(python, keep_pythonpath=False, extra_env={"HOME": str(home)}) as head:
         job = subprocess.run(
             [
                 ray_cli(), "job", "submit", "--address", head.dashboard,
                 "--runtime-env", str(RUNTIME_ENV), "--", "sh", "-c",
                 "vfray eval arithmetic -n 4 -r 2 --harness null --no-progress"
-                f" -o {outputs} && python where.py",
+                " && python tests/job_where.py",
             ],
-            cwd=project,  # the runtime_env's working_dir "." is the folder it is submitted from
+            cwd=ROOT,  # the README's command, from the repository (its .gitignore applies)
             env=head.env,
             capture_output=True,
             text=True,
@@ -118,11 +107,16 @@ def test_runtime_env_yaml_ships_vfray_as_a_wheel(tmp_path: Path) -> None:
     assert job.returncode == 0, logs[-6000:]
     match = re.search(r"run folder: (\S+)", logs)
     assert match, logs[-6000:]
-    rows = sum(pq.read_metadata(p).num_rows for p in Path(match.group(1), "traces").glob("*"))
+    folder = Path(match.group(1))
+    assert folder.is_relative_to(home / "vfray-outputs"), folder
+    rows = sum(pq.read_metadata(p).num_rows for p in Path(folder, "traces").glob("*"))
     assert rows == 8
 
     where = json.loads(re.findall(r"^WHERE (.*)$", logs, flags=re.MULTILINE)[-1])
+    # The `vfray` command the job ran is the wheel's, installed by Ray's pip plugin (the node's
+    # Python has no vfray). Submitted from the repository, the modules come from the job's
+    # copy of it (the working dir is first on the path), never from this checkout.
+    assert "/runtime_resources/pip/" in (where["command"] or ""), where
     for path in (where["driver"], where["worker"]["vfray"], where["worker"]["actors"]):
-        # Installed by Ray's pip plugin into the job's virtualenv on the node.
-        assert "/runtime_resources/pip/" in path and "/site-packages/" in path, where
+        assert "/runtime_resources/" in path, where
         assert not path.startswith(str(ROOT)), where
