@@ -44,6 +44,23 @@ def _acp() -> Any:
     return acp
 
 
+def mcp_servers(urls: Mapping[str, str], init: Any) -> list[Any]:
+    """The task's tool servers (name -> streamable-HTTP URL) as ACP ``session/new`` entries:
+    ``type: http``, which the agent must announce in ``mcpCapabilities.http`` (both built-in
+    adapters do); an agent without it cannot take a task with tools (one HarnessError)."""
+    if not urls:
+        return []
+    schema = _acp().schema
+    capabilities = getattr(init, "agent_capabilities", None)
+    mcp = getattr(capabilities, "mcp_capabilities", None)
+    if not getattr(mcp, "http", False):
+        raise HarnessError(
+            "the ACP agent does not announce MCP over HTTP (mcpCapabilities.http), so it cannot "
+            f"use the task's tools ({', '.join(urls)})"
+        )
+    return [schema.HttpMcpServer(name=n, url=u, headers=[], type="http") for n, u in urls.items()]
+
+
 class AcpHarnessConfig(AgentHarnessConfig):
     """Options every ACP harness takes."""
 
@@ -59,6 +76,8 @@ class AcpHarness(ProvisionedHarness):
     config: AcpHarnessConfig
     ARTIFACTS = (TRANSCRIPT_PATH,)
     SUPPORTS_RESUME = True
+    SUPPORTS_MCP = True
+    """The task's tool servers go to ``session/new`` as ACP HTTP MCP servers."""
     APPENDS_SYSTEM_PROMPT = False
 
     @abc.abstractmethod
@@ -192,9 +211,10 @@ class AcpSession(AgentSession):
             )
         )
         self.transcript.add("initialize", response=init)
-        session = await self._call(self.connection.new_session(cwd=workdir, mcp_servers=[]))
+        servers = mcp_servers(ctx.mcp_servers, init)
+        session = await self._call(self.connection.new_session(cwd=workdir, mcp_servers=servers))
         self.session_id = session.session_id
-        self.transcript.add("new_session", cwd=workdir, response=session)
+        self.transcript.add("new_session", cwd=workdir, mcp_servers=servers, response=session)
 
     async def _prompt(self, text: str, started: float) -> ProgramResult:
         acp = _acp()

@@ -54,5 +54,7 @@ class ClaudeCodeAcpHarness(AcpHarness):
             "ANTHROPIC_SMALL_FAST_MODEL": ctx.model,
             "CLAUDE_CONFIG_DIR": f"{workdir}/{CONFIG_DIR}",
             **OPT_OUTS,
+            # Else MCP tools hide behind a ToolSearch tool (as in the claude-code harness).
+            **({"ENABLE_TOOL_SEARCH": "false"} if ctx.mcp_servers else {}),
             **self.config.env,
         }
