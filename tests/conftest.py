@@ -41,6 +41,34 @@ def docker_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def debian_image() -> object:
+    """The offline Debian base image (vfray.runtimes.debian_image: mmdebstrap, then umoci),
+    built once per machine into ``$VFRAY_CI_IMAGES`` (default /var/cache/vfray-ci/images) and
+    kept between runs; skipped with the reason where it cannot be built."""
+    from pathlib import Path
+
+    from vfray.runtimes import debian_image as base
+
+    missing = base.missing_tools()
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"no base image: {', '.join(missing) or 'mmdebstrap as root'} needed")
+    try:
+        return base.build(Path(os.environ.get("VFRAY_CI_IMAGES", "/var/cache/vfray-ci/images")))
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"no base image: {exc}")
+
+
+@pytest.fixture(scope="session")
+def debian_in_docker(debian_image: object, docker_url: str) -> str:
+    """The base image imported into the session's dockerd as ``vfray-base:bookworm``, for
+    task images built ``FROM`` it."""
+    from vfray.runtimes import debian_image as base
+
+    assert isinstance(debian_image, base.DebianImage)
+    return base.import_into_docker(debian_image, docker_url)
+
+
 @pytest.fixture
 def ray_local() -> Iterator[None]:
     """A local Ray shared by every test that asks for it (started on first use)."""

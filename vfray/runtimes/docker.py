@@ -3,16 +3,21 @@
 Containers get the task's CPU, memory and pids limits and, by default, network ``none``; host
 endpoints from :meth:`DockerRuntime.host_url` are reached through the unix-socket bridge
 (:mod:`vfray.runtimes.bridge`), so the image needs a ``python3`` for the in-box forwarder. The
-network rule is the bwrap one (:func:`vfray.runtimes.bwrap.shares_network`). Timeouts kill the
+network rule is the bwrap one (:mod:`vfray.runtimes.network_policy`: setup reaches any host but
+the blocked ones, the agent its ``network_allow`` hosts, through the node's egress proxy,
+:mod:`vfray.runtimes.egress`, and its in-container forwarder on port 3128). Timeouts kill the
 exec'd process tree from the host, so the engine must be local. Containers carry their owner's
 token as a label, so the owner's lifeline removes them if it dies (:mod:`vfray.runtimes.lifeline`).
 Containers run with every capability dropped and ``no-new-privileges``, as the image's ``USER``
-or the ``user`` option.
+or the ``user`` option. A task's image (any reference :func:`vfray.runtimes.images.parse_image`
+reads: a registry image, an archive, an OCI layout, a Dockerfile) is made present in the engine
+through the node's image store, once per node and content.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import shutil
@@ -32,6 +37,8 @@ from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
+from vfray.runtimes.images import docker_image, forget_docker_image, parse_image
 from vfray.runtimes.lifeline import (
     HOST_LABEL,
     OWNER_LABEL,
@@ -41,6 +48,7 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
+from vfray.runtimes.network_policy import box_network
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
 from vfray.runtimes.provision import tools_root
 
@@ -81,8 +89,16 @@ class DockerRuntime(Runtime):
         python: str = "python3",
         output_cap: int = OUTPUT_CAP,
         user: str | None = None,
+        max_builds: int = 2,
+        build_network: str | None = None,
     ) -> None:
         super().__init__(spec)
+        self.image_ref = parse_image(self.spec.image) if self.spec.image else None
+        """The task's image, parsed once; None runs ``default_image`` as the engine has it."""
+        self.max_builds = max_builds
+        """Pulls, loads and builds of task images at once on this node (all its processes)."""
+        self.build_network = build_network
+        """The network a Dockerfile's ``RUN`` steps get (None: the engine's default)."""
         self.user = user
         """The container's user as ``uid[:gid]``, for images that work as non-root; None keeps
         the image's own ``USER``."""
@@ -102,6 +118,8 @@ class DockerRuntime(Runtime):
         self.container: Any = None
         self.base: Path | None = None
         self.bridges: BridgeSet | None = None
+        self.egress: EgressGate | None = None
+        """The box's way out through the node's egress proxy (closed with its bridges)."""
         self._forwarded: set[int] = set()
         self._running: set[str] = set()
         """Markers of the ``run`` execs in progress (:meth:`interrupt`'s targets)."""
@@ -204,20 +222,73 @@ class DockerRuntime(Runtime):
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
         try:
             self.client = await blocking(self._make_client)
-            self.container = await blocking(
-                self.client.containers.run, self.image, **self.container_options()
-            )
         except Exception as exc:
             if isinstance(exc, ImportError):
                 raise
-            raise SandboxError(f"cannot start a {self.image!r} container: {exc}") from exc
+            raise SandboxError(f"cannot reach the docker engine: {exc}") from exc
+        for attempt in range(2):
+            name = await self._image_name()
+            try:
+                self.container = await blocking(
+                    self.client.containers.run, name, **self.container_options()
+                )
+                break
+            except Exception as exc:
+                # A container created but not started (its entrypoint missing) stays behind.
+                with contextlib.suppress(Exception):
+                    await blocking(self._remove_unstarted)
+                said = " ".join(str(getattr(exc, "explanation", None) or exc).split())
+                if attempt == 0 and self.image_ref is not None and "No such image" in said:
+                    # Removed from the engine since this process made it present: once more.
+                    forget_docker_image(self.engine_url(), name)
+                    continue
+                if 'exec: "sleep"' in said:
+                    raise SandboxError(
+                        f"image {self.image!r} has no sleep or /bin/sh: vfray's box runs "
+                        f"'sleep infinity' and the task's commands through a shell ({said})"
+                    ) from exc
+                raise SandboxError(f"cannot start a {self.image!r} container: {said}") from exc
         if self._ids is not None:
             # Docker creates the work dir as root; the engine (not the capless box) gives it
             # to the user.
             await self._give_dir(PurePosixPath(self.box_workdir))
-        made = await self.run(["mkdir", "-p", self.box_workdir], timeout=60)
+        made = await self.run(["/bin/sh", "-c", 'mkdir -p "$0"', self.box_workdir], timeout=60)
         if not made.ok:
-            raise SandboxError(f"cannot create {self.box_workdir} in the container: {made.stderr}")
+            said = " ".join(f"{made.stdout} {made.stderr}".split())
+            if made.exit_code in (126, 127) and "/bin/sh" in said:
+                raise SandboxError(
+                    f"image {self.image!r} has no /bin/sh; vfray runs its programs and the "
+                    f"task's commands through a shell in the box ({said[:200]})"
+                )
+            raise SandboxError(f"cannot create {self.box_workdir} in the container: {said}")
+        await self._open_egress()
+
+    async def _open_egress(self) -> None:
+        assert self.bridges is not None
+        network = box_network(self.spec.network_allow, self.spec.network_block, self.share_network)
+        self.egress = await open_gate(network, self.bridges, f"docker box {self.box_id}")
+        if self.egress is not None:
+            await self._start_forwarder(EGRESS_PORT)
+
+    def _remove_unstarted(self) -> None:
+        for container in self.client.containers.list(
+            all=True, filters={"label": f"vfray.box={self.box_id}"}
+        ):
+            container.remove(force=True)
+
+    async def _image_name(self) -> str:
+        """What the engine runs: the task's image, made present through the node's image
+        store (a :class:`SandboxError` with the engine's message when it cannot be), else
+        ``default_image``."""
+        if self.image_ref is None:
+            return self.image
+        return await docker_image(
+            self.image_ref,
+            self._make_client,
+            engine=self.engine_url(),
+            max_builds=self.max_builds,
+            build_network=self.build_network,
+        )
 
     def _require(self) -> Any:
         if self.container is None or self._stopped:
@@ -295,7 +366,7 @@ class DockerRuntime(Runtime):
         """The host's proxies when the container has a network (its own TLS roots apply)."""
         if shares_network(self.spec, self.share_network):
             return network_env(os.environ, host_paths=False)
-        return {}
+        return self.egress.env() if self.egress is not None else {}
 
     async def open_process(
         self,
@@ -427,6 +498,8 @@ class DockerRuntime(Runtime):
     async def prepare_execution(self, routes: Sequence[str]) -> None:
         for route in routes:
             await self.host_url(route)
+        if self.egress is not None:
+            await self.egress.enter_agent_phase()
 
     async def alive(self) -> bool:
         if self.container is None or self._stopped:

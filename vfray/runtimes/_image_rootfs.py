@@ -1,0 +1,243 @@
+"""A task's image unpacked into a root filesystem, once per node and content, for the runtimes
+that build a box from a directory (bwrap): ``umoci unpack`` of an OCI layout; other kinds go
+through ``skopeo copy`` to a layout first (a Dockerfile, or a registry image the node's Docker
+engine has, through the engine: built or found there, then ``docker save``).
+
+``<cache>/rootfs/<content key>/`` holds ``rootfs/`` and umoci's ``config.json`` (the image's
+environment, working dir and user). It appears only whole: the unpack runs in a scratch dir and
+is renamed into place. Nothing writes to it afterwards: boxes mount it read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from vfray.errors import SandboxError
+from vfray.runtimes._executor import blocking, waiting
+from vfray.runtimes._image_docker import docker_image
+from vfray.runtimes._image_flight import (
+    SingleFlight,
+    build_slot,
+    file_lock,
+    image_cache_dir,
+    scratch_dir,
+)
+from vfray.runtimes._image_ref import ImageRef, content_key
+
+LAYOUT_TAG = "image"
+"""The tag an image copied into a scratch OCI layout gets."""
+
+_FLIGHTS = SingleFlight()
+
+
+class ImageConfig(BaseModel):
+    """What an unpacked image says its processes start with (its OCI config)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    env: dict[str, str]
+    workdir: str = "/"
+    uid: int = 0
+    gid: int = 0
+    args: tuple[str, ...] = ()
+
+
+def image_config(root: Path) -> ImageConfig:
+    """The config of the image unpacked at ``root`` (a path :func:`rootfs` returned)."""
+    spec = json.loads((root.parent / "config.json").read_text())
+    process = spec.get("process") or {}
+    env = dict(item.partition("=")[::2] for item in process.get("env") or [])
+    user = process.get("user") or {}
+    return ImageConfig(
+        env=env,
+        workdir=process.get("cwd") or "/",
+        uid=int(user.get("uid", 0)),
+        gid=int(user.get("gid", 0)),
+        args=tuple(process.get("args") or ()),
+    )
+
+
+async def rootfs(
+    ref: ImageRef,
+    *,
+    docker_url: str | None = None,
+    make_client: Callable[[], Any] | None = None,
+    max_unpacks: int = 2,
+) -> Path:
+    """The root filesystem of ``ref`` on this node, unpacked on first use. ``docker_url`` (and
+    ``make_client``, a client to it) names an engine that builds Dockerfiles and holds
+    pre-loaded registry images; without one a registry image is read with skopeo, and a
+    Dockerfile is refused. Raises :class:`SandboxError` (one line) when the image cannot be
+    had or has no ``/bin/sh``."""
+    key = await blocking(content_key, ref)
+    cache = image_cache_dir()
+    root = cache / "rootfs" / key / "rootfs"
+    if root.is_dir():
+        return root
+
+    async def work() -> Path:
+        engine_name = None
+        if docker_url is not None and ref.transport in ("docker", "dockerfile"):
+            assert make_client is not None
+            engine_name = await docker_image(ref, make_client, engine=docker_url)
+        elif ref.transport == "dockerfile":
+            raise SandboxError(
+                f"image {str(ref)!r}: building a Dockerfile needs a Docker engine on the node"
+            )
+        return await waiting(_unpack, ref, key, cache, engine_name, make_client, max_unpacks)
+
+    try:
+        return await _FLIGHTS.do(key, work, keep_failures=ref.transport != "docker")
+    except SandboxError as exc:
+        raise SandboxError(str(exc)) from None
+
+
+def _unpack(
+    ref: ImageRef,
+    key: str,
+    cache: Path,
+    engine_name: str | None,
+    make_client: Callable[[], Any] | None,
+    slots: int,
+) -> Path:
+    dest = cache / "rootfs" / key
+    with file_lock(cache / "locks" / f"rootfs-{key}"):
+        if (dest / "rootfs").is_dir():
+            return dest / "rootfs"
+        with build_slot(cache, slots):
+            work = scratch_dir(cache)
+            try:
+                layout, tag = _layout(ref, work, engine_name, make_client)
+                bundle = work / "bundle"
+                _tool(
+                    ref,
+                    "umoci",
+                    [
+                        "unpack",
+                        *(["--rootless"] if os.geteuid() != 0 else []),
+                        "--image",
+                        f"{layout}:{tag}",
+                        str(bundle),
+                    ],
+                )
+                if not has_shell(bundle / "rootfs"):
+                    raise SandboxError(
+                        f"image {str(ref)!r} has no /bin/sh; vfray runs its programs and the "
+                        "task's commands through a shell in the box"
+                    )
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(bundle, dest)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return dest / "rootfs"
+
+
+def _layout(
+    ref: ImageRef, work: Path, engine_name: str | None, make_client: Callable[[], Any] | None
+) -> tuple[str, str]:
+    """An OCI layout holding ``ref`` and its tag there: the image's own, or a copy in ``work``."""
+    if ref.transport == "oci":
+        assert ref.path is not None
+        return ref.path, ref.reference or only_tag(Path(ref.path))
+    source = str(ref)
+    if engine_name is not None:
+        assert make_client is not None
+        archive = work / "engine.tar"
+        _export(make_client, engine_name, archive, ref)
+        source = f"docker-archive:{archive}"
+    elif ref.transport == "docker":
+        source = f"docker://{ref.reference}"
+    layout = work / "layout"
+    _tool(ref, "skopeo", ["copy", "--quiet", source, f"oci:{layout}:{LAYOUT_TAG}"])
+    return str(layout), LAYOUT_TAG
+
+
+def only_tag(layout: Path) -> str:
+    """An OCI layout's one tag (``latest`` when it has none or several, as umoci assumes)."""
+    try:
+        index = json.loads((layout / "index.json").read_text())
+    except (OSError, ValueError):
+        return "latest"
+    names = [
+        m.get("annotations", {}).get("org.opencontainers.image.ref.name")
+        for m in index.get("manifests", [])
+    ]
+    return names[0] if len(names) == 1 and names[0] else "latest"
+
+
+def _export(make_client: Callable[[], Any], name: str, archive: Path, ref: ImageRef) -> None:
+    client = make_client()
+    try:
+        with open(archive, "wb") as out:
+            for chunk in client.images.get(name).save(named=True):
+                out.write(chunk)
+    except Exception as exc:
+        raise SandboxError(f"cannot export image {str(ref)!r} from the engine: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _tool(ref: ImageRef, tool: str, args: list[str]) -> None:
+    found = shutil.which(tool)
+    if found is None:
+        raise SandboxError(f"image {str(ref)!r}: {tool} is not installed (apt-get install {tool})")
+    done = subprocess.run([found, *args], capture_output=True, text=True)
+    if done.returncode:
+        why = " ".join((done.stderr or done.stdout).split())[:600]
+        raise SandboxError(f"cannot unpack image {str(ref)!r}: {tool}: {why}")
+
+
+def has_shell(root: Path) -> bool:
+    """Whether ``root`` has an executable ``/bin/sh``, following links as they resolve inside
+    ``root`` (``/bin`` is often a link to ``usr/bin``, ``sh`` to ``dash``)."""
+    path = PurePosixPath("/bin/sh")
+    for _ in range(40):
+        resolved = _resolve_parents(root, path)
+        if resolved is None:
+            return False
+        host = root / resolved.relative_to("/")
+        try:
+            info = os.lstat(host)
+        except OSError:
+            return False
+        if stat.S_ISLNK(info.st_mode):
+            target = PurePosixPath(os.readlink(host))
+            path = target if target.is_absolute() else resolved.parent / target
+            continue
+        return stat.S_ISREG(info.st_mode) and bool(info.st_mode & 0o111)
+    return False
+
+
+def _resolve_parents(root: Path, path: PurePosixPath) -> PurePosixPath | None:
+    """``path`` with the links among its parent dirs resolved inside ``root``."""
+    parts: list[str] = []
+    pending = list(path.parts[1:])
+    for _ in range(400):
+        if len(pending) <= 1:
+            return PurePosixPath("/", *parts, *pending)
+        head = pending.pop(0)
+        if head == "..":
+            parts = parts[:-1]
+            continue
+        if head in ("", "."):
+            continue
+        host = root.joinpath(*parts, head)
+        if host.is_symlink():
+            target = PurePosixPath(os.readlink(host))
+            if target.is_absolute():
+                parts = []
+                pending = list(target.parts[1:]) + pending
+            else:
+                pending = list(target.parts) + pending
+            continue
+        parts.append(head)
+    return None
