@@ -17,6 +17,7 @@ from actors._probe import check_address
 from actors.interception_pool import PoolRef
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import LateUrl, SandboxHost
+from vfray.interception import InterceptionSettings
 from vfray.rollout import RolloutPlan
 from vfray.run.sink import TraceSink
 from vfray.runtimes.tunnels import TunnelSettings
@@ -120,6 +121,7 @@ class HostLayout:
     interception: PoolRef | None = None
     tunnel: TunnelSettings | None = None
     tools_prefix: str | None = None
+    interception_settings: InterceptionSettings | None = None
 
     def start(self, index: int) -> Any:
         """Create host ``index`` on its node with soft affinity, so a host whose node dies
@@ -149,6 +151,7 @@ class HostLayout:
                 tunnel=self.tunnel,
                 slot=slot,
                 tools_prefix=self.tools_prefix,
+                interception_settings=self.interception_settings,
             )
         )
 

@@ -32,7 +32,7 @@ import ray
 
 from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError, InterceptionError
-from vfray.interception import InterceptionApp, Limits, Upstream
+from vfray.interception import InterceptionApp, InterceptionSettings, Limits, Upstream
 from vfray.runtimes.tunnels import TunnelKeeper, TunnelSettings
 from vfray.trace import Trace
 
@@ -110,6 +110,7 @@ class InterceptionReplica:
         api_key_var: str | None = None,
         bind_host: str = "127.0.0.1",
         tunnel: TunnelSettings | None = None,
+        settings: InterceptionSettings | None = None,
     ) -> None:
         # The key is read here, on the replica's node, so it never travels through the driver.
         api_key = os.environ.get(api_key_var) if api_key_var else None
@@ -120,7 +121,9 @@ class InterceptionReplica:
             )
         # ``sampling`` is not imposed here: each rollout's session imposes the plan's (once).
         del sampling
-        self.app = InterceptionApp(Upstream(base_url=base_url, api_key=api_key, model=model))
+        self.app = InterceptionApp(
+            Upstream(base_url=base_url, api_key=api_key, model=model), settings=settings
+        )
         # Before Serve's own start-up (which runs after this constructor) opens its listener.
         _keep_serve_grpc_off_the_network()
         from ray import serve
@@ -240,6 +243,7 @@ def start_pool(
     replicas: int,
     per_node: int = 1,
     tunnel: TunnelSettings | None = None,
+    settings: InterceptionSettings | None = None,
 ) -> PoolRef:
     """Deploy the pool as its own Serve application (Serve started without an HTTP proxy when
     it is not running yet): ``replicas`` replicas, at most ``per_node`` on a node."""
@@ -265,7 +269,9 @@ def start_pool(
         ray_actor_options={"num_cpus": 0},
         health_check_period_s=2,
     )(InterceptionReplica)
-    app = deployment.bind(base_url, model, dict(sampling), api_key_var, tunnel=tunnel)
+    app = deployment.bind(
+        base_url, model, dict(sampling), api_key_var, tunnel=tunnel, settings=settings
+    )
     serve.run(app, name=name, route_prefix=None, blocking=False)
     return PoolRef(name, per_node)
 

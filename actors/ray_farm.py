@@ -81,6 +81,7 @@ class RayFarm:
                 replicas=max(1, len(cluster.alive_nodes())) * layout.interception_replicas_per_node,
                 per_node=layout.interception_replicas_per_node,
                 tunnel=layout.tunnel,
+                settings=spec.config.interception,
             )
         hosts = cluster.HostLayout(
             placement,
@@ -93,6 +94,7 @@ class RayFarm:
             interception=self.pool,
             tunnel=layout.tunnel,
             tools_prefix=self.toolset_nodes.prefix,
+            interception_settings=spec.config.interception,
         )
         self.hosts = hosts.start_all()
         # Fail here, with the model actor's or the host's own error, when one cannot come up;

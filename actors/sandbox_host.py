@@ -29,7 +29,7 @@ from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.harnesses.seats import SeatedTask
-from vfray.interception import InterceptionApp, Upstream
+from vfray.interception import InterceptionApp, InterceptionSettings, Upstream
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.broker import InProcessBroker
 from vfray.run.environment import open_endpoint
@@ -84,6 +84,7 @@ class SandboxHost:
         tunnel: TunnelSettings | None = None,
         slot: int = 0,
         tools_prefix: str | None = None,
+        interception_settings: InterceptionSettings | None = None,
     ) -> None:
         """``slot``: this host's index among the hosts on its node; with the Serve pool it
         picks the node's replica (:class:`~actors.interception_pool.ServeBroker`).
@@ -106,7 +107,8 @@ class SandboxHost:
         if interception is None:
             # No sampling here: each rollout's session imposes the plan's sampling (once).
             self.app = InterceptionApp(
-                Upstream(base_url=base_url, api_key=api_key, model=plan.model)
+                Upstream(base_url=base_url, api_key=api_key, model=plan.model),
+                settings=interception_settings,
             )
         self.harness = make_harness(plan.harness_id, dict(harness_options or {}))
         self.runtime_options = dict(runtime_options or {})
