@@ -390,11 +390,13 @@ class Farm:
 
     def _checked(self, tasks: Iterable[Task[Any]], n: int) -> Iterator[Task[Any]]:
         """Validate each task class once, lazily (a group reward with n < 2, the config's
-        overrides included, is refused), and let the backend prepare it."""
+        overrides included, is refused), and let the backend prepare it; and each task's image
+        (malformed, or one the runtime cannot run)."""
         seen: set[type] = set()
         for task in tasks:
             if not isinstance(task, Task):
                 raise ConfigError(f"expected vfray Task objects, got {type(task).__name__}")
+            self.spec.check_task(task)
             if type(task) not in seen:
                 self.spec.check_task_type(type(task), n)
                 self._backend.prepare(task)

@@ -27,6 +27,7 @@ from vfray.errors import (
     SandboxError,
 )
 from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.images import refuse_image, runs_images
 from vfray.task import TaskData
 from vfray.trace import AgentArtifact, Message
 
@@ -204,8 +205,10 @@ def check_compatibility(
     *,
     has_user: bool = False,
     needs_image: bool = False,
+    image_runtimes: Sequence[str] = (),
 ) -> None:
-    """Refuse a harness, runtime and taskset pairing that cannot work, naming every reason.
+    """Refuse a harness, runtime and taskset pairing that cannot work, naming every reason
+    (``image_runtimes``: the runtimes to name when the tasks have images this one cannot run).
 
     Raises :class:`IncompatibleError`; returns None when the pairing is fine.
     """
@@ -218,11 +221,8 @@ def check_compatibility(
             f"harness {name!r} needs a container but runtime {rtype!r} is not one; "
             "use a container runtime such as 'docker' or 'modal'"
         )
-    if needs_image and not r.is_container:
-        problems.append(
-            f"the tasks name a container image but runtime {rtype!r} cannot run images; "
-            "use 'docker' or 'modal'"
-        )
+    if needs_image and not runs_images(r):
+        problems.append(refuse_image(rtype, image_runtimes))
     if taskset_has_tools and not h.SUPPORTS_MCP:
         problems.append(
             f"the taskset serves tools but harness {name!r} cannot use MCP tools; "

@@ -21,7 +21,13 @@ from vfray.harnesses.registry import harness_class
 from vfray.harnesses.users import declared_user
 from vfray.models.local import check_installed, parse_local_model
 from vfray.rollout import RolloutPlan
-from vfray.runtimes.registry import RuntimeOptions, preflight_runtime, runtime_class
+from vfray.runtimes.images import parse_image
+from vfray.runtimes.registry import (
+    RuntimeOptions,
+    image_runtimes,
+    preflight_runtime,
+    runtime_class,
+)
 from vfray.runtimes.registry import runtime_options as typed_runtime_options
 from vfray.scoring import validate_group_config
 from vfray.task import Task
@@ -128,6 +134,23 @@ class RunSpec(BaseModel):
                 has_user=has_user,
                 taskset_has_tools=has_tools,
             )
+
+    def check_task(self, task: Task[Any]) -> None:
+        """Refuse one task whose image is malformed, or that names an image this run's runtime
+        cannot box it in (naming the runtimes that can), before any of its rollouts runs."""
+        image = task.data.image
+        if image is None:
+            return
+        try:
+            parse_image(image)
+        except ConfigError as exc:
+            raise ConfigError(f"task {task.key[:16]}: {exc}") from None
+        check_compatibility(
+            harness_class(self.plan.harness_id),
+            runtime_class(self.plan.runtime_type),
+            needs_image=True,
+            image_runtimes=image_runtimes(),
+        )
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``

@@ -95,6 +95,13 @@ def task_spec(data: TaskData) -> RuntimeSpec:
     )
 
 
+def image_runtimes() -> list[str]:
+    """The built-in runtimes that can box a task in its image."""
+    from vfray.runtimes.images import runs_images
+
+    return [name for name in RUNTIMES if runs_images(runtime_class(name))]
+
+
 def make_runtime(type: str, spec: RuntimeSpec | None = None, **options: Any) -> Runtime:
     """Build the runtime named ``type`` for one rollout; ``options`` go to its constructor."""
     cls = runtime_class(type)

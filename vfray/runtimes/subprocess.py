@@ -24,6 +24,7 @@ from typing import ClassVar
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
 from vfray.runtimes.lifeline import owner_id, reap_dead_owners, watch_root, work_dir_prefix
 from vfray.runtimes.live import signal_tree
@@ -73,6 +74,11 @@ class SubprocessRuntime(Runtime):
         self._stopped = False
 
     async def start(self) -> None:
+        if self.spec.image is not None and not runs_images(type(self)):
+            # Never run an image task on the host's own filesystem as if it had its image.
+            from vfray.runtimes.registry import image_runtimes
+
+            raise SandboxError(refuse_image(self.type, image_runtimes()))
         try:
             self.owner = owner_id()
             root = watch_root(self.root)
