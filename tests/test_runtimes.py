@@ -133,7 +133,10 @@ async def test_bwrap_box_reaches_bridged_url_but_not_other_host_ports() -> None:
 @pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
 async def test_bwrap_shares_network_only_when_asked() -> None:
     assert not shares_network(RuntimeSpec(), None)
-    assert shares_network(RuntimeSpec(network_allow=("pypi.org",)), None)
+    # Named hosts go through the node's egress proxy (tests/test_egress.py), never the host's
+    # whole network.
+    assert not shares_network(RuntimeSpec(network_allow=("pypi.org",)), None)
+    assert not shares_network(RuntimeSpec(network_block=("10.0.0.0/8",)), True)
     assert not shares_network(RuntimeSpec(network_allow=("pypi.org",)), False)
     async with serve_in_loop(APP) as other, BwrapRuntime(share_network=True) as rt:
         reached = await rt.run([sys.executable, "-c", FETCH, f"{other}/hi"], timeout=30)
@@ -249,12 +252,22 @@ async def test_phone_home_lookups_fail_at_once_in_a_box_without_network() -> Non
     """A real program's DNS and HTTPS lookups in a denied box fail as an unknown name (not a
     "temporary" failure that agents retry), and fast: the hang check below is generous."""
     async with BwrapRuntime(RuntimeSpec()) as box:
+        # The agent phase (setup reaches hosts through the node's egress proxy), whose proxy
+        # refuses the CONNECT: no lookup or connection leaves the node.
+        await box.prepare_execution([])
         result = await box.run([sys.executable, "-c", LOOKUP, "pypi.org"], timeout=60)
         assert result.ok and result.stdout.split("\n")[:2] == ["dns True", "https failed"], result
         assert not result.timed_out
         assert result.duration < 30, result.duration  # a hang check, not a performance bound
         env = await box.run(["env"], timeout=30)
-    assert "SSL_CERT_FILE" not in env.stdout and "PROXY" not in env.stdout.upper()
+    assert "SSL_CERT_FILE" not in env.stdout
+    proxies = [
+        line
+        for line in env.stdout.splitlines()
+        if "PROXY=" in line.upper() and "NO_PROXY=" not in line.upper()
+    ]
+    # Only the box's own egress proxy, never the host's.
+    assert proxies and all(p.endswith("=http://127.0.0.1:3128") for p in proxies), proxies
 
 
 @pytest.mark.parametrize("kind", LOCAL)

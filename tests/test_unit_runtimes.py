@@ -508,7 +508,8 @@ def test_unset_limits_are_left_to_the_engine(tmp_path: Path) -> None:
     [
         (("*",), None, False),  # the default: no network (bridged host endpoints only)
         (("*",), True, True),
-        (("pypi.org",), None, True),  # named hosts cannot be filtered: the shared network
+        (("pypi.org",), None, False),  # named hosts: through the node's egress proxy
+        (("pypi.org",), True, False),
         (("pypi.org",), False, False),  # the option wins
         ((), None, False),
     ],

@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-preflight",
         action="store_true",
-        help="skip the GET /models check of --base-url (when only the cluster reaches it)",
+        help="skip the one-token call that checks --base-url first (when only the cluster reaches it)",
     )
     add_config_options(parser)
     # Leftover --section.key VALUE pairs under open sections (options dicts, sampling).
@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             log.info("%s", stop)
             return print_stopped(stop)
         log.info("summary: %s", json.dumps(summary, sort_keys=True, default=str))
-        from vfray.cli.report import error_lines, first_errors
+        from vfray.cli.report import error_lines
+        from vfray.run.error_examples import first_errors
 
         errors = error_lines(first_errors(result.final_traces), str(result.run_dir))
         for line in errors:

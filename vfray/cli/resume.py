@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     with readable_run(run_dir):
         todo = missing_rollouts(run_dir, tasks, n)
         rebuild = episodes_to_rebuild(run_dir, tasks, n)
-    from vfray.cli.report import error_lines, first_errors, print_errors, print_results
+    from vfray.cli.report import error_lines, print_errors, print_results
+    from vfray.run.error_examples import first_errors
     from vfray.run.results import RunResult
 
     if todo == 0 and rebuild == 0:

@@ -216,6 +216,16 @@ class BridgeSet:
         self.bridges[port] = bridge
         return port
 
+    async def attach(self, port: int, bridge: UnixBridge) -> None:
+        """Start ``bridge`` (a socket at ``{port}.sock`` here that serves something other than
+        one host endpoint: the egress proxy's gate) as the box's ``port``, closed with the
+        rest."""
+        existing = self.bridges.get(port)
+        if existing is not None:
+            raise SandboxError(f"port {port} is already bridged to {existing.host}")
+        await bridge.start()
+        self.bridges[port] = bridge
+
     def forwarder_args(self) -> list[str]:
         """``PORT=SOCKET`` arguments for :data:`BOX_FORWARDER`, with in-box socket paths."""
         return [f"{port}={self.box_dir}/{port}.sock" for port in sorted(self.bridges)]

@@ -2,11 +2,12 @@
 
 Every ``run`` spawns ``bwrap --unshare-all --die-with-parent --new-session`` (~6 ms) over the
 box's persistent private dirs (work dir at ``spec.workdir`` or ``/work``, ``/tmp``), so files
-persist between runs while processes never outlive their run. Network rule: the box has only its
-own loopback (default-deny) unless ``share_network=True`` is configured, or the task's
-``network_allow`` names specific hosts (anything but ``"*"``): bubblewrap cannot filter per host,
-so such a task falls back to the shared host network, with a logged warning. In a denied box,
-:meth:`host_url` endpoints are reached through :mod:`vfray.runtimes.bridge` at the same URL.
+persist between runs while processes never outlive their run. Network: the box has only its
+own loopback; the hosts its policy admits (:mod:`vfray.runtimes.network_policy`: setup reaches
+any host, the agent only ``network_allow``, ``network_block`` never) are reached through the
+node's egress proxy (:mod:`vfray.runtimes.egress`), and :meth:`host_url` endpoints through
+:mod:`vfray.runtimes.bridge` at the same URL. ``share_network=True`` with no host named or
+blocked shares the host network instead.
 Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capability dropped,
 cannot create nested user namespaces (``--disable-userns``, bubblewrap 0.8+), and see only the
 parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at its own path
@@ -41,6 +42,8 @@ from vfray.runtimes._foreign_root import NODE_DIR, NodePrograms, in_root
 from vfray.runtimes._overlay import CowRoot, auto_backend
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
+from vfray.runtimes.egress import EgressGate, open_gate
+from vfray.runtimes.network_policy import BoxNetwork, box_network
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
@@ -133,10 +136,10 @@ def host_paths(extra: Sequence[str] = ()) -> list[str]:
 
 
 def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
-    """The network rule of the module docstring, shared with the docker runtime."""
-    if share_network is not None:
-        return share_network
-    return any(host != "*" for host in spec.network_allow)
+    """Whether the box shares the node's network unfiltered (:mod:`vfray.runtimes.
+    network_policy`: ``share_network=True`` with no host named or blocked), shared with the
+    docker runtime."""
+    return box_network(spec.network_allow, spec.network_block, share_network).host_network
 
 
 class CgroupV1:
@@ -168,6 +171,19 @@ class CgroupV1:
         pid = str(os.getpid())
         for directory in self.dirs:
             (directory / "cgroup.procs").write_text(pid)
+
+    def oom_kills(self) -> int:
+        """How many programs the kernel killed in this cgroup for going past its memory limit
+        (``oom_kill`` in ``memory.oom_control``, Linux 4.13+; 0 without a memory cgroup)."""
+        for directory in self.dirs:
+            if directory.parent.name != "memory":
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                for line in (directory / "memory.oom_control").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -240,6 +256,8 @@ class BwrapRuntime(SubprocessRuntime):
         self.base: Path | None = None
         self.cgroup: CgroupV1 | None = None
         self.bridges: BridgeSet | None = None
+        self.egress: EgressGate | None = None
+        """The box's way out through the node's egress proxy (closed with its bridges)."""
         self._executing = False
         self._bwrap = ""
         self._prefix: list[str] = []
@@ -265,18 +283,12 @@ class BwrapRuntime(SubprocessRuntime):
         )
         (self.base / "etc" / "group").write_text(f"root:x:0:\nnogroup:x:{BOX_UID}:\n")
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        self.egress = await open_gate(self._network(), self.bridges, f"bwrap box {self.box_id}")
         if self.use_cgroups and os.geteuid() == 0:
             # The owner token in the name: the lifeline's reaper finds it after an owner crash.
             self.cgroup = CgroupV1(f"vfray-{self.owner or 'x'}-{self.box_id}", self.spec)
             if not self.cgroup.dirs:
                 self.cgroup = None
-        if shares_network(self.spec, self.share_network) and self.share_network is None:
-            logger.warning(
-                "bwrap box %s shares the host network: the task asks for %s, which bubblewrap "
-                "cannot filter per host (network_block is not enforced)",
-                self.box_id,
-                list(self.spec.network_allow),
-            )
         self._prefix = self._mounts()
 
     @classmethod
@@ -379,6 +391,9 @@ class BwrapRuntime(SubprocessRuntime):
             args += ["--ro-bind", tools, tools]
         return args
 
+    def _network(self) -> BoxNetwork:
+        return box_network(self.spec.network_allow, self.spec.network_block, self.share_network)
+
     def _isolated(self) -> bool:
         if shares_network(self.spec, self.share_network):
             return False
@@ -466,7 +481,7 @@ class BwrapRuntime(SubprocessRuntime):
             # Name lookups from files only: a phone-home lookup fails at once as unknown
             # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
             prefix += ["--ro-bind", str(self._offline_nsswitch()), "/etc/nsswitch.conf"]
-            extra = dict(env or {})
+            extra = {**(self.egress.env() if self.egress else {}), **(env or {})}
         else:
             extra = {**network_env(os.environ), **(env or {})}
         return (
@@ -521,10 +536,18 @@ class BwrapRuntime(SubprocessRuntime):
     async def prepare_execution(self, routes: Sequence[str]) -> None:
         for route in routes:
             await self.host_url(route)
+        if self.egress is not None:
+            await self.egress.enter_agent_phase()
         self._executing = True
 
     async def alive(self) -> bool:
         return await super().alive() and self.base is not None
+
+    async def limit_hit(self) -> str | None:
+        kills = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        if not kills:
+            return None
+        return f"memory limit of {self.spec.memory_gb:g} GB ({kills} program(s) OOM-killed)"
 
     async def stop(self) -> None:
         if self._stopped:

@@ -1,0 +1,307 @@
+"""The node's egress proxy: how a box with no network of its own reaches the hosts its policy
+(:mod:`vfray.runtimes.network_policy`) admits, and nothing else.
+
+Each box gets a gate: a unix socket in its bridge dir, served by this process, that speaks HTTP
+proxy (``CONNECT host:port`` for TLS and anything else, plain ``GET http://…`` requests).
+Inside the box the bridge's forwarder (:data:`vfray.runtimes.bridge.BOX_FORWARDER`) listens on
+``127.0.0.1:3128`` (:data:`EGRESS_PORT`) and passes each connection to the gate, and the box's
+programs get ``HTTP(S)_PROXY`` pointing there (pip, npm, curl, uv, git over https honour it) and
+``APT_CONFIG`` naming a file with ``Acquire::http(s)::Proxy``. Every request is checked against
+the gate's current policy after resolving its host once, and connected to the address checked
+(no second lookup to rebind). :meth:`EgressGate.enter_agent_phase` swaps the setup policy for
+the agent's and cuts the tunnels setup opened. A gate is a bridge of its box: it closes with the
+box's bridges at ``stop``; the proxy is only this process's gates, so it stops with its owner.
+
+Why a proxy and not rules inside each box's network namespace: the proxy needs no root (rootless
+bwrap nodes keep it), admits hosts by name (a CDN's addresses change under an address rule) and
+refuses with a readable 403 that names the rule; bubblewrap 0.8 cannot enter a namespace made
+for it (``--unshare-net`` only). Its limit: only HTTP(S) and what speaks ``CONNECT`` go out; raw
+TCP (ssh, a database driver) does not, and programs that ignore the proxy variables fail closed
+(the box has no route of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from vfray.errors import SandboxError
+from vfray.runtimes._executor import blocking
+from vfray.runtimes.bridge import BridgeSet, UnixBridge, _pipe
+from vfray.runtimes.network_policy import (
+    Address,
+    BoxNetwork,
+    EgressPolicy,
+    as_address,
+    unresolved,
+)
+
+logger = logging.getLogger(__name__)
+
+EGRESS_PORT = 3128
+"""The port of the proxy on a box's own loopback (below the ephemeral range, where an
+interception listener never lands)."""
+APT_CONF = "apt.conf"
+"""The apt configuration the box's ``APT_CONFIG`` names, in its bridge dir."""
+HEAD_TIMEOUT = 30.0
+"""Seconds for a client to send its request head."""
+CONNECT_TIMEOUT = 30.0
+"""Seconds to connect to an admitted host."""
+_HOP_HEADERS = frozenset({"proxy-connection", "proxy-authorization", "connection", "keep-alive"})
+_NODE_TTL = 5.0
+
+
+def _fib_locals(text: str) -> set[Address]:
+    """The node's IPv4 addresses from ``/proc/net/fib_trie`` (``/32 host LOCAL`` leaves)."""
+    found: set[Address] = set()
+    last = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("|--"):
+            last = stripped[3:].strip()
+        elif "/32 host LOCAL" in stripped and last:
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.ip_address(last))
+    return found
+
+
+def _inet6_locals(text: str) -> set[Address]:
+    found: set[Address] = set()
+    for line in text.splitlines():
+        if line.split():
+            raw = line.split()[0]
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.IPv6Address(int(raw, 16)))
+    return found
+
+
+class EgressProxy:
+    """This process's gates, and the node's own addresses (refused unless named)."""
+
+    def __init__(self) -> None:
+        self.gates: set[EgressGate] = set()
+        self._node: frozenset[Address] = frozenset()
+        self._node_at = -_NODE_TTL
+
+    def node_addresses(self) -> frozenset[Address]:
+        """Addresses of this node's interfaces: a box must not reach the node's services
+        (Ray's ports, other boxes' listeners) through the proxy."""
+        now = time.monotonic()
+        if now - self._node_at > _NODE_TTL:
+            found: set[Address] = set()
+            for path, parse in (
+                ("/proc/net/fib_trie", _fib_locals),
+                ("/proc/net/if_inet6", _inet6_locals),
+            ):
+                with contextlib.suppress(OSError):
+                    found |= parse(Path(path).read_text())
+            self._node, self._node_at = frozenset(found), now
+        return self._node
+
+
+_PROXY = EgressProxy()
+
+
+def node_proxy() -> EgressProxy:
+    """The proxy of this process (one per node owner)."""
+    return _PROXY
+
+
+def _answer(status: str, why: str) -> bytes:
+    body = f"vfray egress proxy: {why}\n".encode()
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + body
+
+
+def _authority(target: str, default: int) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    if not host or "]" in port:  # no port, or a bare [v6]
+        host, port = target, str(default)
+    if not port.isdigit():
+        raise ValueError(target)
+    return host.strip("[]"), int(port)
+
+
+class EgressGate(UnixBridge):
+    """One box's way out: a unix socket served as an HTTP proxy under the box's current
+    policy."""
+
+    def __init__(self, bridges: BridgeSet, network: BoxNetwork, proxy: EgressProxy) -> None:
+        super().__init__(bridges.directory / f"{EGRESS_PORT}.sock", "egress proxy", EGRESS_PORT)
+        self.network = network
+        self.proxy = proxy
+        self.bridges = bridges
+        self.box_dir = bridges.box_dir
+        self.policy = network.setup or EgressPolicy("setup", ())
+        self.refused: list[str] = []
+        """Why requests were refused (the last 100), for the box's owner to report."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{EGRESS_PORT}"
+
+    def env(self) -> dict[str, str]:
+        """The variables that send a box's programs through the gate, but not to the hosts
+        they reach on their own (the bridged interception and tool servers)."""
+        url = self.url
+        direct = [b.host for b in self.bridges.bridges.values() if b is not self]
+        keep = ",".join(dict.fromkeys(["localhost", "127.0.0.1", "::1", *direct]))
+        return {
+            "HTTP_PROXY": url,
+            "HTTPS_PROXY": url,
+            "http_proxy": url,
+            "https_proxy": url,
+            "NO_PROXY": keep,
+            "no_proxy": keep,
+            "npm_config_proxy": url,
+            "npm_config_https_proxy": url,
+            "APT_CONFIG": f"{self.box_dir}/{APT_CONF}",
+        }
+
+    async def enter_agent_phase(self) -> None:
+        """The agent's policy from now on; what setup opened is cut."""
+        self.policy = self.network.agent or EgressPolicy("agent", ())
+        for task in list(self._conns):
+            task.cancel()
+
+    async def close(self) -> None:
+        await super().close()
+        self.proxy.gates.discard(self)
+
+    def _refuse(self, why: str) -> bytes:
+        self.refused = [*self.refused[-99:], why]
+        logger.debug("egress refused: %s", why)
+        return _answer("403 Forbidden", why)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._conns.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        except TimeoutError:
+            return
+        lines = head.decode("latin-1").split("\r\n")
+        try:
+            method, target, version = lines[0].split(" ", 2)
+            if method == "CONNECT":
+                host, port = _authority(target, 443)
+                path = ""
+            else:
+                parts = urlsplit(target)
+                if parts.scheme != "http" or not parts.hostname:
+                    raise ValueError(target)
+                host, port = parts.hostname, parts.port or 80
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        except ValueError:
+            writer.write(_answer("400 Bad Request", "send CONNECT host:port or an http:// URL"))
+            return
+        policy = self.policy
+        why = policy.refuses_name(host, port)
+        if why is not None:
+            writer.write(self._refuse(why))
+            return
+        address, why = await self._admitted(policy, host, port)
+        if address is None:
+            unknown = why.endswith("does not resolve")
+            writer.write(_answer("502 Bad Gateway", why) if unknown else self._refuse(why))
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(str(address), port), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as exc:
+            writer.write(_answer("502 Bad Gateway", f"cannot connect to {host}:{port}: {exc}"))
+            return
+        try:
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+                return
+            kept = [
+                line
+                for line in lines[1:]
+                if line and line.split(":", 1)[0].strip().lower() not in _HOP_HEADERS
+            ]
+            # One request per connection: the next one may name another host.
+            up_writer.write(
+                "\r\n".join(
+                    [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
+                ).encode("latin-1")
+            )
+            sending = asyncio.ensure_future(_pipe(reader, up_writer))
+            try:
+                await _pipe(up_reader, writer)
+            finally:
+                sending.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                up_writer.close()
+
+    async def _admitted(
+        self, policy: EgressPolicy, host: str, port: int
+    ) -> tuple[Address | None, str]:
+        """The first address of ``host`` the policy admits, or None and why not."""
+        literal = as_address(host)
+        if literal is not None:
+            addresses: list[Address] = [literal]
+        else:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM
+                )
+            except (OSError, UnicodeError):
+                return None, f"{host} does not resolve"
+            addresses = []
+            for info in infos:
+                found = as_address(str(info[4][0]))
+                if found is not None and found not in addresses:
+                    addresses.append(found)
+        node = self.proxy.node_addresses()
+        first_why = f"{host} has no address"
+        for address in addresses:
+            why = policy.refuses(host, address, port, node)
+            if why is None:
+                return address, ""
+            first_why = why if first_why.endswith("no address") else first_why
+        return None, first_why
+
+
+async def open_gate(network: BoxNetwork, bridges: BridgeSet, where: str) -> EgressGate | None:
+    """The box's gate on this node's proxy, attached to its ``bridges`` (and so closed with
+    them), or None when the box has no proxied network. The agent phase's named hosts must
+    resolve here: a :class:`SandboxError` names those that do not (``where``: the box)."""
+    if not network.proxied:
+        return None
+    missing = await blocking(unresolved, network.named_hosts)
+    if missing:
+        raise SandboxError(f"{where}: network_allow host(s) {', '.join(missing)} do not resolve")
+    proxy = node_proxy()
+    gate = EgressGate(bridges, network, proxy)
+    (bridges.directory / APT_CONF).parent.mkdir(parents=True, exist_ok=True)
+    (bridges.directory / APT_CONF).write_text(
+        f'Acquire::http::Proxy "{gate.url}";\nAcquire::https::Proxy "{gate.url}";\n'
+        # A container's root has no CAP_SETUID: apt cannot drop to its _apt user.
+        'APT::Sandbox::User "root";\n'
+    )
+    await bridges.attach(EGRESS_PORT, gate)
+    proxy.gates.add(gate)
+    return gate
