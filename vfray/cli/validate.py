@@ -2,7 +2,9 @@
 round-trips through JSON, and run each task's ``validate`` hook inside a started runtime.
 
 Every problem is collected (one bad task does not hide the next) and printed as a table;
-the exit code is 1 when there is any.
+the exit code is 1 when there is any. For Harbor tasks (``harbor:PATH``) it also runs the
+``oracle`` harness (each task's ``solution/solve.sh``, no model) on the docker runtime by
+default, and lists every task the oracle does not solve (reward below 1.0) as a problem.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "-n", "--num-tasks", type=int, default=20, help="check the first N tasks (default 20)"
     )
-    parser.add_argument("--runtime", default="subprocess", help="runtime type for validate()")
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="runtime type for validate() (default: subprocess; docker for harbor:PATH)",
+    )
     parser.add_argument(
         "--runtime-options", default="{}", metavar="JSON", help="runtime options, a JSON object"
     )
@@ -169,14 +175,53 @@ def problems_table(problems: list[Problem]) -> Table:
     return table
 
 
+ORACLE_AT_ONCE = 4
+"""Oracle rollouts of ``harbor:`` tasks run at once (each builds and starts a box)."""
+
+
+async def oracle_problems(
+    tasks: list[Task[Any]], runtime_type: str, options: dict[str, Any]
+) -> list[Problem]:
+    """Run the ``oracle`` harness on every task: a task it does not solve (reward below 1.0,
+    or none) is a problem, with the rollout's first error."""
+    from vfray.run.environment import LocalEnvironment
+
+    slots = asyncio.Semaphore(ORACLE_AT_ONCE)
+    async with LocalEnvironment(
+        harness="oracle", runtime=runtime_type, runtime_options=options
+    ) as env:
+
+        async def one(index: int, task: Task[Any]) -> list[Problem]:
+            async with slots:
+                trace = await env.rollout(task)
+            if trace.reward is not None and trace.reward >= 1.0:
+                return []
+            why = (
+                f"{trace.errors[0].type} in {trace.errors[0].phase}: {trace.errors[0].message}"
+                if trace.errors
+                else "; ".join(trace.notes)
+            )
+            said = f"oracle scored {trace.reward}" + (f" ({why})" if why else "")
+            return [Problem(index, task.key, "oracle", " ".join(said.split())[:300])]
+
+        found = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+    return [p for problems in found for p in problems]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.num_tasks < 1:
         raise ConfigError("-n must be at least 1")
     runtime_options = _json_object(args.runtime_options, "--runtime-options")
     taskset_args = _json_object(args.taskset_args, "--taskset-args")
+    harbor = args.taskset.startswith("harbor:")
+    if args.runtime is None:
+        args.runtime = "docker" if harbor else "subprocess"
     runtime_class(args.runtime)  # an unknown runtime is a usage error, before any work
     tasks, problems = collect(args.taskset, taskset_args, args.num_tasks)
-    problems += asyncio.run(validate_all(tasks, args.runtime, runtime_options, args.timeout))
+    if harbor:  # the oracle's rollouts start each task's box: validate() would do it twice
+        problems += asyncio.run(oracle_problems(tasks, args.runtime, runtime_options))
+    else:
+        problems += asyncio.run(validate_all(tasks, args.runtime, runtime_options, args.timeout))
     problems.sort(key=lambda p: -1 if p.index is None else p.index)
     from rich.console import Console  # imported here: every `vfray` call builds this parser
 

@@ -12,6 +12,7 @@ from vfray.harnesses.base import Harness, HarnessConfig
 _BUILTIN: dict[str, str] = {
     "bash": "vfray.harnesses.bash:BashHarness",
     "null": "vfray.harnesses.null:NullHarness",
+    "oracle": "vfray.harnesses.oracle:OracleHarness",
     "mini-swe-agent": "vfray.harnesses.mini_swe_agent:MiniSweAgentHarness",
     "codex": "vfray.harnesses.codex:CodexHarness",
     "claude-code": "vfray.harnesses.claude_code:ClaudeCodeHarness",

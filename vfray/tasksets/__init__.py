@@ -1,5 +1,6 @@
 """Built-in tasksets and taskset lookup: a built-in id (``arithmetic``), an installed entry
-point (group ``vfray.tasksets``), ``package.module:Class`` or ``path/to/file.py:Class``.
+point (group ``vfray.tasksets``), ``package.module:Class``, ``path/to/file.py:Class``, or
+``harbor:PATH`` (Harbor task folders, :func:`harbor`).
 
 Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
 :mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move."""
@@ -19,6 +20,7 @@ BUILTINS: dict[str, str] = {
     "arithmetic-endless": "vfray.tasksets.arithmetic:EndlessArithmetic",
 }
 ENTRY_POINT_GROUP = "vfray.tasksets"
+HARBOR_PREFIX = "harbor:"
 
 
 TASKSETS = Registry(
@@ -34,6 +36,14 @@ def known_tasksets() -> dict[str, str]:
     return TASKSETS.targets()
 
 
+def harbor(path: str) -> Taskset[Any]:
+    """The Harbor tasks at ``path``: a task folder, a folder of them, or a local dataset
+    manifest (:mod:`vfray.tasksets.harbor_tasks`)."""
+    from vfray.tasksets.harbor_tasks import HarborTaskset
+
+    return HarborTaskset(path)
+
+
 def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
     """Build the taskset ``spec`` names, passing ``args`` to its constructor (or factory).
     A ``v1:`` spec is a verifiers v1 taskset package, built by :mod:`vfray.compat.v1`."""
@@ -41,6 +51,10 @@ def load_taskset(spec: str, args: dict[str, Any] | None = None) -> Taskset[Any]:
         from vfray.compat.v1.loader import load_from_args
 
         return load_from_args(spec, args or {})
+    if spec.startswith(HARBOR_PREFIX):
+        if args:
+            raise ConfigError(f"taskset {spec!r} takes no arguments, got {sorted(args)}")
+        return harbor(spec[len(HARBOR_PREFIX) :])
     factory = TASKSETS.load(spec)
     # Typed from its constructor, like harness and runtime options: a misspelt or mistyped
     # argument is one line naming it, before anything is built.
