@@ -261,11 +261,14 @@ async def test_a_tunnel_opened_in_setup_is_cut_when_the_agent_starts(far: Far) -
         writer.close()
 
 
+PY = sys.executable
+
+
 def _no_network(code: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a network namespace of its own: every DNS lookup fails at once (no
     route to any nameserver), so nothing is asked of a real resolver."""
     return subprocess.run(
-        ["unshare", "--net", sys.executable, "-c", code],
+        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"', PY, code],
         capture_output=True,
         text=True,
         timeout=120,
@@ -305,6 +308,31 @@ def test_an_allowed_host_that_does_not_resolve_is_refused_before_and_during_the_
         "SandboxError network_allow host(s) pkg.mirror.example do not resolve",
         "left False",
     ], rollout
+
+
+def test_a_run_refuses_a_task_whose_allowed_host_does_not_resolve(tmp_path: Path) -> None:
+    """The driver's check (RunSpec.check_task, from Farm's task loop): one line, no rollout."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare")
+    run = _no_network(
+        "import vfray as vf\n"
+        "from vfray.errors import ConfigError\n"
+        "class T(vf.Task[vf.TaskData]):\n"
+        "    @vf.reward\n"
+        "    def r(self, trace):\n"
+        "        return 1.0\n"
+        "data = vf.TaskData(prompt='hi', network_allow=['localhost', 'pkg.mirror.example'])\n"
+        "try:\n"
+        "    with vf.Farm(model='scripted:echo', harness='null', runtime='bwrap',\n"
+        f"                 backend='local', progress=False, output_dir={str(tmp_path)!r}) as f:\n"
+        "        f.run([T(data)])\n"
+        "    print('ran')\n"
+        "except ConfigError as exc:\n"
+        "    print('ConfigError', exc)\n"
+    )
+    said = run.stdout.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("ConfigError task "), run
+    assert said[0].endswith(": network_allow host pkg.mirror.example does not resolve"), run
 
 
 def test_host_rules() -> None:

@@ -22,6 +22,7 @@ from vfray.harnesses.users import declared_user
 from vfray.models.local import check_installed, parse_local_model
 from vfray.rollout import RolloutPlan
 from vfray.runtimes.images import parse_image
+from vfray.runtimes.network_policy import check_task_network
 from vfray.runtimes.registry import (
     RuntimeOptions,
     image_runtimes,
@@ -137,7 +138,13 @@ class RunSpec(BaseModel):
 
     def check_task(self, task: Task[Any]) -> None:
         """Refuse one task whose image is malformed, or that names an image this run's runtime
-        cannot box it in (naming the runtimes that can), before any of its rollouts runs."""
+        cannot box it in (naming the runtimes that can), or (where the runtime enforces a
+        network policy) whose ``network_allow`` names a host that does not resolve, before any
+        of its rollouts runs."""
+        if runtime_class(self.plan.runtime_type).isolates_network:
+            data = task.data
+            where = f"task {task.key[:16]}"
+            check_task_network(data.network_allow, data.network_block, where)
         image = task.data.image
         if image is None:
             return

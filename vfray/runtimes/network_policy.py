@@ -221,6 +221,21 @@ def _resolves(name: str) -> bool:
         return False
 
 
+_RESOLVED: set[str] = set()
+"""Names :func:`check_task_network` found resolving: a run's tasks ask for the same few."""
+
+
+def check_task_network(allow: Sequence[str], block: Sequence[str], where: str) -> None:
+    """On the driver, before a task's rollouts: its entries must be hosts, and the names it
+    allows must resolve (each name looked up once per process while it keeps resolving)."""
+    parse_rules(block, "network_block")
+    names = [r.name for r in parse_rules(allow, "network_allow") if r.resolvable and r.name]
+    fresh = [name for name in names if name not in _RESOLVED]
+    if fresh:
+        check_resolvable(fresh, where)
+        _RESOLVED.update(fresh)
+
+
 def check_resolvable(allow: Sequence[str], where: str) -> None:
     """Refuse, in one line, ``network_allow`` names that do not resolve here."""
     names = [r.name for r in parse_rules(allow, "network_allow") if r.resolvable and r.name]
