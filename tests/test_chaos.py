@@ -1,8 +1,15 @@
 """The fault mix, on the real Ray backend, in one run: a SandboxHost killed, the TraceSink
-killed, a model outage, then the driver itself SIGKILLed and the run resumed. Afterwards every
-rollout is accounted for, no row is duplicated in ``traces/`` or ``episodes/``, pass@k equals a
-clean run's, and no process is left behind. (A full disk, the remaining fault of the mix, is
-tests/test_run_folder_recovery.py's, on both backends, with a real tmpfs.)"""
+killed, a model outage, then the driver itself SIGKILLed and the run resumed.
+
+Each fault is checked to have hit, and for what it did before the resume (which would hide
+it): the killed actors' processes are gone; the attempts the dead host lost were held by the
+dying sink and still reach the run folder as retried InfrastructureError rows; the rollouts the
+outage failed are retried (ProviderError rows, then an ok attempt); every group in the folder is
+whole and ok, nothing is written twice. After the driver kill its processes and its boxes'
+work dirs and cgroups go (bwrap boxes, where bwrap is installed). The resume then runs exactly
+the rollouts the folder lacks, and the result equals a clean run's pass@k. (A full disk, the
+remaining fault of the mix, is tests/test_run_folder_recovery.py's, on both backends, with a
+real tmpfs; docker containers left by a killed driver are tests/test_runtime_reaping.py's.)"""
 
 from __future__ import annotations
 
@@ -20,8 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chaos_checks import (
+    box_cgroups,
+    box_dirs,
+    folder_problems,
+    gone,
+    logged,
+    marked,
+    on_disk,
+    owners_of,
+    rows,
+)
 
 import vfray as vf
+from vfray.testing import ScriptedModel, serve_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -64,55 +83,28 @@ def descendants(root: int) -> dict[int, str]:
     return {pid: table[pid][1] for pid in ours if pid in table}
 
 
-def marked(temp: Path) -> list[str]:
-    """Processes whose command line, working directory or environment name ``temp``: the
-    run's Ray processes (TMPDIR), its boxes and harness programs."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if str(temp).encode() in cmd + env or cwd.startswith(str(temp)):
-            found.append(f"{entry}: {cmd[:120].decode(errors='replace')}")
-    return found
+class ModelServer:
+    """The scripted model, served from this process on a fixed port, so that an outage can be
+    made by stopping it and starting it again on the same port, and the model's counters
+    (requests received, completions answered) say what the run asked of it."""
 
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.model = ScriptedModel("arithmetic", latency=1.0, history_size=100_000)
+        self._serving: contextlib.ExitStack | None = None
 
-@contextlib.contextmanager
-def model_server(port: int) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """The scripted model as its own process on a fixed port, so an outage can be made by
-    stopping it and restarting it on the same port."""
-    box: dict[str, subprocess.Popen[str]] = {}
+    def start(self) -> None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(serve_in_thread(self.model, port=self.port))
+        self._serving = stack
 
-    def start() -> None:
-        box["proc"] = subprocess.Popen(
-            [
-                *vfray_cli(),
-                "serve-model",
-                "--policy",
-                "arithmetic",
-                "--latency",
-                "1.0",
-                "--port",
-                str(port),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert box["proc"].stdout is not None
-        box["proc"].stdout.readline()  # "serving at …" once listening
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.close()
+            self._serving = None
 
-    start()
-    box["restart"] = start  # type: ignore[assignment]
-    try:
-        yield box
-    finally:
-        box["proc"].terminate()
-        box["proc"].wait(timeout=30)
+    def received(self) -> int:
+        return len(self.model.history)
 
 
 def eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
@@ -186,11 +178,17 @@ def env_for(temp: Path) -> dict[str, str]:
     return env
 
 
+RUNTIME = "bwrap" if shutil.which("bwrap") else "subprocess"
+"""bwrap boxes (run as root: with cgroups) leave the most behind when their driver is killed."""
+
+
 def test_fault_mix_then_resume_loses_and_duplicates_nothing(tmp_path: Path, temp: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     env = env_for(temp)
-    with model_server(port) as model:
+    model = ModelServer(port)
+    model.start()
+    try:
         clean_out = tmp_path / "clean"
         subprocess.run(
             eval_cmd(url, clean_out, "--backend", "local"),
@@ -200,81 +198,152 @@ def test_fault_mix_then_resume_loses_and_duplicates_nothing(tmp_path: Path, temp
             timeout=300,
         )
         clean = vf.RunResult(run_dir_of(clean_out)).summary()
+        run_faulted_then_resume(tmp_path, temp, env, url, model, clean)
+    finally:
+        model.stop()
+    assert [p for p in marked(temp) if "serve-model" not in p] == []
 
-        out = tmp_path / "chaos"
-        # The driver's output goes to a file: a pipe nobody reads could fill and stall it, and
-        # the file says what the driver did when a step below fails.
-        log_path = tmp_path / "driver.log"
-        with log_path.open("w") as log_file:
-            driver = subprocess.Popen(
-                eval_cmd(url, out), env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True
+
+def run_faulted_then_resume(
+    tmp_path: Path,
+    temp: Path,
+    env: dict[str, str],
+    url: str,
+    model: ModelServer,
+    clean: dict[str, Any],
+) -> None:
+    out = tmp_path / "chaos"
+    # The driver's output goes to a file: a pipe nobody reads could fill and stall it, and
+    # the file says what the driver did when a step below fails. Rows are flushed every 2 s,
+    # so that what the faults made reaches the folder before the driver is killed.
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log_file:
+        driver = subprocess.Popen(
+            eval_cmd(url, out, "--runtime", RUNTIME, "--farm.flush_seconds", "2"),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def driver_log() -> str:
+        return log_path.read_text(errors="replace")[-3000:]
+
+    def actor(name: str) -> int | None:
+        for pid, cmd in descendants(driver.pid).items():
+            if cmd.startswith(f"ray::{name}"):
+                return pid
+        return None
+
+    def kill_actor(name: str) -> int:
+        """SIGKILL the actor's current process; returns its PID. Found again right before the
+        kill: under load Ray may still be replacing a worker, and a PID seen earlier can be
+        gone."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, f"the driver exited early:\n{driver_log()}"
+            pid = actor(name)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    wait_for(lambda p=pid: gone(p), 30, f"the killed {name} to die")
+                    return pid
+            time.sleep(0.2)
+        raise AssertionError(f"no {name} process to kill:\n{driver_log()}")
+
+    try:
+        wait_for(lambda: actor("SandboxHost"), 120, "the SandboxHost")
+        wait_for(lambda: out.exists() and list(out.glob("*/*/config.json")), 60, "run dir")
+        run_dir = run_dir_of(out)
+        time.sleep(2.0)
+        kill_actor("SandboxHost")  # a host dies with rollouts in flight
+        # The driver logs each attempt the dead host lost, then sends its row to the sink: the
+        # sink dies right then, holding those rows (and the groups it had not flushed).
+        wait_for(lambda: logged(run_dir)["lost"], 60, "the driver to log a lost attempt")
+        kill_actor("TraceSink")
+        lost_at_sink_death = logged(run_dir)["lost"]
+        held = lost_at_sink_death - on_disk(rows(run_dir)[0], "InfrastructureError")
+        time.sleep(1.0)
+        answered = model.model.calls
+        model.stop()  # a model outage of a few seconds
+        time.sleep(4.0)
+        model.start()
+        # The outage hit: requests came in again after it (the rollouts it failed, retried).
+        wait_for(lambda: model.model.calls > answered, 60, "the model to be asked again")
+
+        def settled() -> bool:
+            """The faults' retried attempts the driver has logged are all in the folder (and
+            what is there already is right: a rollout the model failed ended retried)."""
+            problems = folder_problems(run_dir, N, running=True)
+            assert problems == [], problems
+            seen = logged(run_dir)
+            traces = rows(run_dir)[0]
+            provider = seen["failed"].get("ProviderError", set())
+            return bool(
+                seen["resent"]
+                and provider
+                and seen["lost"] <= on_disk(traces, "InfrastructureError")
+                and provider <= on_disk(traces, "ProviderError")
             )
 
-        def driver_log() -> str:
-            return log_path.read_text(errors="replace")[-3000:]
-
-        def actor(name: str) -> int | None:
-            for pid, cmd in descendants(driver.pid).items():
-                if cmd.startswith(f"ray::{name}"):
-                    return pid
-            return None
-
-        def kill_actor(name: str) -> None:
-            """SIGKILL the actor's current process. Found again right before the kill: under
-            load Ray may still be replacing a worker, and a PID seen earlier can be gone."""
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                assert driver.poll() is None, f"the driver exited early:\n{driver_log()}"
-                pid = actor(name)
-                if pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                        return
-                time.sleep(0.2)
-            raise AssertionError(f"no {name} process to kill:\n{driver_log()}")
-
         try:
-            wait_for(lambda: actor("SandboxHost"), 120, "the SandboxHost")
-            wait_for(lambda: out.exists() and list(out.glob("*/*/config.json")), 60, "run dir")
-            time.sleep(2.0)
-            kill_actor("SandboxHost")  # a host dies with rollouts in flight
-            wait_for(lambda: actor("TraceSink"), 60, "the TraceSink")
-            time.sleep(1.5)
-            kill_actor("TraceSink")  # the sink dies with rows buffered
-            time.sleep(1.0)
-            model["proc"].terminate()  # a model outage of a few seconds
-            model["proc"].wait(timeout=30)
-            time.sleep(4.0)
-            model["restart"]()  # type: ignore[operator]
-            time.sleep(3.0)
-            if driver.poll() is None:
-                os.kill(driver.pid, signal.SIGKILL)  # and finally the driver itself
-            driver.wait(timeout=60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-        run_dir = run_dir_of(out)
-        before = vf.RunResult(run_dir)
-        done_before = sum(before.final_traces.column("ok").to_pylist())
-        assert done_before < TASKS * N, "the driver was killed before the run finished"
+            wait_for(settled, 60, "the retried attempts to reach the run folder")
+        except AssertionError:
+            problems = folder_problems(run_dir, N, running=True)
+            assert problems == [], problems
+            seen = logged(run_dir)
+            traces = rows(run_dir)[0]
+            raise AssertionError(
+                "the faults' retried attempts never all reached the run folder: "
+                f"lost (logged {sorted(seen['lost'])}, on disk "
+                f"{sorted(on_disk(traces, 'InfrastructureError'))}; held by the dead sink "
+                f"{sorted(held)}), ProviderError (logged "
+                f"{sorted(seen['failed'].get('ProviderError', set()))}, on disk "
+                f"{sorted(on_disk(traces, 'ProviderError'))}), sink re-sent {seen['resent']}"
+                f"\n{driver_log()}"
+            ) from None
+        dirs = box_dirs(temp)
+        cgroups = box_cgroups(owners_of(dirs))
+        assert driver.poll() is None, f"the run ended before its driver was killed:\n{driver_log()}"
+        os.kill(driver.pid, signal.SIGKILL)  # and finally the driver itself
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    print(
+        f"chaos: lost {sorted(lost_at_sink_death)} (held by the dead sink {sorted(held)}), "
+        f"provider failures {logged(run_dir)['failed']}, re-sent {logged(run_dir)['resent']}, "
+        f"boxes at the driver kill: {len(dirs)} dirs, {len(cgroups)} cgroups"
+    )
+    problems = folder_problems(run_dir, N)
+    assert problems == [], problems
+    traces, _ = rows(run_dir)
+    done_before = len({(r["task_key"], r["rollout_index"]) for r in traces if r["ok"]})
+    assert done_before < TASKS * N, "the driver was killed before the run finished"
 
-        # Ray's own processes die with their driver; give them a moment.
-        def leftovers() -> list[str]:
-            return [p for p in marked(temp) if "serve-model" not in p]
+    # What the dead driver left: its processes, its boxes' work dirs and cgroups. The hosts'
+    # watchdogs reap them once the driver's watchdog has killed the hosts.
+    assert dirs, "no box was live when the driver was killed: the test shows nothing"
 
-        with contextlib.suppress(AssertionError):
-            wait_for(lambda: not leftovers(), 60, "the dead driver's processes to go")
-        assert leftovers() == [], "processes outlived their SIGKILLed driver"
-        resumed = subprocess.run(
-            [*vfray_cli(), "resume", str(run_dir), "--no-progress"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-        check_complete(run_dir, clean)
-        # The resume's lifeline watchdog outlives it by the moment its reaping takes.
-        with contextlib.suppress(AssertionError):
-            wait_for(lambda: not leftovers(), 60, "the resume's processes to go")
-    assert [p for p in marked(temp) if "serve-model" not in p] == []
+    def leftovers() -> list[str]:
+        processes = [p for p in marked(temp) if "serve-model" not in p]
+        return processes + sorted(box_dirs(temp)) + sorted(c for c in cgroups if Path(c).exists())
+
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not leftovers(), 60, "what the dead driver left to go")
+    assert leftovers() == [], "outlived their SIGKILLed driver"
+
+    resumed = subprocess.run(
+        [*vfray_cli(), "resume", str(run_dir), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    # The resume ran exactly the rollouts the faulted run had not finished.
+    assert logged(run_dir)["resumed"] == [TASKS * N - done_before]
+    check_complete(run_dir, clean)
+    # The resume's lifeline watchdog outlives it by the moment its reaping takes.
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not leftovers(), 60, "the resume's processes to go")
