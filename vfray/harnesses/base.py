@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import difflib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -108,7 +109,7 @@ class Harness(abc.ABC):
         try:
             return cls.config_type.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigError(f"invalid config for harness {cls.id!r}: {exc}") from None
+            raise ConfigError(option_errors(cls.id, cls.config_type, exc)) from None
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -183,6 +184,23 @@ class Harness(abc.ABC):
         return f"{type(self).__name__}(id={self.id!r})"
 
 
+def option_errors(harness_id: str, config_type: type[BaseModel], exc: ValidationError) -> str:
+    """One line for a harness's invalid options: each unknown one with the closest known name,
+    each bad value with pydantic's reason (not its several lines per error)."""
+    known = sorted(config_type.model_fields)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "options"
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(error["loc"][0]), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"unknown option {where!r}{hint}")
+        else:
+            problems.append(f"{where}: {error['msg']}")
+    listed = f"; its options: {', '.join(known)}" if any("unknown" in p for p in problems) else ""
+    return f"invalid config for harness {harness_id!r}: {'; '.join(problems)}{listed}"
+
+
 def _prepend_text(text: str, content: Any) -> Any:
     if isinstance(content, list):
         return [{"type": "text", "text": text}, *content]
@@ -206,9 +224,11 @@ def check_compatibility(
     has_user: bool = False,
     needs_image: bool = False,
     image_runtimes: Sequence[str] = (),
+    resumable: Sequence[str] = (),
 ) -> None:
     """Refuse a harness, runtime and taskset pairing that cannot work, naming every reason
-    (``image_runtimes``: the runtimes to name when the tasks have images this one cannot run).
+    (``image_runtimes``: the runtimes to name when the tasks have images this one cannot run;
+    ``resumable``: the harnesses to name when the tasks continue and this one cannot resume).
 
     Raises :class:`IncompatibleError`; returns None when the pairing is fine.
     """
@@ -229,9 +249,10 @@ def check_compatibility(
             "pick a harness with SUPPORTS_MCP"
         )
     if has_user and not h.SUPPORTS_RESUME:
+        names = ", ".join(repr(n) for n in resumable) or "'bash' or 'null'"
         problems.append(
-            f"the taskset has a user who speaks more than once but harness {name!r} cannot "
-            "resume a conversation; pick a harness with SUPPORTS_RESUME (e.g. 'bash' or 'null')"
+            f"the taskset has a user who speaks more than once (a user or next_message) but "
+            f"harness {name!r} cannot resume a conversation; pick one that can: {names}"
         )
     if problems:
         raise IncompatibleError("; ".join(problems))

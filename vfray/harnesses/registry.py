@@ -43,6 +43,20 @@ def available_harnesses() -> list[str]:
     return HARNESSES.names()
 
 
+def resumable_harnesses() -> list[str]:
+    """The ids of :func:`available_harnesses` whose harness can resume (``SUPPORTS_RESUME``),
+    sorted; an entry point that does not load is left out."""
+    found = []
+    for name in available_harnesses():
+        try:
+            cls = harness_class(name)
+        except Exception:
+            continue
+        if cls.SUPPORTS_RESUME:
+            found.append(name)
+    return found
+
+
 def harness_class(harness_id: str) -> type[Harness]:
     """The class for ``harness_id``: a built-in, registered or entry-point id, or an import
     path (``pkg.module:Class``, ``file.py:Class``)."""

@@ -17,7 +17,7 @@ from vfray.config import EvalConfig, format_validation_error
 from vfray.endpoints.retry import RetryPolicy
 from vfray.errors import ConfigError
 from vfray.harnesses.base import Harness, HarnessConfig, check_compatibility
-from vfray.harnesses.registry import harness_class
+from vfray.harnesses.registry import harness_class, resumable_harnesses
 from vfray.harnesses.users import declared_user
 from vfray.models.local import check_installed, parse_local_model
 from vfray.rollout import RolloutPlan
@@ -125,15 +125,20 @@ class RunSpec(BaseModel):
         whose user is malformed, whose user needs a harness that can resume, or whose tools
         need a harness that speaks MCP."""
         validate_group_config(task_cls, rollouts_per_task, self.scoring_overrides)
-        has_user = declared_user(task_cls) is not None
+        # A declared user, or next_message overridden: the task continues after segment 1.
+        has_user = declared_user(task_cls) is not None or (
+            getattr(task_cls, "next_message", Task.next_message) is not Task.next_message
+        )
         # A task with tools and a harness that cannot speak MCP: refused before anything runs.
         has_tools = getattr(task_cls, "toolsets", Task.toolsets) is not Task.toolsets
         if has_user or has_tools:
+            harness = harness_class(self.plan.harness_id)
             check_compatibility(
-                harness_class(self.plan.harness_id),
+                harness,
                 runtime_class(self.plan.runtime_type),
                 has_user=has_user,
                 taskset_has_tools=has_tools,
+                resumable=resumable_harnesses() if has_user and not harness.SUPPORTS_RESUME else (),
             )
 
     def check_task(self, task: Task[Any]) -> None:

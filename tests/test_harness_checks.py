@@ -1,0 +1,55 @@
+"""Harness mistakes refused up front, each in one line: a misspelt option (with the closest
+name), and a task that continues (a user, or next_message) given to a harness that cannot
+resume (naming the ones that can)."""
+
+from __future__ import annotations
+
+import pytest
+
+import vfray as vf
+from vfray.errors import ConfigError, IncompatibleError
+from vfray.harnesses import make_harness
+from vfray.harnesses.registry import resumable_harnesses
+from vfray.run.environment import LocalEnvironment
+
+
+def test_a_misspelt_harness_option_is_one_line_with_the_closest_name() -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_harness("mini-swe-agent", {"max_step": 3, "versoin": "1"})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "unknown option 'max_step' (did you mean 'max_steps'?)" in message
+    assert "unknown option 'versoin' (did you mean 'version'?)" in message
+    assert "its options: command_timeout, env," in message
+    with pytest.raises(ConfigError) as caught:
+        make_harness("bash", {"max_steps": 0})
+    assert str(caught.value) == (
+        "invalid config for harness 'bash': max_steps: Input should be greater than 0"
+    )
+
+
+class Continues(vf.Task[vf.TaskData]):
+    """No declared user: the task itself says the next message."""
+
+    def next_message(self, trace: vf.Trace) -> str | None:
+        return "and now?" if len(trace.segments) < 2 else None
+
+
+def test_a_task_that_continues_is_refused_for_a_harness_that_cannot_resume() -> None:
+    resumable = resumable_harnesses()
+    assert {"bash", "null", "claude-code-acp", "codex-acp"} <= set(resumable)
+    assert not {"mini-swe-agent", "codex", "claude-code"} & set(resumable)
+    env = LocalEnvironment("scripted:echo", harness="mini-swe-agent")
+    with pytest.raises(IncompatibleError) as caught:
+        env.spec.check_task_type(Continues, 1)
+    message = str(caught.value)
+    assert "\n" not in message and "harness 'mini-swe-agent' cannot resume" in message
+    assert "'claude-code-acp'" in message and "'bash'" in message
+    env.spec.check_task_type(vf.Task, 1)  # a task that ends after its first segment: fine
+    LocalEnvironment("scripted:echo", harness="bash").spec.check_task_type(Continues, 1)
+
+
+async def test_an_episode_is_refused_before_any_box_starts() -> None:
+    task = Continues(vf.TaskData(prompt="hi"))
+    with pytest.raises(IncompatibleError, match="cannot resume"):
+        await vf.run_episode(task, 1, model="scripted:echo", harness="codex")
