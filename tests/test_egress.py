@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from starlette.applications import Starlette
@@ -30,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+import vfray as vf
 from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError
 from vfray.runtimes.base import Runtime, RuntimeSpec
@@ -370,3 +372,58 @@ def test_the_policy_of_each_phase() -> None:
     ]
     assert named.named_hosts == ("pypi.org",)
     assert EGRESS_PORT < 32768
+
+
+class InstallingTask(vf.Task[vf.TaskData]):
+    """Its setup installs ``tinypkg`` from the far index; its reward (scoring runs under the
+    agent's policy) checks the install is there and that the same install now fails."""
+
+    index: ClassVar[str] = ""
+    said: ClassVar[list[str]] = []
+
+    async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
+        host = self.index
+        code, said = await _pip(runtime, host, "/tmp/setup-site")
+        if code != 0:
+            raise RuntimeError(f"setup could not install: {said}")
+
+    @vf.reward
+    async def offline_after_setup(self, trace: vf.Trace, runtime: Runtime) -> float:
+        show = [PYTHON, "-c", "import tinypkg; print(tinypkg.WHERE)"]
+        kept = await runtime.run(show, {"PYTHONPATH": "/tmp/setup-site"})
+        code, said = await _pip(runtime, self.index, "/tmp/agent-site")
+        self.said.extend([kept.stdout.strip(), said])
+        return float(kept.stdout.strip() == "the far index" and code != 0)
+
+
+async def _pip(rt: Runtime, host: str, target: str) -> tuple[int, str]:
+    argv = [PYTHON, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+    argv += ["--retries", "0", "--timeout", "20", "--target", target, "tinypkg"]
+    argv += ["--index-url", f"http://{host}:{PORT}/simple", "--trusted-host", host]
+    done = await rt.run(argv, timeout=120)
+    return done.exit_code, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("runtime", ["bwrap", "docker"])
+async def test_a_rollouts_setup_installs_and_its_agent_phase_cannot(
+    far: Far, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """Through the rollout machine (setup, then prepare_execution, the agent, scoring)."""
+    options: dict[str, object] = {}
+    data = vf.TaskData(prompt="hi")
+    if runtime == "docker":
+        from docker_engine import IMAGE, runtime_options
+
+        options = runtime_options(request.getfixturevalue("docker_url"))
+        data = vf.TaskData(prompt="hi", image=IMAGE)
+    InstallingTask.index = far.other
+    InstallingTask.said.clear()
+    trace = await vf.run_rollout(
+        InstallingTask(data),
+        model="scripted:echo",
+        harness="null",
+        runtime=runtime,
+        runtime_options=options,
+    )
+    assert not trace.errors, trace.errors
+    assert trace.reward == 1.0, InstallingTask.said
