@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import ray
@@ -24,6 +24,7 @@ from actors.episode import run_episode
 from vfray.errors import SinkError
 from vfray.run.hosts import HostLost
 from vfray.run.outcomes import EpisodeJob, EpisodeOutcome, RolloutJob, RolloutOutcome
+from vfray.run.placement import Placement
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -62,14 +63,15 @@ class RayBackend:
         self,
         hosts: Sequence[Any],
         sink: Any,
-        unfit: Callable[[Task[Any]], str | None] | None = None,
+        placement: Placement | None = None,
     ) -> None:
         if not hosts:
             raise ValueError("the Ray backend needs at least one SandboxHost")
         self.hosts = list(hosts)
         self.num_hosts = len(self.hosts)
         self.sink = sink
-        self._unfit = unfit
+        self.placement = placement
+        """Host ``i``'s node and its resources: where a task's rollouts may go (None: any)."""
         # Rows sent to the sink but not yet reported on disk, by key: (method, ObjectRef).
         self._unacked: dict[str, tuple[str, Any]] = {}
         self._recovering = asyncio.Lock()
@@ -183,7 +185,7 @@ class RayBackend:
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:
-        return self._unfit(task) if self._unfit is not None else None
+        return self.placement.unfit(task.data.resources) if self.placement is not None else None
 
 
 async def _sink_call(ref: Any) -> Any:

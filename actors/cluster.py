@@ -19,6 +19,7 @@ from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import LateUrl, SandboxHost
 from vfray.interception import InterceptionSettings
 from vfray.rollout import RolloutPlan
+from vfray.run.placement import Placement
 from vfray.run.sink import TraceSink
 from vfray.runtimes.tunnels import TunnelSettings
 
@@ -220,25 +221,10 @@ def start_sink(
     ).remote(run_dir, header, flush_rows=flush_rows, flush_seconds=flush_seconds)
 
 
-def placement_check() -> Any:
-    """A function telling why no node could host a task's box (None when one can), from the
-    largest node's resources, so an impossible task fails fast instead of hanging."""
-    nodes = alive_nodes()
-    max_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
-    max_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
-    max_mem_gb = max((n["Resources"].get("memory", 0.0) for n in nodes), default=0.0) / 1e9
-
-    def unfit(task: Any) -> str | None:
-        res = task.data.resources
-        if res.cpu > max_cpu:
-            return f"task needs {res.cpu:g} CPUs; the largest node has {max_cpu:g}"
-        if res.gpu:
-            count = res.gpu.split(":")[-1]
-            wanted = float(count) if count.replace(".", "", 1).isdigit() else 1.0
-            if wanted > max_gpu:
-                return f"task needs GPU {res.gpu!r}; the largest node has {max_gpu:g} GPUs"
-        if res.memory is not None and res.memory > max_mem_gb:
-            return f"task needs {res.memory:g} GB memory; the largest node has {max_mem_gb:.1f}"
-        return None
-
-    return unfit
+def host_placement_of(hosts: list[Any]) -> Placement:
+    """Each host's node and that node's Ray resources (CPUs, memory, GPUs, custom resources
+    such as ``{"A100": 2}``): the driver routes a task's rollouts to hosts whose node fits it,
+    holds its GPUs there while it runs, and refuses a task no host's node can ever fit."""
+    resources = {n["NodeID"]: dict(n["Resources"]) for n in alive_nodes()}
+    nodes = [(node, resources.get(node, {})) for node in (_node_of(h) for h in hosts)]
+    return Placement(nodes, "the largest node")

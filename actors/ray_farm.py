@@ -119,7 +119,7 @@ class RayFarm:
         sink = cluster.start_sink(
             str(run_dir), header, concurrency.flush_rows, concurrency.flush_seconds
         )
-        backend = RayBackend(self.hosts, sink, cluster.placement_check())
+        backend = RayBackend(self.hosts, sink, cluster.host_placement_of(self.hosts))
         try:
             yield backend
         finally:

@@ -21,7 +21,7 @@ import pytest
 
 import vfray as vf
 from vfray.endpoints.retry import EndpointCircuit, RetryPolicy
-from vfray.errors import ROLLOUT_ERROR_TYPES, SinkError
+from vfray.errors import ROLLOUT_ERROR_TYPES, ConfigError, SinkError
 from vfray.run import hosts as run_hosts
 from vfray.run.driver import RunDriver
 from vfray.run.hosts import HostLost, HostPool
@@ -32,6 +32,7 @@ from vfray.run.outcomes import (
     RolloutOutcome,
     finish_episode,
 )
+from vfray.run.placement import Placement
 from vfray.run.plan import ResumeState, RunPlan
 from vfray.trace import RewardRecord, StopCondition, Trace
 
@@ -69,6 +70,7 @@ class FakeBackend:
     num_hosts: int = 2
     latency: float = 0.01
     unfit_keys: set[str] = field(default_factory=set)
+    placement: Placement | None = None
     calls: list[Call] = field(default_factory=list)
     kept: list[Trace] = field(default_factory=list)
     finished: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
@@ -336,12 +338,11 @@ async def test_circuit_stops_holding_after_max_outage() -> None:
 # -- refusal, resume -------------------------------------------------------------------------
 
 
-async def test_unfit_tasks_fail_at_once_as_data() -> None:
-    backend = FakeBackend(unfit_keys={"t1"})
-    progress = await driver_run(backend, tasks(2))
-    assert progress.errors == {"SandboxError": 2}
-    assert {c.key for c in backend.calls} == {"t0"}
-    assert len(backend.finished) == 2
+async def test_a_task_no_node_can_fit_refuses_the_run_in_one_line() -> None:
+    backend = FakeBackend(unfit_keys={"t0"})
+    with pytest.raises(ConfigError, match=r"^task t0: needs a GPU nobody has$"):
+        await driver_run(backend, tasks(3))
+    assert backend.calls == [] and backend.finished == []  # refused before any rollout ran
 
 
 async def test_resume_runs_only_missing_rollouts_with_the_next_attempt_number() -> None:

@@ -56,14 +56,15 @@ def binds_to_the_sdk(options: dict[str, Any]) -> inspect.BoundArguments:
 
 
 async def test_a_tunnel_address_is_the_only_egress() -> None:
-    rt = modal_runtime(RuntimeSpec(cpu=2, memory_gb=1.5))
+    rt = modal_runtime(RuntimeSpec(cpu=2, memory_gb=1.5, gpu="A100:2"))
     rt.plan_routes([TUNNEL])
     options = rt.create_options(await rt.resolve_routes())
     assert options == {
         "timeout": 3600,
         "workdir": "/work",
-        "cpu": 2.0,
-        "memory": 1536,
+        "cpu": (2.0, 2.0),  # (request, limit): the task's resources are hard limits
+        "memory": (1536, 1536),
+        "gpu": "A100:2",
         "outbound_cidr_allowlist": ["203.0.113.7/32"],
     }
     bound = binds_to_the_sdk(options)

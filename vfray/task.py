@@ -15,7 +15,13 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from vfray.trace import Message, TaskRecord, canonical_json
 
@@ -36,17 +42,57 @@ class TaskTimeout(BaseModel):
 
 
 class TaskResources(BaseModel):
-    """What one rollout's box needs; the farm turns these into Ray resource requests."""
+    """What one rollout's box needs. They become the box's limits (cpus, memory, pids, and disk
+    where the runtime can cap it) and decide where the rollout is placed: a task that asks for
+    a GPU runs on a node that has one free, and a task no node can ever fit is refused before
+    the run."""
 
     model_config = ConfigDict(frozen=True)
 
     cpu: float = 1.0
+    """CPU cores: the box's CPU quota, and how many of a node's CPUs the rollout takes."""
     memory: float | None = None
-    """Memory in GB."""
+    """Memory in GB: the box's memory limit (a program past it is killed, and the rollout is a
+    ``SandboxError``)."""
     gpu: str | None = None
-    """GPU request such as ``"A100:2"`` or ``"1"``."""
+    """GPUs: ``"A100:2"`` (type and count), ``"A100"`` (one of that type) or ``"2"`` (a count).
+    The type is a Ray custom resource a node must have (``--resources '{"A100": 2}'``)."""
     disk: float | None = None
-    """Disk in GB."""
+    """Disk in GB: the box's writable layer where the runtime can cap it (docker on an
+    overlay2/xfs-pquota data root, modal); advisory elsewhere."""
+    pids: int | None = None
+    """Most processes and threads alive in the box at once (None: the runtime's default)."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # pids came later: leaving it out while unset keeps every older task's key (its hash).
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("pids") is None:
+            dumped.pop("pids", None)
+        return dumped
+
+    @property
+    def gpu_count(self) -> float:
+        """How many GPUs :attr:`gpu` asks for (0 when none)."""
+        if not self.gpu:
+            return 0.0
+        count = self.gpu.rpartition(":")[2] if ":" in self.gpu else self.gpu
+        try:
+            return float(count)
+        except ValueError:
+            return 1.0  # a bare type: one of it
+
+    @property
+    def gpu_type(self) -> str | None:
+        """The GPU type :attr:`gpu` names (``"A100"``), or None for any GPU."""
+        if not self.gpu:
+            return None
+        head = self.gpu.partition(":")[0] if ":" in self.gpu else self.gpu
+        try:
+            float(head)
+        except ValueError:
+            return head
+        return None
 
 
 class Artifact(BaseModel):

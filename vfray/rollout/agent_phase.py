@@ -88,6 +88,10 @@ async def run_agent_phase(
             stopped = trace.stop_condition is not None
             error = classify_exit(result, await runtime.alive(), stopped)
             if isinstance(error, HarnessError):
+                hit = await runtime.limit_hit()
+                if hit is not None:  # the box's limit killed it, not the program's own fault
+                    error = SandboxError(f"the harness program was killed by the box's {hit}")
+            if isinstance(error, HarnessError):
                 error = _blame_provider(trace) or error
             if error is not None:
                 trace.add_error(error, "agent")

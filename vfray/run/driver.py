@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from vfray.endpoints.retry import EndpointCircuit
 from vfray.errors import (
+    ConfigError,
     InfrastructureError,
     ProviderError,
-    SandboxError,
     TasksetError,
     VfrayError,
 )
@@ -32,6 +32,7 @@ from vfray.run.outcomes import (
     RolloutJob,
     RolloutOutcome,
 )
+from vfray.run.placement import Placement
 from vfray.run.plan import ResumeState, RunPlan
 from vfray.task import Task
 from vfray.trace import StopCondition, Trace, new_id
@@ -49,6 +50,8 @@ class RunBackend(Protocol):
     a reference to one."""
 
     num_hosts: int
+    placement: Placement | None
+    """Which hosts' nodes fit a task, and the GPUs their rollouts hold (None: any host)."""
 
     async def rollout(self, host: int, job: RolloutJob) -> tuple[RolloutOutcome, Any]:
         """Run one rollout on ``host``; returns its outcome and a handle to its trace.
@@ -69,7 +72,8 @@ class RunBackend(Protocol):
         ...
 
     def unfit(self, task: Task[Any]) -> str | None:
-        """Why no host could ever run ``task`` (None when one can)."""
+        """Why no node could ever fit ``task``'s resources (None when one can): the run is then
+        refused in one line."""
         ...
 
 
@@ -208,18 +212,20 @@ class RunDriver:
         todo = [i for i in range(n) if i not in state.done and i not in state.games]
         if not todo and not state.rescore:
             return
+        reason = self.backend.unfit(task)
+        if reason is not None:
+            # No node of the cluster can ever fit it: bad input, refused in one line before any
+            # of its rollouts runs (the ones other tasks started finish and are written).
+            self._failure = ConfigError(f"task {task.key[:16]}: {reason}")
+            return
         if self._groups is not None:
             await self._groups.acquire()
         rollouts: list[asyncio.Task[Any]] = []
-        reason = self.backend.unfit(task)
         for index in todo:
             await self._window.acquire()
             self.progress.submitted += 1
             attempt = state.next_attempt.get(index, 0)
-            if reason is not None:
-                job = self._refuse(task, index, attempt, state.episode_id, reason)
-            else:
-                job = self._rollout(task, index, attempt, state.episode_id)
+            job = self._rollout(task, index, attempt, state.episode_id)
             rollouts.append(asyncio.ensure_future(job))
         finisher = asyncio.ensure_future(self._finish(task, state, rollouts))
         self._episodes.add(finisher)
@@ -247,6 +253,16 @@ class RunDriver:
             # A host cancelled its rollouts (Farm.close, the job stopped): the run is over.
             self._failure = failure
 
+    async def _place(self, task: Task[Any], avoid: int | None) -> int:
+        """The host for a rollout of ``task``: the least loaded among those whose node fits its
+        resources and has its GPUs free (waiting for them), held until the rollout ends."""
+        placement = self.backend.placement
+        if placement is None:
+            return self.pool.acquire(avoid)
+        return await placement.acquire(
+            task.data.resources, lambda free: self.pool.acquire(avoid, among=free)
+        )
+
     async def _rollout(self, task: Task[Any], index: int, attempt: int, episode_id: str) -> Any:
         """Run one rollout, retrying it when the machinery under it failed (at once, on another
         host) or the model endpoint did (after a backoff, and while the endpoint circuit lets
@@ -256,7 +272,11 @@ class RunDriver:
         try:
             while True:
                 probe = await self.circuit.admit()
-                host = self.pool.acquire(avoid)
+                try:
+                    host = await self._place(task, avoid)
+                except BaseException:
+                    self.circuit.abandon(probe)
+                    raise
                 told = provider = outage = lost = False
                 try:
                     job = RolloutJob(
@@ -325,6 +345,8 @@ class RunDriver:
                     await self.backend.keep_attempt(self.backend.hold(failed))
                 finally:
                     self.pool.release(host)
+                    if self.backend.placement is not None:
+                        await self.backend.placement.release(host, task.data.resources)
                     if not told:
                         self.circuit.abandon(probe)
                 self.progress.retried += 1
@@ -336,19 +358,6 @@ class RunDriver:
                     if not outage:
                         provider_retries += 1
                     await asyncio.sleep(self.plan.retry.delay(max(1, provider_retries)))
-        finally:
-            self._window.release()
-
-    async def _refuse(
-        self, task: Task[Any], index: int, attempt: int, episode_id: str, reason: str
-    ) -> Any:
-        """A rollout no host can run fails at once, as data, instead of waiting forever."""
-        try:
-            trace = self._infra_trace(task, index, attempt, episode_id, None)
-            trace.errors.clear()
-            trace.add_error(SandboxError(reason), "placement")
-            self.progress.record(RolloutOutcome.of(trace))
-            return self.backend.hold(trace)
         finally:
             self._window.release()
 

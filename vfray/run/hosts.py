@@ -5,6 +5,7 @@ when the machinery under a rollout died rather than the rollout."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 
 class HostLost(Exception):
@@ -31,11 +32,13 @@ class HostPool:
         self.load = [0] * count
         self._cooling: dict[int, float] = {}  # host → monotonic time its cooldown ends
 
-    def acquire(self, avoid: int | None = None) -> int:
+    def acquire(self, avoid: int | None = None, among: Sequence[int] | None = None) -> int:
+        """A host for one rollout, from ``among`` (the hosts whose node fits it) or all."""
         now = time.monotonic()
         self._cooling = {i: end for i, end in self._cooling.items() if end > now}
         order = sorted(
-            range(len(self.load)), key=lambda i: (i in self._cooling, i == avoid, self.load[i])
+            range(len(self.load)) if among is None else among,
+            key=lambda i: (i in self._cooling, i == avoid, self.load[i]),
         )
         index = order[0]
         self.load[index] += 1

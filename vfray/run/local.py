@@ -30,6 +30,7 @@ from vfray.run.outcomes import (
     finish_episode,
     played,
 )
+from vfray.run.placement import Placement, this_machine
 from vfray.run.spec import RunSpec
 from vfray.task import Task
 from vfray.trace import Trace
@@ -70,6 +71,7 @@ class LocalBackend:
         self.sink: RowSink | None = None
         self.in_flight = 0
         self.completed = 0
+        self.placement = Placement([("local", this_machine())], "this machine")
 
     def _sink(self) -> RowSink:
         if self.sink is None:
@@ -111,12 +113,8 @@ class LocalBackend:
         return outcome
 
     def unfit(self, task: Task[Any]) -> str | None:
-        # A task asking for more CPUs or GPUs than this machine has fails at once, as data.
-        res = task.data.resources
-        cpus = os.cpu_count() or 1
-        if res.cpu > cpus:
-            return f"task needs {res.cpu:g} CPUs; this machine has {cpus}"
-        return None
+        # Against this machine's CPUs, memory and GPUs: the run is refused in one line.
+        return self.placement.unfit(task.data.resources)
 
     async def close(self) -> None:
         """Write every buffered row (nothing to do when no episode finished)."""

@@ -64,6 +64,12 @@ class RuntimeSpec(BaseModel):
     cpu: float = 1.0
     memory_gb: float | None = None
     pids: int | None = 512
+    disk_gb: float | None = None
+    """The box's writable layer cap, where the runtime can enforce one (docker, on a storage
+    driver with quotas); advisory elsewhere."""
+    gpu: str | None = None
+    """The task's GPU request as written (``"A100:2"``): modal's ``gpu``, docker's device
+    request; placement on a node that has them is the farm's."""
     network_allow: tuple[str, ...] = ("*",)
     network_block: tuple[str, ...] = ()
 
@@ -223,6 +229,12 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     async def alive(self) -> bool:
         """Whether the box is still up."""
+
+    async def limit_hit(self) -> str | None:
+        """Which of the box's limits killed a program in it so far (``"memory limit of 2 GB
+        (1 program(s) OOM-killed)"``), or None. A failed harness program in a box that hit one
+        is a :class:`~vfray.errors.SandboxError` saying so, not the program's fault."""
+        return None
 
     async def run_uv_script(
         self,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import os
 import shutil
 import signal
@@ -51,11 +52,27 @@ from vfray.runtimes.lifeline import (
 from vfray.runtimes.network_policy import box_network
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
 from vfray.runtimes.provision import tools_root
+from vfray.task import TaskResources
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 EXPOSE_SOCKET = "expose.sock"
 """The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
+_NO_DISK_QUOTA: set[str] = set()
+"""Engines (by URL) whose storage driver refused ``storage_opt size``: a task's disk is
+advisory there, and their containers start without it."""
+log = logging.getLogger(__name__)
+
+
+def gpu_requests(gpu: str | None) -> list[Any] | None:
+    """The device request giving a container the task's GPUs (``"A100:2"``: two; the type is
+    where the farm places the rollout, not something the engine selects), or None for none."""
+    count = TaskResources(gpu=gpu).gpu_count if gpu else 0
+    if not count:
+        return None
+    from docker.types import DeviceRequest
+
+    return [DeviceRequest(count=max(1, int(count)), capabilities=[["gpu"]])]
 
 
 def _numeric_user(user: str) -> tuple[int, int]:
@@ -168,7 +185,13 @@ class DockerRuntime(Runtime):
             "mem_limit": (
                 f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
             ),
+            # No swap past the limit: a program over it is killed, as in a bwrap box.
+            "memswap_limit": (
+                f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
+            ),
             "pids_limit": self.spec.pids,
+            "storage_opt": self._disk_option(),
+            "device_requests": gpu_requests(self.spec.gpu),
             # Root in the container has no capabilities (Docker's default set includes chown,
             # setuid, net_raw, mknod…) and nothing gains privileges through setuid binaries.
             "cap_drop": ["ALL"],
@@ -179,6 +202,14 @@ class DockerRuntime(Runtime):
         if not shares_network(self.spec, self.share_network):
             options["network_mode"] = "none"
         return {k: v for k, v in options.items() if v is not None}
+
+    def _disk_option(self) -> dict[str, str] | None:
+        """``storage_opt`` capping the container's writable layer at the task's disk, where this
+        engine's storage driver can (btrfs, zfs, or overlay2 on xfs mounted with ``pquota``;
+        overlay2 on ext4, as here, cannot: the task's disk is then advisory, logged once)."""
+        if self.spec.disk_gb is None or self.engine_url() in _NO_DISK_QUOTA:
+            return None
+        return {"size": f"{max(1, int(self.spec.disk_gb * 1024))}M"}
 
     @classmethod
     def preflight(cls, options: dict[str, Any]) -> None:
@@ -238,6 +269,16 @@ class DockerRuntime(Runtime):
                 with contextlib.suppress(Exception):
                     await blocking(self._remove_unstarted)
                 said = " ".join(str(getattr(exc, "explanation", None) or exc).split())
+                if attempt == 0 and "storage-opt" in said and self._disk_option() is not None:
+                    # The driver cannot cap a container's disk: advisory on this engine.
+                    _NO_DISK_QUOTA.add(self.engine_url())
+                    log.warning(
+                        "docker engine %s cannot cap a container's disk (%s); task disk limits "
+                        "are advisory there",
+                        self.engine_url(),
+                        said[:200],
+                    )
+                    continue
                 if attempt == 0 and self.image_ref is not None and "No such image" in said:
                     # Removed from the engine since this process made it present: once more.
                     forget_docker_image(self.engine_url(), name)
@@ -509,6 +550,27 @@ class DockerRuntime(Runtime):
         except Exception:
             return False
         return bool(self.container.status == "running")
+
+    async def limit_hit(self) -> str | None:
+        # The engine's State.OOMKilled stays false when the killed process was an exec'd one
+        # (measured here: exit 137, OOMKilled false), so the container's own cgroup counter is
+        # read, as the container sees it: v1's memory.oom_control, v2's memory.events.
+        if self.container is None or self._stopped or self.spec.memory_gb is None:
+            return None
+        read = (
+            "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events"
+            " 2>/dev/null"
+        )
+        with contextlib.suppress(Exception):
+            result = await self.run(["/bin/sh", "-c", read], timeout=30)
+            for line in result.stdout.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return (
+                        f"memory limit of {self.spec.memory_gb:g} GB "
+                        f"({int(value)} program(s) OOM-killed)"
+                    )
+        return None
 
     async def stop(self) -> None:
         if self._stopped:

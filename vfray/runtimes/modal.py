@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import socket
 import time
 import uuid
@@ -39,6 +40,7 @@ from vfray.runtimes._modal_process import ModalProcess
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.processes import OUTPUT_CAP
 from vfray.runtimes.provision import ToolSpec, image_build_commands, tools_root
+from vfray.task import TaskResources
 
 DEFAULT_IMAGE = "python:3.11-slim"
 
@@ -141,11 +143,17 @@ class ModalRuntime(Runtime):
         options: dict[str, Any] = {
             "timeout": self.sandbox_timeout,
             "workdir": self.box_workdir,
-            "cpu": self.spec.cpu,
         }
+        if self.spec.cpu > 0:
+            # (request, limit): the task's resources are the sandbox's hard limits too.
+            options["cpu"] = (self.spec.cpu, self.spec.cpu)
         options.update(self._network_options(resolved or {}))
         if self.spec.memory_gb is not None:
-            options["memory"] = int(self.spec.memory_gb * 1024)  # MiB
+            mib = int(self.spec.memory_gb * 1024)
+            options["memory"] = (mib, mib)
+        if self.spec.gpu:
+            options["gpu"] = modal_gpu(self.spec.gpu)
+        # A sandbox has no disk option in the SDK (1.x): a task's disk is advisory on modal.
         if self.exposed_ports:
             options["encrypted_ports"] = list(self.exposed_ports)
         return options
@@ -355,6 +363,15 @@ class ModalRuntime(Runtime):
                 await self.sandbox.terminate.aio()
             except Exception as exc:
                 raise SandboxError(f"cannot terminate the Modal sandbox: {exc}") from exc
+
+
+def modal_gpu(gpu: str) -> str:
+    """A task's GPU request as the SDK's ``gpu`` (``TYPE[:COUNT]``, whole GPUs): a bare count
+    asks for any type (``"2"`` is ``"any:2"``)."""
+    res = TaskResources(gpu=gpu)
+    count = max(1, math.ceil(res.gpu_count))
+    kind = res.gpu_type or "any"
+    return kind if count == 1 else f"{kind}:{count}"
 
 
 def _is_address(host: str) -> bool:

@@ -90,6 +90,9 @@ def task_spec(data: TaskData) -> RuntimeSpec:
         workdir=data.workdir,
         cpu=data.resources.cpu,
         memory_gb=data.resources.memory,
+        disk_gb=data.resources.disk,
+        gpu=data.resources.gpu,
+        **({"pids": data.resources.pids} if data.resources.pids is not None else {}),
         network_allow=tuple(data.network_allow),
         network_block=tuple(data.network_block),
     )
