@@ -10,6 +10,7 @@ is renamed into place. Nothing writes to it afterwards: boxes mount it read-only
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from vfray.errors import SandboxError
+from vfray.errors import SandboxError, optional_import
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes._image_docker import docker_image
 from vfray.runtimes._image_flight import (
@@ -31,7 +32,7 @@ from vfray.runtimes._image_flight import (
     image_cache_dir,
     scratch_dir,
 )
-from vfray.runtimes._image_ref import ImageRef, content_key
+from vfray.runtimes._image_ref import ImageRef, content_key, parse_image
 
 LAYOUT_TAG = "image"
 """The tag an image copied into a scratch OCI layout gets."""
@@ -67,17 +68,21 @@ def image_config(root: Path) -> ImageConfig:
 
 
 async def rootfs(
-    ref: ImageRef,
+    image: str | ImageRef,
     *,
     docker_url: str | None = None,
     make_client: Callable[[], Any] | None = None,
     max_unpacks: int = 2,
 ) -> Path:
-    """The root filesystem of ``ref`` on this node, unpacked on first use. ``docker_url`` (and
-    ``make_client``, a client to it) names an engine that builds Dockerfiles and holds
-    pre-loaded registry images; without one a registry image is read with skopeo, and a
-    Dockerfile is refused. Raises :class:`SandboxError` (one line) when the image cannot be
-    had or has no ``/bin/sh``."""
+    """The root filesystem of ``image`` (a reference, or one parsed already) on this node,
+    unpacked on first use: a directory nothing may write to. ``docker_url`` (``make_client``
+    opens a client to it; the docker SDK's by default) names an engine that builds Dockerfiles
+    and holds pre-loaded registry images; without one a registry image is read with skopeo,
+    and a Dockerfile is refused. Raises :class:`SandboxError` (one line) when the image cannot be
+    had or has no ``/bin/sh``; :class:`ConfigError` when ``image`` is malformed."""
+    ref = image if isinstance(image, ImageRef) else parse_image(image)
+    if docker_url is not None and make_client is None:
+        make_client = functools.partial(_client, docker_url)
     key = await blocking(content_key, ref)
     cache = image_cache_dir()
     root = cache / "rootfs" / key / "rootfs"
@@ -99,6 +104,11 @@ async def rootfs(
         return await _FLIGHTS.do(key, work, keep_failures=ref.transport != "docker")
     except SandboxError as exc:
         raise SandboxError(str(exc)) from None
+
+
+def _client(url: str) -> Any:
+    docker: Any = optional_import("docker", "docker")
+    return docker.DockerClient(base_url=url)
 
 
 def _unpack(
