@@ -237,6 +237,26 @@ async def test_a_task_image_is_the_containers_root_and_workdir_its_cwd(
     assert [c for c in _containers(docker_url) if c.labels.get("vfray.box") == box.box_id] == []
 
 
+async def test_a_registry_image_the_engine_has_is_never_pulled(
+    debian_in_docker: str, docker_url: str, store: Path
+) -> None:
+    """How a cluster with no registry pre-loads images: into each node's engine, by name."""
+    since = time.time()
+    name = await docker_image(parse_image(debian_in_docker), _client(docker_url), engine=docker_url)
+    assert name == debian_in_docker
+    client = _client(docker_url)()
+    try:
+        pulls = client.events(
+            since=int(since) - 1,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "image", "event": "pull"},
+        )
+        assert list(pulls) == []
+    finally:
+        client.close()
+
+
 # -- bad images --------------------------------------------------------------------------------
 
 
