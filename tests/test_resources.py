@@ -211,3 +211,74 @@ async def test_a_memory_hog_is_a_sandbox_error_on_its_rollout_only(
     assert errors == [("SandboxError", "agent")], hog.errors
     assert "memory limit of 0.125 GB" in hog.errors[0].message
     assert calm.ok and calm.reward == 1.0, calm.errors
+
+
+# -- placement on a multi-node Ray -------------------------------------------------------------
+
+
+class NodeData(vf.TaskData):
+    gpu_node: str = ""
+
+
+class NodeTask(vf.Task[NodeData]):
+    @vf.metric
+    def on_gpu_node(self) -> bool:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() == self.data.gpu_node
+
+
+@pytest.mark.slow
+def test_gpu_tasks_run_on_the_gpu_node_of_a_cluster(tmp_path: Path, ray_fresh: None) -> None:
+    from ray.cluster_utils import Cluster
+
+    from actors._local_ray import patient_node_start, worker_system_config
+
+    with patient_node_start():
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+                "_system_config": worker_system_config(),
+            },
+        )  # fmt: skip
+        gpu_node = cluster.add_node(num_cpus=1, num_gpus=1, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    try:
+        gpu = TaskResources(gpu="1")
+        tasks = [
+            NodeTask(
+                NodeData(prompt=f"g{i}", gpu_node=gpu_node.node_id, resources=gpu), key=f"g{i}"
+            )
+            for i in range(4)
+        ] + [
+            NodeTask(NodeData(prompt=f"c{i}", gpu_node=gpu_node.node_id), key=f"c{i}")
+            for i in range(4)
+        ]
+        with vf.Farm(
+            model="scripted:echo",
+            harness="null",
+            runtime="subprocess",
+            address=cluster.address,
+            hosts=2,
+            output_dir=str(tmp_path),
+            progress=False,
+        ) as farm:
+            result = farm.run(tasks, rollouts_per_task=2)
+            rows = result.traces.select(["task_key", "ok", "metrics"]).to_pylist()
+            too_big = NodeTask(NodeData(prompt="big", resources=TaskResources(gpu="2")), key="big")
+            with pytest.raises(ConfigError) as refused:
+                farm.run([too_big], rollouts_per_task=1)
+        assert str(refused.value) == "task big: needs 2 GPUs; the largest node has 1"
+        assert all(row["ok"] for row in rows) and len(rows) == 16
+        placed: dict[str, list[float]] = {row["task_key"]: [] for row in rows}
+        for row in rows:
+            metrics = {m["key"]: m["value"] for m in row["metrics"]}
+            placed[row["task_key"]].append(metrics["on_gpu_node"])
+        # Every GPU rollout ran on the GPU node; the others anywhere (both nodes have a host).
+        assert all(placed[f"g{i}"] == [1.0, 1.0] for i in range(4)), placed
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
