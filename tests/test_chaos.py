@@ -9,7 +9,8 @@ whole and ok, nothing is written twice. After the driver kill its processes and 
 work dirs and cgroups go (bwrap boxes, where bwrap is installed). The resume then runs exactly
 the rollouts the folder lacks, and the result equals a clean run's pass@k. (A full disk, the
 remaining fault of the mix, is tests/test_run_folder_recovery.py's, on both backends, with a
-real tmpfs; docker containers left by a killed driver are tests/test_runtime_reaping.py's.)"""
+real tmpfs; docker containers left by a driver killed on Ray are
+tests/test_driver_kill_docker.py's.)"""
 
 from __future__ import annotations
 
