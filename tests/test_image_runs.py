@@ -116,3 +116,33 @@ def test_the_subprocess_box_itself_refuses_an_image() -> None:
     with pytest.raises(SandboxError, match=r"cannot run images; use a runtime"):
         asyncio.run(box.start())
     asyncio.run(box.stop())
+
+
+IMAGE_TASKS = """
+import vfray as vf
+
+
+class InImage(vf.Task[vf.TaskData]):
+    @vf.reward
+    def ok(self, trace: vf.Trace) -> bool:
+        return True
+
+
+class Images(vf.Taskset[InImage]):
+    def load(self):
+        return [InImage(vf.TaskData(prompt="hi", image="debian:bookworm"))]
+"""
+
+
+def test_the_cli_refuses_an_image_task_before_the_run_starts(tmp_path: Path) -> None:
+    from tests.test_cli_first_hour import LOCAL, one_error_line, vfray
+
+    (tmp_path / "images.py").write_text(IMAGE_TASKS)
+    out = tmp_path / "out"
+    proc = vfray(
+        "eval", "images.py:Images", *LOCAL, "--runtime", "subprocess", "-o", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    one_error_line(proc, "runtime 'subprocess' cannot run images", "'docker', 'modal'")
+    assert not out.exists()  # no run folder, no eval.log: refused before the run

@@ -23,7 +23,7 @@ from vfray.cli.overrides import add_config_options, collect_overrides, parse_fre
 from vfray.cli.preflight import check_api_key_var, preflight, resolve_output_dir
 from vfray.cli.runlog import CONSOLE_REPEATS, capture_run_log
 from vfray.config import EvalConfig, load_config
-from vfray.errors import ConfigError
+from vfray.errors import ConfigError, TasksetError, VfrayError
 from vfray.taskset import Taskset
 from vfray.tasksets import load_for_run, task_type_of
 
@@ -130,6 +130,18 @@ def check(config: EvalConfig) -> tuple[Taskset[Any], str | None, RunSpec]:
     return tasks, note, resolve_run(config)
 
 
+def _first_task(tasks: Taskset[Any]) -> Any:
+    """The taskset's first task (None when it has none), or one line when it cannot be built."""
+    try:
+        return next(iter(tasks), None)
+    except VfrayError:
+        raise
+    except Exception as exc:
+        raise TasksetError(
+            f"taskset {tasks.name!r} failed building its first task: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     config = resolve(args)
     # Before anything prints or logs the config (--dry-run, eval.log, config.json).
@@ -143,8 +155,12 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
-    # A group reward with one rollout per task: refused here, not after Ray started.
+    # A group reward with one rollout per task, or a first task whose image the runtime cannot
+    # run: refused here, not after Ray started (the farm checks every task as it reaches it).
     spec.check_task_type(task_type_of(tasks), config.rollouts_per_task)
+    first = _first_task(tasks)
+    if first is not None:
+        spec.check_task(first)
     preflight(config, endpoint=not args.no_preflight)
     from vfray.farm import Farm
 
