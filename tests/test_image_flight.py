@@ -1,7 +1,7 @@
 """The image store's once-per-node machinery (vfray.runtimes._image_flight), with real flocks
 and threads: the build slots cap how many run at once, one flight per key serves every waiter
-(a cancelled waiter does not cancel it), failures are kept only when asked, and scratch dirs of
-dead processes are swept."""
+(a cancelled waiter does not cancel it), only failures of the image's content are kept, and
+scratch dirs of dead processes are swept."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from vfray.runtimes._image_flight import SingleFlight, build_slot, file_lock, scratch_dir
+from vfray.errors import SandboxError
+from vfray.runtimes._image_flight import (
+    ContentFailure,
+    SingleFlight,
+    build_slot,
+    file_lock,
+    scratch_dir,
+)
 
 
 def test_build_slots_cap_how_many_hold_at_once(tmp_path: Path) -> None:
@@ -83,22 +90,26 @@ async def test_one_flight_serves_every_waiter_and_outlives_a_cancelled_one() -> 
     assert await flights.do("k", work) == "image" and calls == [1]  # kept
 
 
-async def test_failures_are_kept_only_when_asked() -> None:
+async def test_only_failures_of_the_content_are_kept() -> None:
     flights = SingleFlight()
     calls = []
 
-    async def broken() -> str:
+    async def engine_down() -> str:
         calls.append(1)
-        raise RuntimeError("no")
+        raise SandboxError("the engine failed")
+
+    async def step_fails() -> str:
+        calls.append(1)
+        raise ContentFailure("returned a non-zero code: 3")
 
     for _ in range(2):
-        with pytest.raises(RuntimeError):
-            await flights.do("pull", broken)
-    assert len(calls) == 2  # a pull is tried again
+        with pytest.raises(SandboxError):
+            await flights.do("pull", engine_down)
+    assert len(calls) == 2  # tried again: the engine may answer next time
     for _ in range(2):
-        with pytest.raises(RuntimeError):
-            await flights.do("build", broken, keep_failures=True)
-    assert len(calls) == 3  # a build of the same content is not
+        with pytest.raises(ContentFailure):
+            await flights.do("build", step_fails)
+    assert len(calls) == 3  # the same content fails the same way: not built again
 
 
 def test_scratch_dirs_of_dead_processes_are_swept(tmp_path: Path) -> None:

@@ -144,5 +144,5 @@ def test_the_cli_refuses_an_image_task_before_the_run_starts(tmp_path: Path) -> 
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode != 0
-    one_error_line(proc, "runtime 'subprocess' cannot run images", "'docker', 'modal'")
+    one_error_line(proc, "runtime 'subprocess' cannot run images", "'docker'", "'modal'")
     assert not out.exists()  # no run folder, no eval.log: refused before the run

@@ -17,6 +17,7 @@ from typing import Any
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes._image_flight import (
+    ContentFailure,
     SingleFlight,
     build_slot,
     file_lock,
@@ -67,8 +68,7 @@ async def docker_image(
         )
 
     try:
-        # Loads and builds of one content fail the same way again; a pull may not.
-        return await _FLIGHTS.do(flight, work, keep_failures=ref.transport != "docker")
+        return await _FLIGHTS.do(flight, work)
     except SandboxError as exc:
         raise SandboxError(str(exc)) from None  # a fresh error per rollout, not a shared one
 
@@ -143,7 +143,9 @@ def _load(client: Any, ref: ImageRef, archive: str, name: str) -> None:
     try:
         with open(archive, "rb") as data:
             images = client.images.load(data)
-    except (errors.APIError, errors.ImageLoadError) as exc:
+    except errors.ImageLoadError as exc:
+        raise ContentFailure(f"cannot load image {str(ref)!r}: {_one_line(exc)}") from exc
+    except errors.APIError as exc:
         raise SandboxError(f"cannot load image {str(ref)!r}: {_one_line(exc)}") from exc
     except OSError as exc:
         raise SandboxError(f"cannot load image {str(ref)!r}: {exc}") from exc
@@ -152,7 +154,7 @@ def _load(client: Any, ref: ImageRef, archive: str, name: str) -> None:
     if not picked:
         found = ", ".join(t for i in images for t in i.tags) or "none"
         what = f"image {wanted!r}" if wanted else "image"
-        raise SandboxError(f"cannot load image {str(ref)!r}: no {what} in it (tags: {found})")
+        raise ContentFailure(f"cannot load image {str(ref)!r}: no {what} in it (tags: {found})")
     repository, _, tag = name.partition(":")
     if not picked[0].tag(repository, tag):
         raise SandboxError(f"cannot tag image {str(ref)!r} as {name}")
@@ -182,7 +184,7 @@ def _copy_and_load(client: Any, ref: ImageRef, name: str, cache: Path) -> None:
         )
         if copied.returncode:
             why = _one_line(copied.stderr or copied.stdout)
-            raise SandboxError(f"cannot read image {str(ref)!r}: skopeo: {why}")
+            raise ContentFailure(f"cannot read image {str(ref)!r}: skopeo: {why}")
         _load(client, ref, str(archive), name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -208,7 +210,7 @@ def _build(client: Any, ref: ImageRef, name: str, network: str | None) -> None:
             if isinstance(entry, dict) and str(entry.get("stream", "")).strip()
         ]
         tail = " | ".join(lines[-LOG_TAIL_LINES:])
-        raise SandboxError(
+        raise ContentFailure(
             f"cannot build image {str(ref)!r}: {_one_line(exc.msg)}"
             + (f" (log: {_one_line(tail)})" if tail else "")
         ) from exc

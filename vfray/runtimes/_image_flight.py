@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from vfray.errors import SandboxError
+
 T = TypeVar("T")
 
 CACHE_ENV = "VFRAY_IMAGE_CACHE"
@@ -110,11 +112,17 @@ def _landed(
         done.exception()  # retrieved: every waiter may have been cancelled
 
 
+class ContentFailure(SandboxError):
+    """An image that fails because of what it is made of (a build step that fails, an archive
+    that does not load, no shell): the same content fails the same way, so the failure is kept
+    for the process's later asks. Callers re-raise it as a plain :class:`SandboxError`."""
+
+
 class SingleFlight:
     """One asyncio task per key and event loop; every caller of :meth:`do` for that key awaits
     it (a caller cancelled while waiting does not cancel the work others wait for). A result is
-    kept for later calls; a failure is kept too when ``keep_failures`` (a build that failed on
-    this content fails again), else the next call tries again."""
+    kept for later calls, and so is a :class:`ContentFailure`; after any other failure (an
+    engine or a registry that failed this time) the next call tries again."""
 
     def __init__(self) -> None:
         self._flights: weakref.WeakKeyDictionary[
@@ -134,26 +142,23 @@ class SingleFlight:
         self._done.pop(key, None)
         self._failed.pop(key, None)
 
-    async def do(
-        self, key: str, work: Callable[[], Awaitable[T]], *, keep_failures: bool = False
-    ) -> T:
+    async def do(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         kept = self.cached(key)
         if kept is not None:
             return kept  # type: ignore[return-value]
         flights = self._flights.setdefault(asyncio.get_running_loop(), {})
         flight = flights.get(key)
         if flight is None:
-            flight = flights[key] = asyncio.ensure_future(self._run(key, work, keep_failures))
+            flight = flights[key] = asyncio.ensure_future(self._run(key, work))
             flight.add_done_callback(lambda done: _landed(flights, key, done))
         result: T = await asyncio.shield(flight)  # type: ignore[arg-type]
         return result
 
-    async def _run(self, key: str, work: Callable[[], Awaitable[T]], keep: bool) -> T:
+    async def _run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         try:
             result = await work()
-        except Exception as exc:
-            if keep:
-                self._failed[key] = exc
+        except ContentFailure as exc:
+            self._failed[key] = exc
             raise
         self._done[key] = result
         return result

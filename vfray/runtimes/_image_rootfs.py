@@ -26,6 +26,7 @@ from vfray.errors import SandboxError, optional_import
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes._image_docker import docker_image
 from vfray.runtimes._image_flight import (
+    ContentFailure,
     SingleFlight,
     build_slot,
     file_lock,
@@ -101,7 +102,7 @@ async def rootfs(
         return await waiting(_unpack, ref, key, cache, engine_name, make_client, max_unpacks)
 
     try:
-        return await _FLIGHTS.do(key, work, keep_failures=ref.transport != "docker")
+        return await _FLIGHTS.do(key, work)
     except SandboxError as exc:
         raise SandboxError(str(exc)) from None
 
@@ -140,7 +141,7 @@ def _unpack(
                     ],
                 )
                 if not has_shell(bundle / "rootfs"):
-                    raise SandboxError(
+                    raise ContentFailure(
                         f"image {str(ref)!r} has no /bin/sh; vfray runs its programs and the "
                         "task's commands through a shell in the box"
                     )
@@ -203,7 +204,9 @@ def _tool(ref: ImageRef, tool: str, args: list[str]) -> None:
     done = subprocess.run([found, *args], capture_output=True, text=True)
     if done.returncode:
         why = " ".join((done.stderr or done.stdout).split())[:600]
-        raise SandboxError(f"cannot unpack image {str(ref)!r}: {tool}: {why}")
+        # A registry that failed may answer next time; a file's content will not change.
+        failure = SandboxError if ref.transport == "docker" else ContentFailure
+        raise failure(f"cannot unpack image {str(ref)!r}: {tool}: {why}")
 
 
 def has_shell(root: Path) -> bool:
