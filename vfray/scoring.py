@@ -4,6 +4,9 @@ discovery on a Task class (or plugged in from config by import path), and their 
 Hooks get their arguments injected by parameter name, may be sync or async, and run concurrently
 within a priority level (higher priority levels run first). A failed or skipped hook still leaves
 its keys in the result with value ``None`` and the reason recorded, so a missing score is visible.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations
