@@ -1,6 +1,6 @@
 """Reaping what a dead owner left: its processes, bwrap cgroups, work dirs (and the overlay mounts
 of image boxes in them) and docker containers, found by the owner token in their environment,
-name or label. Stdlib only: the lifeline watchdog
+name or label (docker's engine API, or the podman CLI). Stdlib only: the lifeline watchdog
 runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR``.
 
 An owner is dead when its lock file ``OWNERS_DIR/TOKEN`` exists and nobody holds its ``flock``
@@ -38,6 +38,9 @@ below it: a Ray worker carries its driver's token, and the driver's watchdog kil
 SandboxHost's own watchdog with it, leaving the host's work dirs, cgroups and containers."""
 OWNER_LABEL = "vfray.owner"
 HOST_LABEL = "vfray.host"
+PODMAN_PREFIX = "podman:"
+"""Engines that are podman stores: ``podman:{"argv": [...], "env": {...}}`` (no daemon to
+address: the command and environment that reach the store), from ``podman JSON`` lines."""
 CGROUP_ROOT = "/sys/fs/cgroup"
 _TOKEN = "[0-9a-f]{32}"
 DIR_NAME = re.compile(rf"^vfray-.+?-({_TOKEN})-")
@@ -82,7 +85,9 @@ def add_line(line: str, roots: set[str], urls: set[str]) -> None:
     pipe to its watchdog) into ``roots`` / ``urls``; anything else is ignored."""
     kind, _, value = line.partition(" ")
     if value:
-        (roots if kind == "root" else urls if kind == "docker" else set()).add(value)
+        if kind == "podman":  # a podman store: engines are addressed by what reaches them
+            value = f"{PODMAN_PREFIX}{value}"
+        (roots if kind == "root" else urls if kind in ("docker", "podman") else set()).add(value)
 
 
 def env_pids(name: str) -> dict[str, list[int]]:
@@ -315,7 +320,33 @@ def docker_request(url: str, method: str, path: str, timeout: float = 10.0) -> o
     return json.loads(body) if body.strip() else None
 
 
+def podman_command(engine: str) -> tuple[list[str], dict[str, str]]:
+    """The podman command and environment a ``podman:{"argv": [...], "env": {...}}`` engine
+    names (the store a podman runtime used: rootful, or a rootless user's)."""
+    found = json.loads(engine[len(PODMAN_PREFIX) :])
+    return [str(a) for a in found["argv"]], {str(k): str(v) for k, v in found["env"].items()}
+
+
+def _podman_request(engine: str, args: list[str]) -> str:
+    argv, env = podman_command(engine)
+    try:
+        done = subprocess.run([*argv, *args], capture_output=True, text=True, env=env,
+                              timeout=120, check=False)  # fmt: skip
+    except (subprocess.SubprocessError, ValueError) as exc:
+        raise OSError(f"podman: {exc}") from exc
+    if done.returncode:
+        raise OSError(f"podman {args[0]}: {done.stderr.strip()[:200]}")
+    return done.stdout
+
+
 def _containers(url: str, label: str) -> list[dict[str, object]]:
+    if url.startswith(PODMAN_PREFIX):
+        out = _podman_request(url, ["ps", "-a", "--filter", f"label={label}", "--format", "json"])
+        try:
+            listed = json.loads(out or "[]")
+        except ValueError as exc:
+            raise OSError(f"podman ps: {exc}") from exc
+        return [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
     filters = urllib.parse.quote(json.dumps({"label": [label]}))
     listed = docker_request(url, "GET", f"/containers/json?all=1&filters={filters}")
     return [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
@@ -326,6 +357,9 @@ def remove_containers(token: str, urls: Iterable[str]) -> None:
         with contextlib.suppress(OSError):
             for container in _containers(url, f"{OWNER_LABEL}={token}"):
                 with contextlib.suppress(OSError):
+                    if url.startswith(PODMAN_PREFIX):
+                        _podman_request(url, ["rm", "-f", "-t", "0", str(container["Id"])])
+                        continue
                     docker_request(url, "DELETE", f"/containers/{container['Id']}?force=1&v=1")
 
 

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -155,6 +156,14 @@ def watch_root(path: str | None) -> str:
 def watch_docker(url: str) -> None:
     """Tell the watchdog that containers are started on the engine at ``url``."""
     _tell(f"docker {url}\n")
+
+
+def watch_podman(argv: list[str], env: dict[str, str]) -> str:
+    """Tell the watchdog that containers are started in the podman store that ``argv`` (the
+    podman command) with ``env`` reaches; returns that store's engine address for the sweep."""
+    value = json.dumps({"argv": argv, "env": env}, sort_keys=True, separators=(",", ":"))
+    _tell(f"podman {value}\n")
+    return f"{_reap.PODMAN_PREFIX}{value}"
 
 
 def work_dir_prefix(kind: str, owner: str | None) -> str:

@@ -34,6 +34,7 @@ RUNTIMES: dict[str, str] = {
     "subprocess": "vfray.runtimes.subprocess:SubprocessRuntime",
     "bwrap": "vfray.runtimes.bwrap:BwrapRuntime",
     "docker": "vfray.runtimes.docker:DockerRuntime",
+    "podman": "vfray.runtimes.podman:PodmanRuntime",
     "modal": "vfray.runtimes.modal:ModalRuntime",
 }
 """Built-in runtime names and their classes (``module:Class``)."""
