@@ -9,6 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+# Task folders the tests run in boxes (Harbor tasks' own tests/, verifier scripts): data for the
+# tests, never tests of this suite.
+collect_ignore_glob = ["fixtures/*"]
+
 # Ray reads this once, at import: it keeps the Rays that tests start by other means than
 # actors.cluster.connect (ray.cluster_utils.Cluster) on loopback too.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

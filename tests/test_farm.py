@@ -98,13 +98,12 @@ class NeedsGpu(vf.Task[vf.TaskData]):
         return 1.0
 
 
-def test_task_no_node_can_fit_fails_fast(tmp_path: Path) -> None:
+def test_task_no_node_can_fit_is_refused_before_it_runs(tmp_path: Path) -> None:
     data = vf.TaskData(prompt="hi", resources={"gpu": "H100:8"})  # type: ignore[arg-type]
-    with farm(tmp_path, model="scripted:echo") as f:
-        result = f.run([NeedsGpu(data)], rollouts_per_task=1)
-    row = result.traces.to_pylist()[0]
-    assert row["error_type"] == "SandboxError"
-    assert "GPU" in row["error_message"]
+    with farm(tmp_path, model="scripted:echo") as f, pytest.raises(vf.ConfigError) as refused:
+        f.run([NeedsGpu(data)], rollouts_per_task=1)
+    assert "GPU" in str(refused.value) and "\n" not in str(refused.value)
+    assert not list(tmp_path.rglob("*.parquet"))  # no rollout ran
 
 
 class FollowUp(vf.Task[vf.TaskData]):

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vfray.errors import RunFolderError
 from vfray.traces.io import read_parquet, read_traces
 from vfray.traces.schema import PHASES
 
@@ -214,7 +215,12 @@ class RunResult:
         if episodes.num_rows == 0:
             return episodes
         traces = self.run_dir / "traces"
-        rows = read_traces(traces, columns=["trace_id"]) if traces.exists() else None
+        try:
+            rows = read_traces(traces, columns=["trace_id"]) if traces.exists() else None
+        except RunFolderError:
+            # A corrupt traces part is reported where the traces are read (naming the file);
+            # the episode rows stay readable meanwhile, unfiltered.
+            return episodes
         written = set(rows.column("trace_id").to_pylist()) if rows is not None else set()
         keep = [
             all(t in written for t in ids or []) for ids in episodes.column("trace_ids").to_pylist()
