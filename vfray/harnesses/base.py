@@ -113,6 +113,12 @@ class Harness(abc.ABC):
 
     # -- the contract --------------------------------------------------------------------------
 
+    def preflight(self, runtime_type: str) -> None:
+        """At run start, on a machine that runs boxes: refuse in one line (ConfigError) what
+        every rollout on ``runtime_type`` would fail on here (a program the harness needs to
+        install its agent). The default needs nothing."""
+        return None
+
     def program_files(self) -> dict[str, bytes]:
         """Files :meth:`setup` uploads into the box (path relative to its work dir → bytes)."""
         return {}

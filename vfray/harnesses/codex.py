@@ -30,6 +30,9 @@ class CodexConfig(AgentHarnessConfig):
     """Options of the codex harness."""
 
     version: str = "0.171.0"
+    node_version: str = "22"
+    """The npm ``node`` package installed beside it: the ``codex`` command is a Node script
+    (``#!/usr/bin/env node``) in front of the native binary, and a node or box may have none."""
     reasoning_effort: str | None = None
     """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
 
@@ -82,7 +85,11 @@ class CodexHarness(ProvisionedHarness):
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
-            name="codex", kind="npm", package="@openai/codex", version=self.config.version
+            name="codex",
+            kind="npm",
+            package="@openai/codex",
+            version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
         )
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
@@ -106,6 +113,7 @@ class CodexHarness(ProvisionedHarness):
             task,
         ]
         env = {
+            # The tool dir's bin holds its own node, which codex's #!/usr/bin/env node finds.
             "PATH": tool.path_env(),
             "CODEX_HOME": CODEX_HOME,
             KEY_VAR: ctx.secret,

@@ -15,10 +15,19 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from vfray.errors import HarnessError, SandboxError
+from vfray.errors import ConfigError, HarnessError, SandboxError
 from vfray.harnesses.base import Harness, HarnessConfig
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import InstalledTool, ToolSpec, ensure_tool, planned_tool, tools_root
+from vfray.runtimes.provision import (
+    InstalledTool,
+    ToolSpec,
+    ensure_tool,
+    find_tool,
+    installer_path,
+    planned_tool,
+    tools_root,
+)
+from vfray.runtimes.registry import runtime_class
 from vfray.trace import AgentArtifact, Message
 
 AGENT_DIR = ".vfray/agent"
@@ -67,6 +76,27 @@ class ProvisionedHarness(Harness):
 
     def box_tools(self) -> tuple[ToolSpec, ...]:
         return (self.tool_spec(),)
+
+    def preflight(self, runtime_type: str) -> None:
+        """Refuse a run whose agent is not in the node's tool dir yet when the programs that
+        install it are missing here: ``npm`` and the ``node`` it runs on (npm agents), ``uv``
+        (PyPI agents). Every rollout would otherwise fail on it, one by one. A runtime that
+        builds the agent into its image (modal) installs it there instead."""
+        if runtime_class(runtime_type).TOOLS_IN_IMAGE:
+            return
+        spec = self.tool_spec()
+        if find_tool(spec, self.tools_root) is not None:
+            return
+        needed = ("npm", "node") if spec.kind == "npm" else ("uv",)
+        missing = [p for p in needed if installer_path(p) is None]
+        if missing:
+            raise ConfigError(
+                f"harness {self.id!r} installs {spec.requirement} into the node's tool dir "
+                f"({self.tools_root}) with {' and '.join(needed)}, but this machine has no "
+                f"{', no '.join(missing)} on PATH; install "
+                + ("Node.js (it brings npm)" if spec.kind == "npm" else "uv (pip install uv)")
+                + " or provision the tool dir beforehand"
+            )
 
     async def setup(self, runtime: Runtime) -> None:
         """Provision the program on this node (once; later rollouts find it installed), or

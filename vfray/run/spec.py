@@ -166,10 +166,13 @@ class RunSpec(BaseModel):
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``
-        False only warns) and a ``local:`` model whose extra is missing."""
+        False only warns), a harness that cannot install its agent here (no npm, node or uv:
+        :meth:`Harness.preflight`) and a ``local:`` model whose extra is missing."""
         local = parse_local_model(self.endpoint.model)
         if local is not None:
             check_installed(local.spec)
+        if boxes_here:
+            self.make_harness().preflight(self.plan.runtime_type)
         preflight_runtime(
             harness_class(self.plan.harness_id),
             self.plan.runtime_type,

@@ -276,9 +276,14 @@ def _compile(venv: Path, dest: Path, final: Path) -> None:
     subprocess.run(argv, capture_output=True, timeout=INSTALL_TIMEOUT, check=False)
 
 
+def installer_path(program: str) -> str | None:
+    """Where an installer (``npm``, ``node``, ``uv``) is: on PATH, or beside this interpreter
+    (uv in a venv that is not activated)."""
+    return shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
+
+
 def _which(program: str, spec: ToolSpec) -> str:
-    # uv lives next to this interpreter in a venv that is not activated.
-    found = shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
+    found = installer_path(program)
     if found is None:
         raise HarnessError(
             f"cannot install {spec.requirement} for {spec.name}: {program} is not installed"

@@ -19,6 +19,9 @@ class CodexAcpConfig(AcpHarnessConfig):
     """Options of the codex-acp harness."""
 
     version: str = "0.16.0"
+    node_version: str = "22"
+    """The npm ``node`` package installed beside it (``codex-acp`` is a Node script in front of
+    the native binary)."""
     reasoning_effort: str | None = None
     """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
 
@@ -36,6 +39,7 @@ class CodexAcpHarness(AcpHarness):
             kind="npm",
             package="@zed-industries/codex-acp",
             version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
         )
 
     def agent_argv(self, tool: InstalledTool) -> list[str]:
@@ -49,6 +53,7 @@ class CodexAcpHarness(AcpHarness):
         policy = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
         await runtime.write(f"{CODEX_HOME}/config.toml", (policy + toml).encode())
         return {
+            # The tool dir's bin holds its own node, which the script's #!/usr/bin/env node finds.
             "PATH": tool.path_env(),
             "CODEX_HOME": f"{workdir}/{CODEX_HOME}",
             KEY_VAR: ctx.secret,
