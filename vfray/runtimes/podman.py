@@ -26,9 +26,11 @@ Not here: a disk cap (``--storage-opt size`` needs overlay on xfs with quotas; a
 docker's ext4), GPUs (podman needs CDI specs; refused in one line). Rootless: written for it
 (the user's own store, no root paths), verified here as root only.
 
-Measured here (benchmarks/podman_start.py, one run, 2 shared cores, the offline Debian image):
-start to first command p50 0.86 s vs docker's 0.41 s (2.1x); one ``run`` p50 0.17 s vs 0.05 s
-(3.4x, a ``podman exec`` is a CLI process + conmon + runc exec each time).
+Measured here (benchmarks/podman_start.py, one run, 8 boxes each, 2 shared cores, the offline
+Debian image already in each store): start to first command p50 1397 ms vs docker's 716 ms
+(2.0x); one ``run`` 250 vs 73 ms (3.4x: each ``podman exec`` is a CLI process, conmon and a runc
+exec); stop 309 vs 90 ms (3.4x). Podman's REST service (``podman system service``) would save the
+CLI process per call but is a daemon to keep per node: not built, not measured.
 """
 
 from __future__ import annotations
