@@ -17,6 +17,7 @@ from actors._probe import check_address
 from actors.interception_pool import PoolRef
 from actors.model_server import LocalModelActor, ScriptedModelServer
 from actors.sandbox_host import LateUrl, SandboxHost
+from vfray import errors
 from vfray.interception import InterceptionSettings
 from vfray.rollout import RolloutPlan
 from vfray.run.placement import Placement
@@ -197,10 +198,29 @@ def _node_of(host: Any, timeout: float = 120.0) -> str:
         try:
             node: str = ray.get(host.stats.remote())["node_id"]
             return node
+        except ray.exceptions.ActorDiedError as exc:
+            raise creation_error(exc) from None
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def creation_error(exc: ray.exceptions.ActorDiedError) -> Exception:
+    """A host that could not be built (its harness or runtime refused its options on the node)
+    as the one line the local backend shows: the error its constructor raised, of the same
+    vfray type. Ray's message puts the cause last, after its own sentence and the traceback,
+    and the terminal showed only its first line. Any other death is left as Ray says it."""
+    message = str(getattr(exc, "error_msg", "") or exc)
+    if not getattr(exc, "_actor_init_failed", False):
+        return exc
+    last = next((ln for ln in reversed(message.splitlines()) if ln.strip()), "")
+    kind, sep, cause = last.partition(": ")
+    name = kind.rsplit(".", 1)[-1]
+    found = getattr(errors, name, None) if kind.startswith("vfray.") else None
+    if sep and isinstance(found, type) and issubclass(found, errors.VfrayError):
+        return found(cause)
+    return errors.ConfigError(f"a SandboxHost could not be built: {last.strip()}")
 
 
 def start_sink(

@@ -107,7 +107,11 @@ class RayFarm:
                     f"the built-in model actor ({endpoint.model}) could not "
                     f"start: {_last_line(exc)}"
                 ) from None
-        ray.get([h.url.remote() for h in self.hosts])
+        try:
+            ray.get([h.url.remote() for h in self.hosts])
+        except ray.exceptions.ActorDiedError as exc:
+            # A harness or runtime the host cannot build: its own error, in one line.
+            raise cluster.creation_error(exc) from None
         self.hosts = hosts.settle(self.hosts)
         if self.policy_version is not None:
             self.set_policy_version(self.policy_version)
