@@ -12,12 +12,13 @@ import abc
 import asyncio
 import contextlib
 import difflib
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vfray.errors import (
     ConfigError,
@@ -29,6 +30,7 @@ from vfray.errors import (
 )
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.images import refuse_image, runs_images
+from vfray.runtimes.processes import is_secret
 from vfray.task import TaskData
 from vfray.trace import AgentArtifact, Message
 
@@ -52,6 +54,26 @@ class HarnessConfig(BaseModel):
     """Extra environment variables for the program (the host's own are never forwarded)."""
     extra_args: tuple[str, ...] = ()
     """Extra command-line arguments appended to the program's argv."""
+    forward_env: tuple[str, ...] = ()
+    """Names of host environment variables passed on to the program (read where the box's host
+    builds the harness; one that is unset there is left out; ``env`` wins over one). Never a
+    credential: a name that looks like one (``*API_KEY*``, ``*TOKEN*``, ``AWS_*``...: the box's
+    secret filter) or the model's key variable is refused."""
+
+    @field_validator("forward_env")
+    @classmethod
+    def _no_secrets(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        secret = [n for n in names if is_secret(n)]
+        if secret:
+            raise ValueError(
+                f"{', '.join(secret)} look like credentials, which vfray never hands a box; "
+                "pass a value in 'env' if the agent truly needs it"
+            )
+        return names
+
+    def forwarded(self) -> dict[str, str]:
+        """``forward_env``'s variables as this process's environment has them."""
+        return {n: os.environ[n] for n in self.forward_env if n in os.environ}
 
 
 class LaunchContext(BaseModel):
@@ -99,6 +121,11 @@ class Harness(abc.ABC):
 
     def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
         self.config = self.parse_config(config)
+        forwarded = self.config.forwarded()
+        if forwarded:
+            # Into ``env``, which every harness hands its program.
+            env = {**forwarded, **self.config.env}
+            self.config = self.config.model_copy(update={"env": env})
 
     @classmethod
     def parse_config(cls, config: HarnessConfig | Mapping[str, Any] | None) -> HarnessConfig:

@@ -50,6 +50,10 @@ class ChatLoopConfig(HarnessConfig):
     """Retries of a model call answered 429/5xx or not answered at all."""
     python: str | None = None
     """The interpreter inside the box; None: the runtime's own (``Runtime.python``)."""
+    disabled_tools: tuple[str, ...] = ()
+    """Tools the model is not offered: the program's own (``bash``, ``edit``) or a task's MCP
+    tool, by its name or as ``server__tool``. The chat loop (bash, null) and claude-code take
+    this option; the other harnesses refuse it as an unknown option."""
 
 
 @functools.cache
@@ -126,6 +130,7 @@ class ChatLoopHarness(Harness):
             f"{c.request_timeout:g}",
             "--retries",
             str(c.retries),
+            *([f"--disable={','.join(c.disabled_tools)}"] if c.disabled_tools else []),
             *servers,
             *c.extra_args,
         ]

@@ -38,6 +38,9 @@ class ClaudeCodeConfig(AgentHarnessConfig):
     """The npm ``node`` package installed beside it (Claude Code needs Node >= 22)."""
     allowed_tools: tuple[str, ...] = ("Bash", "Read", "Edit", "Write")
     """Tools the agent may use without asking (print mode cannot ask)."""
+    disabled_tools: tuple[str, ...] = ()
+    """Tools the agent must not get, as Claude Code names them (``WebFetch``, a task's MCP
+    tool as ``mcp__SERVER__TOOL``): passed as ``--disallowedTools``."""
 
 
 def anthropic_root(endpoint: str) -> str:
@@ -91,7 +94,10 @@ class ClaudeCodeHarness(ProvisionedHarness):
             ctx.model,
             "--max-turns",
             str(c.max_steps),
-            *mcp_args(ctx.mcp_servers, c.allowed_tools),
+            *mcp_args(
+                ctx.mcp_servers, tuple(t for t in c.allowed_tools if t not in c.disabled_tools)
+            ),
+            *(["--disallowedTools", ",".join(c.disabled_tools)] if c.disabled_tools else []),
             *c.extra_args,
         ]
         env = {

@@ -143,9 +143,10 @@ class RunSpec(BaseModel):
 
     def check_task(self, task: Task[Any]) -> None:
         """Refuse one task whose image is malformed, or that names an image this run's runtime
-        cannot box it in (naming the runtimes that can), or (where the runtime enforces a
-        network policy) whose ``network_allow`` names a host that does not resolve, before any
-        of its rollouts runs."""
+        cannot box it in (naming the runtimes that can), or whose image's archive, layout or
+        Dockerfile is not on this machine (a run on a cluster names paths every node shares),
+        or (where the runtime enforces a network policy) whose ``network_allow`` names a host
+        that does not resolve, before any of its rollouts runs."""
         if runtime_class(self.plan.runtime_type).isolates_network:
             data = task.data
             where = f"task {task.key[:16]}"
@@ -154,7 +155,7 @@ class RunSpec(BaseModel):
         if image is None:
             return
         try:
-            parse_image(image)
+            missing = parse_image(image).missing()
         except ConfigError as exc:
             raise ConfigError(f"task {task.key[:16]}: {exc}") from None
         check_compatibility(
@@ -163,6 +164,8 @@ class RunSpec(BaseModel):
             needs_image=True,
             image_runtimes=image_runtimes(),
         )
+        if missing is not None:
+            raise ConfigError(f"task {task.key[:16]}: {missing}")
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``
@@ -239,6 +242,11 @@ def resolve_run(config: EvalConfig, concurrency: dict[str, Any] | None = None) -
     endpoint = resolve_endpoint(config)
     harness_cls = harness_class(env.harness.id)
     harness_config = harness_cls.parse_config(env.harness.options)
+    if endpoint.api_key_var and endpoint.api_key_var in harness_config.forward_env:
+        raise ConfigError(
+            f"harness option forward_env names {endpoint.api_key_var}, the model's API key "
+            "variable: the interception holds that key and boxes never see it"
+        )
     runtime_cls = runtime_class(env.runtime.type)
     options = typed_runtime_options(env.runtime.type, config.runtime_options())
     # Refuse an impossible pairing (e.g. a container-only harness on subprocess) now, not as

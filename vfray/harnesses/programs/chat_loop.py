@@ -500,12 +500,15 @@ def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
     model = os.environ.get("VFRAY_MODEL", "")
     if not base:
         raise Fatal("VFRAY_BASE_URL is not set")
-    tools = [t for t in args.tools.split(",") if t] if args.tools else []
+    disabled = {t for t in args.disable.split(",") if t}
+    tools = [t for t in args.tools.split(",") if t and t not in disabled] if args.tools else []
     unknown = [t for t in tools if t not in TOOL_SCHEMAS]
     if unknown:
         raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
     messages = state["messages"] = load_messages(args)
     mcp = connect_mcp(args.mcp, args.request_timeout)
+    # A disabled tool is not offered, by its exposed name, its own, or as server__tool.
+    mcp = {k: v for k, v in mcp.items() if not {k, v[1], f"{v[0].name}__{v[1]}"} & disabled}
     schemas = [TOOL_SCHEMAS[t] for t in tools] + [entry[2] for entry in mcp.values()]
     url = f"{base}/chat/completions"
     while state["steps"] < args.max_steps:
@@ -545,6 +548,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="chat_loop", description=__doc__)
     parser.add_argument("--messages", help="JSON file with the prompt messages")
     parser.add_argument("--tools", default="", help="comma-separated tools: bash,edit")
+    parser.add_argument("--disable", default="", help="comma-separated tools not to offer")
     parser.add_argument(
         "--mcp", action="append", default=[], help="an MCP server as NAME=URL (repeatable)"
     )
