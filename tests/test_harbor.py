@@ -190,3 +190,19 @@ async def test_sidecars_are_refused_off_docker() -> None:
 def test_the_oracle_is_a_harness() -> None:
     cls = harness_class("oracle")
     assert cls.SUPPORTS_RESUME and not cls.NEEDS_CONTAINER
+
+
+def test_only_multi_step_tasks_need_a_harness_that_resumes() -> None:
+    # A single-step task ends after its agent's one segment: codex (no resume) may run it, as
+    # Harbor's own codex agent does; a multi-step task is refused for it before the run.
+    from vfray.run.environment import LocalEnvironment
+
+    spec = LocalEnvironment("scripted:echo", harness="codex").spec
+    single = HarborTaskset(str(FIXTURES / "edit-file"))
+    spec.check_task_type(single.task_type, 1)
+    (task,) = single.load()
+    spec.check_task_type(type(task), 1)
+    stepped = HarborTaskset(str(FIXTURES / "multi-step"))
+    with pytest.raises(ConfigError, match="cannot resume"):
+        spec.check_task_type(stepped.task_type, 1)
+    assert HarborTaskset(str(FIXTURES)).task_type is type(next(iter(stepped.load())))

@@ -188,7 +188,7 @@ def read_task(folder: Path, key: str | None = None) -> HarborTask:
     )
     for note in notes:
         logger.info("harbor task %s: %s", name, note)
-    return HarborTask(data, key=key or name)
+    return (HarborStepsTask if steps else HarborTask)(data, key=key or name)
 
 
 class HarborTask(Task[HarborData]):
@@ -230,16 +230,6 @@ class HarborTask(Task[HarborData]):
         except RolloutError as exc:
             state["rewards"][step.name] = None
             trace.notes.append(f"step {step.name!r}: {type(exc).__name__}: {exc}")
-
-    async def next_message(self, trace: Trace) -> str | None:
-        """Multi-step: verify the step just done, then give the next step's instruction."""
-        state = self._live.get(trace.trace_id)
-        if state is None or state["step"] >= len(self.data.steps):
-            return None
-        await self._verify_step(trace, state)
-        if state["step"] < len(self.data.steps):
-            return str(self.data.steps[state["step"]].instruction)
-        return None
 
     async def finalize(self, trace: Trace, runtime: Runtime) -> None:
         await keep_agent_logs(runtime, trace)
@@ -285,6 +275,22 @@ class HarborTask(Task[HarborData]):
         reward), each a reward of its own; None when the verifier wrote just one number."""
         named = {k: v for k, v in (await self._rewards(trace, runtime)).items() if k != "reward"}
         return named or None
+
+
+class HarborStepsTask(HarborTask):
+    """A multi-step Harbor task: each step after the first is the next segment's message. A
+    class of its own, so only these need a harness that can resume a conversation (the run's
+    up-front check reads ``next_message`` off the class)."""
+
+    async def next_message(self, trace: Trace) -> str | None:
+        """Verify the step just done, then give the next step's instruction."""
+        state = self._live.get(trace.trace_id)
+        if state is None or state["step"] >= len(self.data.steps):
+            return None
+        await self._verify_step(trace, state)
+        if state["step"] < len(self.data.steps):
+            return str(self.data.steps[state["step"]].instruction)
+        return None
 
 
 async def _read(runtime: Runtime, path: str) -> bytes | None:
@@ -344,7 +350,6 @@ class HarborTaskset(Taskset[HarborTask]):
     """The Harbor tasks at ``path`` (a task folder, a folder of them, or a local manifest)."""
 
     name = "harbor"
-    task_type = HarborTask
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -361,12 +366,19 @@ class HarborTaskset(Taskset[HarborTask]):
             raise TasksetError(f"harbor:{path}: {missing[0]} is not a task folder (no task.toml)")
         self.folders = folders
 
+    @property
+    def task_type(self) -> type[Task[Any]]:
+        """:class:`HarborStepsTask` when any task has steps (its harness must resume), else
+        :class:`HarborTask`."""
+        stepped = any(read_config(f / "task.toml").steps for f in self.folders)
+        return HarborStepsTask if stepped else HarborTask
+
     def load(self) -> Iterator[HarborTask]:
         seen: set[str] = set()
         for folder in self.folders:
             task = read_task(folder)
             if task.key in seen:  # two datasets' tasks of one name: the folder tells them apart
-                task = HarborTask(task.data, key=str(folder))
+                task = type(task)(task.data, key=str(folder))
             seen.add(task.key)
             yield task
 
