@@ -1,8 +1,12 @@
-"""Harness options from verifiers v1's harnesses, through real rollouts of the chat loop (the
-scripted ``agent`` model): ``disabled_tools`` keeps a tool from the model, ``forward_env`` hands
-named host variables to the program and never a credential."""
+"""What verifiers v1's harnesses have, through real rollouts of the chat loop (the scripted
+``agent`` model): ``disabled_tools`` keeps a tool from the model, ``forward_env`` hands named host
+variables to the program and never a credential, and a harness's own ``score`` (metrics after
+the task's) and ``cleanup`` (at teardown, the box still up) hooks."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 import pytest
 
@@ -10,6 +14,8 @@ import vfray as vf
 from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.errors import ConfigError
 from vfray.harnesses import make_harness
+from vfray.harnesses.bash import BashHarness
+from vfray.harnesses.registry import register_harness
 from vfray.runtimes.base import Runtime
 
 
@@ -80,3 +86,45 @@ def test_forward_env_never_names_a_credential(monkeypatch: pytest.MonkeyPatch) -
             api_key_var="MY_LLM",
             harness_options={"forward_env": ["MY_LLM"]},
         )
+
+
+class Audited(BashHarness):
+    """Adds a metric from the box after the agent, and cleans up host state it kept."""
+
+    id = "test_audited"
+    cleaned: ClassVar[list[str]] = []
+    fail_score = False
+
+    async def score(self, trace: vf.Trace, runtime: Runtime) -> Mapping[str, float | None]:
+        if self.fail_score:
+            raise RuntimeError("no audit today")
+        size = len(await runtime.read("note.txt"))  # the box is still up
+        return {"note_bytes": float(size), "solved": 0.5}
+
+    async def cleanup(self, runtime: Runtime) -> None:
+        self.cleaned.append((await runtime.read("note.txt")).decode().strip())
+
+
+class WritesNote(vf.Task[vf.TaskData]):
+    @vf.metric
+    async def solved(self, runtime: Runtime) -> float:
+        return float(await runtime.read("note.txt") == b"hi\n")
+
+
+async def test_the_harness_scores_after_the_task_and_cleans_up_at_teardown() -> None:
+    register_harness(Audited)
+    task = WritesNote(vf.TaskData(prompt='Write "hi" to note.txt'))
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="test_audited")
+    assert trace.errors == [], trace.errors
+    # The task's own metric stands; the harness's is added beside it.
+    assert trace.metrics == {"solved": 1.0, "note_bytes": 3.0}
+    assert Audited.cleaned == ["hi"]  # called before the box stopped
+    assert trace.timing["teardown"].start <= trace.timing["teardown"].end  # type: ignore[operator]
+    Audited.fail_score = True
+    try:
+        trace = await vf.run_rollout(task, model="scripted:agent", harness="test_audited")
+    finally:
+        Audited.fail_score = False
+    assert trace.errors == [] and trace.metrics == {"solved": 1.0}
+    assert "harness score failed: RuntimeError: no audit today" in trace.notes
+    assert Audited.cleaned == ["hi", "hi"]

@@ -32,7 +32,7 @@ from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.processes import is_secret
 from vfray.task import TaskData
-from vfray.trace import AgentArtifact, Message
+from vfray.trace import AgentArtifact, Message, Trace
 
 if TYPE_CHECKING:
     from vfray.runtimes.provision import ToolSpec
@@ -188,6 +188,19 @@ class Harness(abc.ABC):
     ) -> list[Message] | None:
         """The conversation the last segment of ``ctx``'s rollout left in the box, when the
         program writes one."""
+        return None
+
+    async def score(self, trace: Trace, runtime: Runtime) -> Mapping[str, float | None]:
+        """Metrics the harness adds once the task has scored (the scoring phase; the box is
+        still up): name -> value, put on ``trace.metrics`` beside the task's (a name the task
+        already set is left as the task set it). A failure is a note, never the rollout's
+        error. The default adds none."""
+        return {}
+
+    async def cleanup(self, runtime: Runtime) -> None:
+        """Undo what the harness left outside the box for this rollout (the teardown phase,
+        before the box stops; always called, after a failure too). A failure is a note. The
+        default has nothing to clean."""
         return None
 
     async def collect_artifacts(self, runtime: Runtime) -> list[AgentArtifact]:

@@ -179,17 +179,34 @@ async def _execute(
                         trace,
                         "scoring",
                         timeouts.scoring + SCORING_GRACE,
-                        lambda: score_rollout(
-                            task, trace, runtime, plan.scoring_overrides, timeouts.scoring
-                        ),
+                        lambda: _score(task, trace, harness, runtime, plan, timeouts.scoring),
                         TaskError,
                     )
         finally:
             if tools is not None:
                 with contextlib.suppress(Exception):
                     await tools.close()
-            await _teardown(trace, runtime, timeouts.teardown)
+            await _teardown(trace, runtime, timeouts.teardown, harness)
     return trace
+
+
+async def _score(
+    task: Task[Any],
+    trace: Trace,
+    harness: Harness,
+    runtime: Runtime,
+    plan: RolloutPlan,
+    deadline: float,
+) -> None:
+    """The task's rewards and metrics, then the harness's own metrics (``Harness.score``)."""
+    await score_rollout(task, trace, runtime, plan.scoring_overrides, deadline)
+    try:
+        added = await asyncio.wait_for(harness.score(trace, runtime), deadline)
+    except Exception as exc:  # the harness's metrics are extra: the task's scores stand
+        trace.notes.append(f"harness score failed: {type(exc).__name__}: {exc}")
+        return
+    for name, value in added.items():
+        trace.metrics.setdefault(name, None if value is None else float(value))
 
 
 async def _keep_task_artifacts(task: Task[Any], trace: Trace, runtime: Runtime) -> None:
@@ -204,9 +221,20 @@ async def _keep_task_artifacts(task: Task[Any], trace: Trace, runtime: Runtime) 
         trace.artifacts.append(AgentArtifact.of_bytes(artifact.path, raw))
 
 
-async def _teardown(trace: Trace, runtime: Runtime, deadline: float) -> None:
-    """Stop the runtime even when the surrounding task is being cancelled."""
+async def _teardown(
+    trace: Trace, runtime: Runtime, deadline: float, harness: Harness | None = None
+) -> None:
+    """The harness's cleanup (a failure is a note), then stop the runtime, even when the
+    surrounding task is being cancelled."""
     trace.start_phase("teardown")
+    cancelled = False
+    if harness is not None:
+        try:
+            await asyncio.wait_for(harness.cleanup(runtime), deadline)
+        except asyncio.CancelledError:
+            cancelled = True  # the box is stopped all the same, then the cancel goes on
+        except Exception as exc:
+            trace.notes.append(f"harness cleanup failed: {type(exc).__name__}: {exc}")
     stop = asyncio.ensure_future(runtime.stop())
     try:
         await asyncio.wait_for(asyncio.shield(stop), timeout=deadline)
@@ -219,6 +247,8 @@ async def _teardown(trace: Trace, runtime: Runtime, deadline: float) -> None:
         trace.notes.append(f"teardown failed: {type(exc).__name__}: {exc}")
     finally:
         trace.end_phase("teardown")
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def run_planned_rollout(
