@@ -31,6 +31,7 @@ def _trace(key: str, advantage: float | None, turns: list[dict], *, version: int
             completion_token_ids=turn["completion"],
             completion_logprobs=turn.get("logprobs", [-0.5] * len(turn["completion"] or [])),
             policy_version=version + i,
+            finish_reason=turn.get("finish", "stop"),
         )
         history += [reply, Message(role="user", content=f"next {i}")]
     trace.advantage = advantage
@@ -100,6 +101,41 @@ def test_padded_batch_is_exactly_what_the_endpoint_saw_and_returned() -> None:
     np.testing.assert_allclose(
         batch.token_advantages()[0], [0, 0, 0, 0.5, 0.5, 0, 0, 0.5], rtol=1e-6
     )
+
+
+def test_a_batch_carries_the_fields_trainers_name() -> None:
+    group = [
+        _trace("q", 1.0, [{"prompt": [1, 2], "completion": [5, 6]}]),
+        # The first turn hit max_tokens, the last did not: the sample is still truncated.
+        _trace(
+            "q",
+            -1.0,
+            [
+                {"prompt": [1, 2], "completion": [5], "finish": "length"},
+                {"prompt": [1, 2, 5, 3], "completion": [7], "finish": "tool_calls"},
+            ],
+        ),
+        _trace("q", 0.0, [{"prompt": [1, 2], "completion": [8, 9, 9], "finish": "length"}]),
+    ]
+    for i, trace in enumerate(group):
+        trace.episode_id, trace.rollout_index = "ep-1", i
+    other = _trace("r", 0.5, [{"prompt": [4], "completion": [5]}])
+    other.episode_id = "ep-2"
+    samples = vf.to_samples([*group, other])
+    assert samples.column("finish_reason").to_pylist() == ["stop", "tool_calls", "length", "stop"]
+    assert samples.column("truncated").to_pylist() == [False, True, True, False]
+    batch = build_batch(samples)
+    assert batch.group_ids.tolist() == batch.uid.tolist() == ["ep-1"] * 3 + ["ep-2"]
+    assert batch.rollout_index.tolist() == [0, 1, 2, 0]
+    assert batch.trace_ids.tolist() == [t.trace_id for t in [*group, other]]
+    assert batch.finish_reasons.tolist() == ["stop", "tool_calls", "length", "stop"]
+    assert batch.truncated.tolist() == [False, True, True, False]
+    assert batch.response_mask is batch.loss_mask
+    assert batch.old_logprobs is batch.inference_logprobs
+    # Cut here at max_length: truncated too (its end is gone).
+    cut = build_batch(samples, max_length=3)
+    assert cut.truncated.tolist() == [True, True, True, False]
+    assert cut.stats.truncated == 3
 
 
 def test_packed_batch_holds_the_same_tokens_back_to_back() -> None:

@@ -137,11 +137,22 @@ def test_batch_statistics_add_up_across_batches() -> None:
 
 def test_a_batch_as_tensors_shares_its_arrays() -> None:
     torch = pytest.importorskip("torch")
-    from vfray.train.torch import TENSORS, to_tensors
+    from vfray.train.torch import ALIASES, TENSORS, to_tensors
 
     batch = build_batch(_samples(3), max_length=4)
     tensors = to_tensors(batch)
-    assert set(tensors) == {*TENSORS, "stats", "layout", "trace_ids"}
+    assert set(tensors) == {
+        *TENSORS,
+        *ALIASES,
+        "stats",
+        "layout",
+        "trace_ids",
+        "group_ids",
+        "finish_reasons",
+    }
+    assert tensors["old_logprobs"] is tensors["inference_logprobs"]
+    assert tensors["response_mask"] is tensors["loss_mask"]
+    assert tensors["truncated"].dtype == torch.bool and bool(tensors["truncated"].all())
     assert tensors["input_ids"].dtype == torch.int64
     assert tensors["advantages"].dtype == torch.float32
     assert tuple(tensors["input_ids"].shape) == batch.input_ids.shape == (3, 4)

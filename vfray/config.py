@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vfray.endpoints.retry import RetryPolicy
+from vfray.episode import AdvantageEstimator
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.interception.settings import InterceptionSettings
@@ -98,6 +99,11 @@ class EnvConfig(BaseModel):
         False,
         description="rollouts that failed for infrastructure reasons (box, endpoint, agent "
         "crash) count in group rewards, means and advantages",
+    )
+    advantage: AdvantageEstimator = Field(
+        "mean",
+        description="how a group's rewards become advantages: mean (r - mean), grpo "
+        "((r - mean) / std), dr_grpo (r - mean, no std), rloo (leave-one-out baseline)",
     )
 
     def limits(self) -> Limits:

@@ -6,6 +6,9 @@ task's ``@group_reward`` hooks over the rollouts that count, stamps each trace w
 id and its advantage, and returns the :class:`Episode` record. A rollout that failed for a
 reason outside the policy (:func:`infra_failure`) does not count by default.
 
+Advantages are computed here and nowhere else (:func:`group_advantages`), with the estimator
+the config names (``env.advantage``).
+
 Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
 :mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, computed_field
 
@@ -46,6 +49,53 @@ actor, the agent program or the task's own code failed. A phase timeout counts o
 the agent phase (a policy that loops until its deadline is evidence about the policy)."""
 
 
+AdvantageEstimator = Literal["mean", "grpo", "dr_grpo", "rloo"]
+"""How a group's rewards become advantages (:func:`group_advantages`)."""
+
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
+
+GRPO_EPS = 1e-6
+"""Added to the standard deviation by ``grpo`` (as verl does), so a group whose rewards are
+all equal gets advantages of 0, not a division by zero."""
+
+
+def group_advantages(
+    rewards: Sequence[float], estimator: AdvantageEstimator = "mean"
+) -> list[float]:
+    """The advantages of one group's ``n >= 2`` rewards ``r_1 .. r_n`` (the rollouts that
+    count), with ``mean = (1/n) * sum_j r_j``:
+
+    - ``mean`` (the default) and ``dr_grpo``: ``A_i = r_i - mean``. Dr. GRPO (Liu et al.,
+      2025, "Understanding R1-Zero-like training") is GRPO without the division by the std;
+      its other half, summing the token losses over a constant instead of averaging each
+      sequence over its own length, is the trainer's loss, not an advantage.
+    - ``grpo`` (Shao et al., 2024): ``A_i = (r_i - mean) / (std + 1e-6)`` with the sample
+      standard deviation ``std = sqrt(sum_j (r_j - mean)^2 / (n - 1))``, as verl and TRL
+      compute it (``torch.std``).
+    - ``rloo`` (Ahmadian et al., 2024): ``A_i = r_i - (1/(n-1)) * sum_{j != i} r_j``, the
+      leave-one-out baseline, equal to ``n/(n-1) * (r_i - mean)``.
+
+    A group whose rewards are all equal gets 0 everywhere under every estimator: it carries
+    no signal (``vfray.train``'s dynamic sampling drops such groups, as DAPO does).
+    """
+    n = len(rewards)
+    if n < 2:
+        raise ValueError(f"advantages need at least 2 rewards in a group; got {n}")
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; expected one of "
+            + ", ".join(ADVANTAGE_ESTIMATORS)
+        )
+    mean = sum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if estimator == "grpo":
+        std = math.sqrt(sum(c * c for c in centred) / (n - 1))
+        return [c / (std + GRPO_EPS) for c in centred]
+    if estimator == "rloo":
+        return [c * n / (n - 1) for c in centred]
+    return centred
+
+
 def infra_failure(trace: Trace) -> bool:
     """Whether ``trace`` failed for a reason outside the policy (see :data:`INFRA_ERRORS`)."""
     err = trace.error()
@@ -74,6 +124,8 @@ class Episode(BaseModel):
     count_failed: bool = False
     """Count rollouts that failed for infrastructure reasons too (the config's
     ``env.count_failed``)."""
+    estimator: AdvantageEstimator = "mean"
+    """How rewards become advantages (the config's ``env.advantage``; :func:`group_advantages`)."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -106,8 +158,9 @@ class Episode(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def advantages(self) -> list[float | None]:
-        """Reward minus the group's mean reward (GRPO-style, not divided by the std), for the
-        counted rollouts of a trainable group; ``None`` otherwise. In a multi-agent episode
+        """The counted rollouts' advantages under :attr:`estimator` (:func:`group_advantages`;
+        by default reward minus the group's mean reward), in a trainable group; ``None``
+        otherwise. In a multi-agent episode
         the group is the counted traces of the same seat: each seat is its own policy's sample,
         so a proposer is not compared with a solver (a seat with fewer than 2 has none)."""
         out: list[float | None] = [None] * len(self.traces)
@@ -119,9 +172,10 @@ class Episode(BaseModel):
             if len(members) < 2:
                 continue
             rewards = [self.traces[i].reward or 0.0 for i in members]
-            mean = sum(rewards) / len(rewards)
-            for i, reward in zip(members, rewards, strict=True):
-                out[i] = reward - mean
+            for i, advantage in zip(
+                members, group_advantages(rewards, self.estimator), strict=True
+            ):
+                out[i] = advantage
         return out
 
     def pass_at_k(self, k: int, threshold: float = 1.0) -> float:
@@ -231,13 +285,14 @@ async def finalize_episode(
     timeout: float | None = None,
     *,
     count_failed: bool = False,
+    estimator: AdvantageEstimator = "mean",
 ) -> Episode:
     """Run the task's group rewards over its traces (abandoning any still running after
     ``timeout`` seconds) and build the :class:`Episode`.
 
     Stamps every trace with ``episode_id`` (a resumed group keeps the id its traces share) and
-    its ``advantage``. ``count_failed``: rollouts that failed for infrastructure reasons count
-    too (see :class:`Episode`).
+    its ``advantage`` (under ``estimator``: :func:`group_advantages`). ``count_failed``:
+    rollouts that failed for infrastructure reasons count too (see :class:`Episode`).
     """
     if episode_id is None:
         ids = {t.episode_id for t in traces}
@@ -254,6 +309,7 @@ async def finalize_episode(
         traces=list(traces),
         group_rewards=group,
         count_failed=count_failed,
+        estimator=estimator,
     )
     for trace, advantage in zip(episode.traces, episode.advantages, strict=True):
         trace.episode_id = episode_id

@@ -376,6 +376,7 @@ class Farm:
             scoring_timeout=self.config.env.timeouts.scoring,
             retry=self.config.retry,
             count_failed=self.config.env.count_failed,
+            advantage=self.config.env.advantage,
         )
 
     @contextlib.asynccontextmanager

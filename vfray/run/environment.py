@@ -229,6 +229,7 @@ class LocalEnvironment:
             traces,
             self.plan.scoring_overrides,
             count_failed=self.spec.config.env.count_failed,
+            estimator=self.spec.config.env.advantage,
         )
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from vfray.endpoints import answers
-from vfray.episode import Episode, finalize_episode
+from vfray.episode import AdvantageEstimator, Episode, finalize_episode
 from vfray.task import Task
 from vfray.trace import Trace
 
@@ -165,6 +165,8 @@ class EpisodeSpec(BaseModel):
     """Seconds the group rewards may run (``env.timeouts.scoring``); a task's own wins."""
     count_failed: bool = False
     """Rollouts that failed for infrastructure reasons count in the group (``env.count_failed``)."""
+    advantage: AdvantageEstimator = "mean"
+    """How rewards become advantages (``env.advantage``)."""
 
 
 class RolloutJob(BaseModel):
@@ -221,6 +223,7 @@ async def finish_episode(
         episode_id=job.episode_id,
         timeout=timeout,
         count_failed=spec.count_failed,
+        estimator=spec.advantage,
     )
     episode.traces.sort(key=lambda t: t.rollout_index)  # stable: a game keeps its seat order
     outcome = EpisodeOutcome(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vfray.endpoints.retry import RetryPolicy
+from vfray.episode import AdvantageEstimator
 from vfray.run.outcomes import EpisodeSpec
 from vfray.trace import AgentInfo, Trace
 
@@ -46,6 +47,8 @@ class RunPlan:
     """Backoff of provider retries and the endpoint circuit (the config's ``retry``)."""
     count_failed: bool = False
     """Infrastructure failures count in their group (``env.count_failed``)."""
+    advantage: AdvantageEstimator = "mean"
+    """How rewards become advantages (``env.advantage``)."""
 
     def episode_spec(self) -> EpisodeSpec:
         return EpisodeSpec(
@@ -54,5 +57,6 @@ class RunPlan:
             keep=self.keep_episodes,
             scoring_timeout=self.scoring_timeout,
             count_failed=self.count_failed,
+            advantage=self.advantage,
         )
 

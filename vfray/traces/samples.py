@@ -83,6 +83,7 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
     checked = check_branch_tokens(calls)
     tokens = checked if isinstance(checked, BranchTokens) else None
     versions = [c.policy_version for c in calls if c.policy_version is not None]
+    answered = [c for c in calls if c.response_id is not None]
     stop = trace.stop_condition
     return {
         "schema_version": TRACE_SCHEMA_VERSION,
@@ -107,6 +108,8 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
         "seat": trace.seat,
         "agent_name": trace.agent.name,
         "token_error": checked if isinstance(checked, str) else None,
+        "finish_reason": answered[-1].finish_reason if answered else None,
+        "truncated": any(c.finish_reason == "length" for c in answered) if answered else None,
     }
 
 

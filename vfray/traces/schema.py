@@ -115,6 +115,9 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
         # 1 for tokens the model sampled, 0 for tokens the environment inserted between turns.
         pa.field("completion_mask", pa.list_(pa.int8())),
+        # The logprobs the inference engine returned for the sampled tokens (0.0 on inserted
+        # ones): the behaviour policy's, for importance-sampling correction; a trainer
+        # recomputes its own old logprobs.
         pa.field("completion_logprobs", pa.list_(pa.float64())),
         pa.field("reward", pa.float64()),
         pa.field("advantage", pa.float64()),
@@ -127,6 +130,10 @@ SAMPLE_SCHEMA = pa.schema(
         # Why the token columns are null: "missing" (a call came back without token ids) or
         # "prefix_break" (a later prompt does not extend the earlier prompt + completion).
         pa.field("token_error", pa.string()),
+        # The branch's last answered call's finish_reason ("stop", "length", "tool_calls"...).
+        pa.field("finish_reason", pa.string()),
+        # Whether a call of the branch stopped at its token limit (finish_reason "length").
+        pa.field("truncated", pa.bool_()),
     ],
     metadata=_metadata("samples"),
 )

@@ -3,7 +3,15 @@ per-row Python: the list columns' flat values are scattered into place by offset
 
 One sample is one branch: its prompt then its completion tokens. ``loss_mask`` is 1 on the
 tokens the model sampled (never on the prompt, nor on tokens the environment inserted between
-turns); ``old_logprobs`` are the endpoint's logprobs of those tokens, at the same positions.
+turns); ``inference_logprobs`` are the inference engine's logprobs of those tokens, at the same
+positions.
+
+The names trainers use, per sample: ``group_ids`` (the episode id: verl's ``uid``, the group a
+GRPO baseline is taken over), ``trace_ids`` (one per rollout attempt: SkyRL's ``TrajectoryID``;
+with ``rollout_index`` the repetition within the group), ``finish_reasons`` and ``truncated``
+(the sequence has no natural end: an endpoint call stopped at its token limit, or
+``max_length`` cut it here), and ``response_mask`` (verl's name for ``loss_mask``; SkyRL's
+``loss_masks``).
 
 Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
 :mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
@@ -43,6 +51,9 @@ class BatchStats:
     """Left out: longer than ``max_length`` with ``overflow="drop"``."""
     truncated: int = 0
     """Used, cut at ``max_length`` (``overflow="truncate"``)."""
+    uniform_groups: int = 0
+    """Groups left out before this batch by dynamic sampling (:func:`vfray.train.stream_batches`
+    with ``dynamic_sampling=True``): every counted rollout had the same reward."""
 
     def add(self, other: BatchStats) -> None:
         self.samples += other.samples
@@ -53,6 +64,7 @@ class BatchStats:
         self.no_logprobs += other.no_logprobs
         self.too_long += other.too_long
         self.truncated += other.truncated
+        self.uniform_groups += other.uniform_groups
 
 
 @dataclass
@@ -65,7 +77,12 @@ class Batch:
     input_ids: IntArray
     attention_mask: IntArray
     loss_mask: IntArray
-    old_logprobs: FloatArray
+    inference_logprobs: FloatArray
+    """Per position: the logprob the inference engine (vLLM, ...) gave the sampled token when
+    it sampled it (0 off the loss mask). These are the *behaviour* policy's logprobs, not the
+    trainer's: a trainer recomputes its own old logprobs with its own weights and kernels and
+    uses these for importance-sampling correction (the train/inference mismatch, TIS) and to
+    watch how far the two drift. Also readable as ``old_logprobs`` (the name before)."""
     advantages: FloatArray
     """One per sample (``[B]``); every sampled token of a sample shares it."""
     rewards: FloatArray
@@ -78,10 +95,42 @@ class Batch:
     cu_seqlens: IntArray
     layout: Layout
     trace_ids: npt.NDArray[np.object_]
+    """One per sample: the rollout attempt it came from (a trajectory id)."""
     stats: BatchStats
+    group_ids: npt.NDArray[np.object_] = field(
+        default_factory=lambda: np.empty(0, dtype=object)
+    )
+    """One per sample: its group (episode id; verl's ``uid``). None for a trace that was never
+    part of a group."""
+    rollout_index: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """One per sample: its rollout's index within the group."""
+    finish_reasons: npt.NDArray[np.object_] = field(
+        default_factory=lambda: np.empty(0, dtype=object)
+    )
+    """One per sample: the finish_reason of its last model call (``stop``, ``length``, ...)."""
+    truncated: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=bool))
+    """One per sample: no natural end, so no EOS to learn from: a call of it stopped at its
+    token limit (finish_reason ``length``) or ``max_length`` cut it here (DAPO masks or
+    penalises such samples: the overlong filter)."""
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    @property
+    def response_mask(self) -> IntArray:
+        """``loss_mask`` under verl's name (the same array, over the full sequence: not verl's
+        response-only slice)."""
+        return self.loss_mask
+
+    @property
+    def old_logprobs(self) -> FloatArray:
+        """``inference_logprobs`` under the name it had first."""
+        return self.inference_logprobs
+
+    @property
+    def uid(self) -> npt.NDArray[np.object_]:
+        """``group_ids`` under verl's name."""
+        return self.group_ids
 
     @property
     def sample_index(self) -> IntArray:
@@ -167,8 +216,8 @@ def build_batch(
         stats.truncated = int((total > max_length).sum())
     stats.used = int(keep.sum())
     n = stats.used
-    lengths = np.minimum(total, max_length) if max_length is not None else total
-    lengths = lengths[keep].astype(np.int64)
+    lengths_all = np.minimum(total, max_length) if max_length is not None else total
+    lengths = lengths_all[keep].astype(np.int64)
     p_len_k, c_len_k = p_len[keep], c_len[keep]
     width = int(lengths.max()) if n else 0
     if layout == "padded" and pad_to_multiple > 1:
@@ -219,11 +268,17 @@ def build_batch(
     rewards = pc.fill_null(rows.column("reward"), np.nan).to_numpy().astype(np.float32)[keep]
     versions = pc.fill_null(rows.column("policy_version"), -1).to_numpy().astype(np.int64)[keep]
     trace_ids = rows.column("trace_id").to_numpy()[keep]
+    group_ids = rows.column("episode_id").to_numpy()[keep]
+    rollout_index = rows.column("rollout_index").to_numpy().astype(np.int64)[keep]
+    finish = rows.column("finish_reason").to_numpy()[keep]
+    cut = (total > lengths_all) if max_length is not None else np.zeros(len(total), dtype=bool)
+    stopped = pc.fill_null(rows.column("truncated"), False).to_numpy(zero_copy_only=False)
+    truncated = (np.asarray(stopped, dtype=bool) | cut)[keep]
     return Batch(
         input_ids=input_ids.reshape(shape),
         attention_mask=attention.reshape(shape),
         loss_mask=loss.reshape(shape),
-        old_logprobs=old_lp.reshape(shape),
+        inference_logprobs=old_lp.reshape(shape),
         advantages=advantages,
         rewards=rewards,
         policy_version=versions,
@@ -233,4 +288,8 @@ def build_batch(
         layout=layout,
         trace_ids=trace_ids,
         stats=stats,
+        group_ids=group_ids,
+        rollout_index=rollout_index,
+        finish_reasons=finish,
+        truncated=truncated,
     )

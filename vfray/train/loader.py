@@ -24,23 +24,49 @@ def group_samples(group: EpisodeGroup) -> pa.Table:
     return to_samples(group.traces)
 
 
+def uniform_group(group: EpisodeGroup) -> bool:
+    """Whether every rollout that counts in a trainable group got the same reward: all its
+    advantages are 0, whatever the estimator, so it carries no policy gradient."""
+    episode = group.episode
+    if not episode.trainable:
+        return False
+    rewards = {r for r, c in zip(episode.rewards, episode.counted, strict=True) if c}
+    return len(rewards) == 1
+
+
 async def stream_batches(
-    groups: AsyncIterable[EpisodeGroup], batch_size: int, **build: Any
+    groups: AsyncIterable[EpisodeGroup],
+    batch_size: int,
+    *,
+    dynamic_sampling: bool = False,
+    **build: Any,
 ) -> AsyncIterator[Batch]:
     """Batches of at least ``batch_size`` usable samples, made of whole groups (a GRPO batch
     keeps a group's rollouts together); ``build`` goes to :func:`build_batch`. A last,
-    smaller batch is yielded when the stream ends."""
+    smaller batch is yielded when the stream ends.
+
+    ``dynamic_sampling`` (DAPO's): a group whose counted rollouts all got the same reward
+    (:func:`uniform_group`: all right or all wrong) is dropped before it takes room in a
+    batch, so every batch is filled with groups that carry a signal; the next batch's
+    ``stats.uniform_groups`` counts those dropped."""
     pending: list[pa.Table] = []
-    usable = 0
+    usable = uniform = 0
     async for group in groups:
+        if dynamic_sampling and uniform_group(group):
+            uniform += 1
+            continue
         samples = group_samples(group)
         pending.append(samples)
         usable += int(pc.sum(pc.is_valid(samples.column("advantage"))).as_py() or 0)
         if usable >= batch_size:
-            yield build_batch(pa.concat_tables(pending), **build)
-            pending, usable = [], 0
+            batch = build_batch(pa.concat_tables(pending), **build)
+            batch.stats.uniform_groups = uniform
+            yield batch
+            pending, usable, uniform = [], 0, 0
     if pending and usable:
-        yield build_batch(pa.concat_tables(pending), **build)
+        batch = build_batch(pa.concat_tables(pending), **build)
+        batch.stats.uniform_groups = uniform
+        yield batch
 
 
 def read_samples(run_dir: str | os.PathLike[str]) -> pa.Table:

@@ -30,23 +30,36 @@ TENSORS = (
     "input_ids",
     "attention_mask",
     "loss_mask",
-    "old_logprobs",
+    "inference_logprobs",
     "advantages",
     "rewards",
     "policy_version",
     "position_ids",
     "lengths",
     "cu_seqlens",
+    "rollout_index",
+    "truncated",
 )
+
+ALIASES = {"old_logprobs": "inference_logprobs", "response_mask": "loss_mask"}
+"""Other names of the same tensors (the name before; verl's)."""
 
 
 def to_tensors(batch: Batch, device: str | torch.device | None = None) -> dict[str, Any]:
-    """The batch's arrays as tensors (``torch.from_numpy``: no copy on the CPU), plus its
-    ``stats``, ``layout`` and ``trace_ids``."""
+    """The batch's arrays as tensors (``torch.from_numpy``: no copy on the CPU; an alias is
+    the same tensor), plus its ``stats``, ``layout``, ``trace_ids``, ``group_ids`` and
+    ``finish_reasons`` (numpy object arrays)."""
     out: dict[str, Any] = {
         name: torch.from_numpy(getattr(batch, name)).to(device) for name in TENSORS
     }
-    out.update(stats=batch.stats, layout=batch.layout, trace_ids=batch.trace_ids)
+    out.update({alias: out[name] for alias, name in ALIASES.items()})
+    out.update(
+        stats=batch.stats,
+        layout=batch.layout,
+        trace_ids=batch.trace_ids,
+        group_ids=batch.group_ids,
+        finish_reasons=batch.finish_reasons,
+    )
     return out
 
 
