@@ -54,6 +54,10 @@ class HarnessConfig(BaseModel):
     """Extra environment variables for the program (the host's own are never forwarded)."""
     extra_args: tuple[str, ...] = ()
     """Extra command-line arguments appended to the program's argv."""
+    skills: tuple[str, ...] = ()
+    """Skill folders on the host (each holds a ``SKILL.md``) installed into the agent's own
+    skill folder in the box, executable bits kept; only a harness with ``SUPPORTS_SKILLS``
+    (claude-code, codex and their ACP forms) takes them."""
     forward_env: tuple[str, ...] = ()
     """Names of host environment variables passed on to the program (read where the box's host
     builds the harness; one that is unset there is left out; ``env`` wins over one). Never a
@@ -118,9 +122,17 @@ class Harness(abc.ABC):
     """The program runs model-written code in the box (the subprocess runtime warns)."""
     NEEDS_CONTAINER: ClassVar[bool] = True
     """The program needs a container image (refused on non-container runtimes)."""
+    SUPPORTS_SKILLS: ClassVar[bool] = False
+    """The program discovers agent skills (``SKILL.md`` folders): the ``skills`` option is
+    installed where it looks; other harnesses refuse the option."""
 
     def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
         self.config = self.parse_config(config)
+        if self.config.skills and not self.SUPPORTS_SKILLS:
+            raise ConfigError(
+                f"harness {self.id!r} cannot load skills (no SUPPORTS_SKILLS); "
+                "use 'claude-code', 'claude-code-acp', 'codex' or 'codex-acp'"
+            )
         forwarded = self.config.forwarded()
         if forwarded:
             # Into ``env``, which every harness hands its program.

@@ -68,6 +68,8 @@ class ClaudeCodeHarness(ProvisionedHarness):
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{CONFIG_DIR}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(

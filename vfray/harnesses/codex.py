@@ -82,6 +82,8 @@ class CodexHarness(ProvisionedHarness):
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{CODEX_HOME}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(

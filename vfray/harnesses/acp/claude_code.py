@@ -28,6 +28,8 @@ class ClaudeCodeAcpHarness(AcpHarness):
     id = "claude-code-acp"
     config_type: ClassVar[type[HarnessConfig]] = ClaudeCodeAcpConfig
     config: ClaudeCodeAcpConfig
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{CONFIG_DIR}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(

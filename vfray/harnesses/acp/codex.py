@@ -32,6 +32,8 @@ class CodexAcpHarness(AcpHarness):
     id = "codex-acp"
     config_type: ClassVar[type[HarnessConfig]] = CodexAcpConfig
     config: CodexAcpConfig
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{CODEX_HOME}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
