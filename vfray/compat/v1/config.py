@@ -8,6 +8,7 @@ Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,21 @@ def is_v1_token(token: str) -> bool:
         return True
     name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
     name = name[3:] if name.startswith("no_") else name
-    return token.startswith("--") and any(name == r or name.startswith(r + ".") for r in _V1_ROOTS)
+    if not token.startswith("--"):
+        return False
+    if any(name == r or name.startswith(r + ".") for r in _V1_ROOTS):
+        return True
+    # An env's own field (``--env.attempts``, ``--env.player0.runtime.type``), as a TOML's
+    # ``[env]`` table gives it: any ``env.<x>`` that is not one of vfray's own env settings.
+    root = name.split(".")
+    return len(root) > 1 and root[0] == "env" and root[1] not in _vfray_env_fields()
+
+
+@functools.cache
+def _vfray_env_fields() -> frozenset[str]:
+    from vfray.config import EnvConfig
+
+    return frozenset(EnvConfig.model_fields)
 
 
 def is_v1_toml(data: Mapping[str, Any]) -> bool:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -48,11 +50,16 @@ def looks_like_v1_package(spec: str) -> bool:
     """Whether a bare taskset id or path names a v1 package (for ``vfray eval <id>``)."""
     if ":" in spec:
         return False
-    try:
-        package = import_package(spec)
-    except (ConfigError, ImportError):
-        return False
-    return package is not None
+    path = Path(spec)
+    if not (path.suffix == ".py" and path.is_file()) and not (path / "__init__.py").is_file():
+        try:
+            if importlib.util.find_spec(module_name(spec)) is None:
+                return False  # no such module: vfray's own taskset lookup says "unknown"
+        except (ImportError, ValueError):
+            return False
+    # The package exists: whatever stops its import (a verifiers module vfray does not serve,
+    # a dependency not installed) is the cause to report, not "unknown taskset".
+    return import_package(spec) is not None
 
 
 def module_name(spec: str) -> str:
@@ -69,22 +76,47 @@ def _import(spec: str) -> ModuleType:
             raise ConfigError(f"cannot import {spec}")
         module = importlib.util.module_from_spec(found)
         sys.modules[name] = module
-        found.loader.exec_module(module)
+        with _import_errors(spec, name):
+            found.loader.exec_module(module)
     elif (path / "__init__.py").is_file():
         sys.path.insert(0, str(path.resolve().parent))
-        module = importlib.import_module(path.resolve().name)
+        with _import_errors(spec, path.resolve().name):
+            module = importlib.import_module(path.resolve().name)
     else:
-        try:
-            module = importlib.import_module(module_name(spec))
-        except ModuleNotFoundError as exc:
+        name = module_name(spec)
+        with _import_errors(spec, name):
+            try:
+                return importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name != name or isinstance(exc, ConfigError):
+                    raise
             raise ConfigError(
-                f"v1 taskset {spec!r} not found (tried to import {module_name(spec)!r}): install "
+                f"v1 taskset {spec!r} not found (tried to import {name!r}): install "
                 "the package, put it on PYTHONPATH, or give its folder's path"
-            ) from exc
-        return module
+            )
     # Imported from a path: workers may not see that path, so ship its code by value.
     cloudpickle.register_pickle_by_value(module)
     return module
+
+
+@contextmanager
+def _import_errors(spec: str, name: str) -> Iterator[None]:
+    """What stops a found package's import, as one line naming that cause: a dependency not
+    installed is not "taskset not found", and a verifiers module vfray does not serve says so
+    itself."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"v1 taskset {spec!r}: importing {name!r} failed: {exc} (the package is there; "
+            "what it imports is not installed here)"
+        ) from None
+    except Exception as exc:
+        raise ConfigError(
+            f"v1 taskset {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def import_package(spec: str) -> V1Package | None:
@@ -202,16 +234,50 @@ def load(
 
 
 class HubGuarded(AdaptedTaskset):
-    """Turns a dataset that cannot be fetched (no hub here, not cached) into one line."""
+    """Turns a dataset that cannot be fetched (no hub here, not cached) into one line, both
+    where the run reads its tasks and where the CLI's checks read the first one
+    (``task_type``), with the hub client's retry chatter kept off the terminal meanwhile."""
 
     def load(self) -> Iterator[AdaptedTask]:
+        tasks = super().load()
+        while True:
+            try:
+                with _hub_quiet():
+                    task = next(tasks)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise self._hub_refusal(exc) from None
+            yield task
+
+    @property
+    def task_type(self) -> type[Any]:
         try:
-            yield from super().load()
+            with _hub_quiet():
+                return super().task_type
         except Exception as exc:
-            line = hub_error(exc)
-            if line is None:
-                raise
-            raise TasksetError(f"v1 taskset {self.name!r}: {line}") from None
+            raise self._hub_refusal(exc) from None
+
+    def _hub_refusal(self, exc: Exception) -> Exception:
+        line = hub_error(exc)
+        if line is None:
+            return exc
+        return TasksetError(f"v1 taskset {self.name!r}: {line}")
+
+
+@contextmanager
+def _hub_quiet() -> Iterator[None]:
+    """``huggingface_hub`` logs each of its retries (about 17 lines before an offline fetch
+    fails): only errors get through while a dataset is read; the failure itself is our line."""
+    loggers = [logging.getLogger(name) for name in _HUB_MODULES]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def hub_error(exc: BaseException) -> str | None:
