@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tarfile
 import tempfile
 import time
@@ -73,6 +74,16 @@ def gpu_requests(gpu: str | None) -> list[Any] | None:
     from docker.types import DeviceRequest
 
     return [DeviceRequest(count=max(1, int(count)), capabilities=[["gpu"]])]
+
+
+def node_python_root() -> str | None:
+    """The installation of the node's interpreter (the one that makes the PyPI agents' venvs,
+    :mod:`vfray.runtimes.provision`), when it lives outside ``/usr``: mounting ``/usr`` would
+    hide the image's own programs. None for a system Python."""
+    root = os.path.realpath(sys.base_prefix)
+    if root in ("/", "/usr") or root.startswith(("/usr/", "/etc/")) or not os.path.isdir(root):
+        return None
+    return root
 
 
 def _numeric_user(user: str) -> tuple[int, int]:
@@ -173,6 +184,11 @@ class DockerRuntime(Runtime):
         tools = str(tools_root())
         if os.path.isdir(tools) and tools not in volumes:
             volumes[tools] = {"bind": tools, "mode": "ro"}
+            # A PyPI agent's venv runs the node's interpreter, named by its path: mounted there
+            # too, so a task's image (its own python3 untouched) runs it as bwrap does.
+            python = node_python_root()
+            if python is not None and python not in volumes:
+                volumes[python] = {"bind": python, "mode": "ro"}
         options: dict[str, Any] = {
             "entrypoint": ["sleep"],
             "command": ["infinity"],
