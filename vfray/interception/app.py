@@ -18,12 +18,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
 from vfray.interception.count_tokens import TokenCounter
-from vfray.interception.dialects import DIALECTS, Dialect, DialectError
+from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedRequest
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
 from vfray.interception.sessions import (
@@ -34,6 +35,7 @@ from vfray.interception.sessions import (
     StopCheck,
 )
 from vfray.interception.settings import InterceptionSettings
+from vfray.interception.token_in import TOKENS_PATH, CannotBridge, TokenIn, note
 from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
@@ -112,6 +114,14 @@ class InterceptionApp:
         """Stamped on every ModelCall recorded from now on (RL: the weights that sampled it)."""
         self.sessions = SessionRegistry()
         self.forwarder = Forwarder(upstream, connection_limit, self.settings)
+        self.token_in: TokenIn | None = None
+        """Token-in/token-out (``settings.token_in``): later turns of a branch go as token ids."""
+        if self.settings.token_in:
+            self.token_in = (
+                TokenIn.local(ChatTemplate.load(self.settings.tokenizer))
+                if self.settings.tokenizer
+                else TokenIn.endpoint(self.forwarder)
+            )
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
         """Set when the listener is closing (a Serve replica then fails its health check)."""
@@ -302,12 +312,37 @@ class InterceptionApp:
             policy_version=self.policy_version,
             require_tokens=sampling.get("return_tokens") == "required",
         )
+        if self.token_in is not None and dialect.name == "chat" and isinstance(body, dict):
+            await self._send_tokens(turn, session, parsed, body)
         # Its own task: a client that hangs up mid-stream must not cancel the upstream call
         # or its recording (a retry will replay it).
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await _respond(exchange, self.settings.sse_keepalive)
+
+    async def _send_tokens(
+        self, turn: Turn, session: Session, parsed: ParsedRequest, body: dict[str, Any]
+    ) -> None:
+        """Send ``turn`` as token ids when it continues a branch that has them (token-in)."""
+        token_in = self.token_in
+        assert token_in is not None
+        turn.token_in = token_in
+        # Token-in needs every reply's token ids, asked for whatever the sampling config says.
+        for key, value in turn.dialect.token_fields(body).items():
+            turn.upstream_body.setdefault(key, value)
+        try:
+            bridged = await token_in.prompt(session.trace, parsed, body)
+        except CannotBridge as exc:
+            note(session.trace, f"call {len(session.trace.calls)} sent as messages: {exc}")
+            return
+        if bridged is not None:
+            turn.upstream_body["tokens"] = bridged.tokens
+            turn.path = TOKENS_PATH
+            turn.sent_tokens = bridged.tokens
+            # Recorded as what the model saw, so the call stays on the branch it extends.
+            turn.plain_request = parsed
+            turn.request = ParsedRequest(bridged.messages, parsed.tools, parsed.stream)
 
     def _authenticate(self, request: Request) -> Session:
         secret = _secret(request)

@@ -49,3 +49,15 @@ class InterceptionSettings(BaseModel):
         "': keepalive' SSE comment, so idle-timeouts between it and the agent do not cut a "
         "long think (0: never)",
     )
+    token_in: bool = Field(
+        False,
+        description="token-in/token-out: send each later turn of a branch as the branch's exact "
+        "token ids plus the new messages' bridge tokens (vLLM's /v1/chat/completions/tokens, "
+        "vLLM >= 0.20; chat dialect), so a re-rendered history never breaks a training sample; "
+        "a call that cannot be sent so goes as messages, with a note on its trace",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="with token_in: a model or tokenizer folder (tokenizer.json and its chat "
+        "template) that renders the bridge tokens here; unset: the endpoint's POST /tokenize",
+    )

@@ -23,6 +23,7 @@ from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
 from vfray.interception.sessions import Session
+from vfray.interception.token_in import TokenIn, note
 from vfray.interception.upstream import Forwarder
 from vfray.trace import ErrorInfo, StopCondition
 
@@ -66,6 +67,13 @@ class Turn:
     started_at: float = 0.0
     streamed: bool = False
     recorded: bool = False
+    path: str | None = None
+    """Where the body goes when not the dialect's own route (the token-in route)."""
+    sent_tokens: list[int] | None = None
+    """The prompt sent as token ids (token-in), recorded when the reply does not echo them."""
+    token_in: TokenIn | None = None
+    plain_request: ParsedRequest | None = None
+    """The request as the client sent it, when token-in recorded the branch's history instead."""
 
     def record(self, reply: ParsedResponse | None, error: ErrorInfo | None = None) -> None:
         """Append exactly one ModelCall, unless the rollout concluded meanwhile."""
@@ -91,7 +99,9 @@ class Turn:
             error=error,
             policy_version=self.policy_version,
             tools=self.request.tools,
-            prompt_token_ids=reply.prompt_token_ids,
+            prompt_token_ids=(
+                reply.prompt_token_ids if reply.prompt_token_ids is not None else self.sent_tokens
+            ),
             completion_token_ids=reply.completion_token_ids,
             completion_logprobs=reply.completion_logprobs,
         )
@@ -121,13 +131,26 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
     headers = turn.dialect.upstream_headers(turn.api_key, turn.client_headers)
     try:
         stream = turn.request.stream
-        async with forwarder.post(turn.dialect.path, body, headers, stream=stream) as response:
-            if response.status >= 400:
-                await _relay_error(turn, response, exchange)
-            elif response.content_type == "text/event-stream":
-                await _relay_stream(turn, response, exchange)
+        path = turn.path or turn.dialect.path
+        async with forwarder.post(path, body, headers, stream=stream) as response:
+            if response.status == 404 and turn.path is not None:
+                tokens_unsupported = True
             else:
-                await _relay_json(turn, response, exchange)
+                tokens_unsupported = False
+                await _relay(turn, response, exchange)
+        if tokens_unsupported:
+            # The endpoint has no token-in route: this call, and the app's later ones, go as
+            # messages; said on the trace, since its branch may now break.
+            if turn.token_in is not None:
+                turn.token_in.supported = False
+            note(turn.session.trace, f"{path} answered 404: calls go as messages")
+            turn.path = turn.sent_tokens = None
+            if turn.plain_request is not None:
+                turn.request = turn.plain_request
+            plain = {k: v for k, v in turn.upstream_body.items() if k != "tokens"}
+            body = json.dumps(plain).encode()
+            async with forwarder.post(turn.dialect.path, body, headers, stream=stream) as response:
+                await _relay(turn, response, exchange)
     except TimeoutError:
         settings = forwarder.settings
         if turn.request.stream:
@@ -156,6 +179,15 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
         turn.fail(exchange, 502, message, "InterceptionError")
     finally:
         exchange.finish()
+
+
+async def _relay(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
+    if response.status >= 400:
+        await _relay_error(turn, response, exchange)
+    elif response.content_type == "text/event-stream":
+        await _relay_stream(turn, response, exchange)
+    else:
+        await _relay_json(turn, response, exchange)
 
 
 async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:

@@ -89,11 +89,16 @@ class Forwarder:
         timeout: float | None = None,
         *,
         stream: bool = False,
+        root: bool = False,
     ) -> aiohttp.client._RequestContextManager:
         """``async with forwarder.post(...) as response``: the upstream's response (within
         ``timeout`` seconds when given; else a stream within the idle timeout of each read,
-        anything else within the upstream timeout)."""
-        url = f"{self.upstream.base_url}{path}"
+        anything else within the upstream timeout). ``root``: ``path`` is under the server's
+        root rather than its version prefix (vLLM's ``/tokenize``)."""
+        base = self.upstream.base_url
+        if root:
+            base = base.removesuffix("/v1")
+        url = f"{base}{path}"
         if timeout is not None:
             limit = aiohttp.ClientTimeout(total=timeout)
         elif stream:

@@ -113,14 +113,48 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
     }
 
 
-def to_samples(data: pa.Table | Iterable[Trace], *, seat: str | None = None) -> pa.Table:
+def _turn_rows(trace: Trace, branch: Branch) -> list[tuple[dict[str, Any], list[str]]]:
+    """A broken branch as one sample per answered call (SkyRL's step-wise samples): each
+    call's own prompt and completion, all of it sampled (mask 1), with the call's messages."""
+    out = []
+    for index in branch.call_indices:
+        call = trace.calls[index] if index < len(trace.calls) else None
+        if call is None or call.response_id is None:
+            continue
+        row = _sample_row(trace, Branch(id=branch.id, call_indices=[index]))
+        row["turn"] = index
+        out.append((row, [*call.request_ids, call.response_id]))
+    return out
+
+
+ON_PREFIX_BREAK = ("drop", "per_turn")
+"""What :func:`to_samples` does with a branch whose ids do not line up (:data:`PREFIX_BREAK`)."""
+
+
+def to_samples(
+    data: pa.Table | Iterable[Trace],
+    *,
+    seat: str | None = None,
+    on_prefix_break: str = "drop",
+) -> pa.Table:
     """The training view of traces (or of a trace table): one row per branch.
 
     Every branch of a trace shares the trace's reward and advantage: a compaction or a
     sub-agent is part of the same attempt and is credited with its outcome. In a multi-agent
     episode each seat's trace gives its own samples (``seat`` column, with that seat's reward
     and advantage); ``seat=`` keeps only that seat's (one policy's) samples.
+
+    A branch whose later prompt does not extend its earlier prompt + completion (a chat template
+    that re-renders history; token-in/token-out, ``interception.token_in``, prevents it) is kept
+    as one row with null token columns and ``token_error = "prefix_break"`` (``"drop"``: the
+    batch builders leave it out), or, with ``on_prefix_break="per_turn"``, as one row per
+    answered call: each turn's exact prompt and completion, ``turn`` = the call's index. Those
+    rows are what the model saw at each turn; none is repaired.
     """
+    if on_prefix_break not in ON_PREFIX_BREAK:
+        raise ValueError(
+            f"on_prefix_break must be one of {', '.join(ON_PREFIX_BREAK)}, got {on_prefix_break!r}"
+        )
     traces = table_to_traces(data) if isinstance(data, pa.Table) else data
     rows: list[dict[str, Any]] = []
     messages = MessagesColumn()
@@ -128,12 +162,18 @@ def to_samples(data: pa.Table | Iterable[Trace], *, seat: str | None = None) -> 
         if seat is not None and trace.seat != seat:
             continue
         for branch in trace.branch_list:
-            rows.append(_sample_row(trace, branch))
+            row = _sample_row(trace, branch)
+            if row["token_error"] == PREFIX_BREAK and on_prefix_break == "per_turn":
+                for turn_row, message_ids in _turn_rows(trace, branch):
+                    rows.append(turn_row)
+                    messages.append(trace, message_ids)
+                continue
+            rows.append(row)
             messages.append(trace, branch.message_ids)
     columns = [
         messages.finish()
         if field.name == "messages"
-        else pa.array([row[field.name] for row in rows], type=field.type)
+        else pa.array([row.get(field.name) for row in rows], type=field.type)
         for field in SAMPLE_SCHEMA
     ]
     return pa.Table.from_arrays(columns, schema=SAMPLE_SCHEMA)

@@ -134,6 +134,9 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string()),
         # Whether a call of the branch stopped at its token limit (finish_reason "length").
         pa.field("truncated", pa.bool_()),
+        # Set on per-turn samples (to_samples(on_prefix_break="per_turn")): the index of the call
+        # this row is, out of a branch whose turns did not line up. Null on whole-branch rows.
+        pa.field("turn", pa.int64()),
     ],
     metadata=_metadata("samples"),
 )

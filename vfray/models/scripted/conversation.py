@@ -109,12 +109,12 @@ class Reply:
     with_tokens: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    reasoning: str = ""
+    """Reasoning sampled before the answer (``reasoning_content``; a chat template's model)."""
 
     @property
     def completion_tokens(self) -> int:
         return len(self.pieces)
-
-
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,6 @@ class Sampler:
         return random.Random(digest("rng", self.seed, prompt, nonce))
 
 
-
-
 def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -> Decision:
     """What ``policy`` answers to ``conv`` (before tokenization and ``max_tokens``)."""
     if policy in ("echo", "tokens"):

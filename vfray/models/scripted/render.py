@@ -51,6 +51,8 @@ def chat_body(reply: Reply, model: str) -> Json:
     }
     if reply.tool_call is not None:
         message["tool_calls"] = _chat_tool_calls(reply)
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
     choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish}
     body: Json = {
         "id": new_id("chatcmpl-"),
@@ -92,6 +94,8 @@ def chat_events(reply: Reply, model: str, include_usage: bool) -> list[str]:
     events = [
         chunk({"role": "assistant", "content": "" if reply.tool_call is None else None}, top=first)
     ]
+    if reply.reasoning:
+        events.append(chunk({"reasoning_content": reply.reasoning}))
     call = reply.tool_call
     if call is not None:
         events.append(

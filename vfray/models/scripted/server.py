@@ -21,8 +21,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import serve_in_thread
-from vfray.models.scripted import render, wire
+from vfray.models.scripted import render, templated, wire
 from vfray.models.scripted.conversation import count_tokens
 from vfray.models.scripted.policies import POLICIES, Sampler, decide, reply
 
@@ -36,6 +37,9 @@ ROLE_HEADER = "x-vfray-role"
 """Sent by vfray's simulated users and judges (:data:`vfray.endpoints.client.ROLE_HEADER`)."""
 LATENCY_HEADER = "x-scripted-latency"
 """Request header: override the per-call latency (seconds); echoed on every completion."""
+
+TOKENS_ROUTE = "/chat/completions/tokens"
+"""vLLM's chat route with the prompt as token ids (served with a chat template only)."""
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -117,6 +121,11 @@ class ScriptedModel:
     ``/v1/messages/count_tokens`` (as vLLM does). ``tokens=False`` ignores requests for token
     ids and logprobs, as an endpoint that cannot return them does (``scripted:echo?tokens=0``).
     ``fail`` answers every completion with that HTTP status (``scripted:echo?fail=400``).
+    ``chat_template`` (chat requests only) serves as vLLM serves a real model: prompts rendered
+    by the template, replies tokenized by its tokenizer and closed by its stop token, and vLLM's
+    token-in routes (``/v1/chat/completions/tokens``, ``/tokenize``; see
+    :mod:`vfray.models.scripted.templated`; ``token_routes=False`` leaves them out, as vLLM < 0.20
+    does); ``think`` is the reasoning each reply samples first.
     """
 
     def __init__(
@@ -133,6 +142,9 @@ class ScriptedModel:
         count_tokens: bool = True,
         tokens: bool = True,
         fail: float | None = None,
+        chat_template: ChatTemplate | None = None,
+        think: str | None = None,
+        token_routes: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
@@ -147,6 +159,8 @@ class ScriptedModel:
         self.stall = stall
         self.model_name, self.context_window = model_name, context_window
         self.tokens = bool(tokens)
+        self.chat_template = chat_template
+        self.think = think
         self.calls = 0
         """Completions answered by the policy (errors and refusals not counted)."""
         self.token_counts = 0
@@ -163,6 +177,14 @@ class ScriptedModel:
                 *(
                     [Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"])]
                     if count_tokens
+                    else []
+                ),
+                *(
+                    [
+                        Route(f"/v1{TOKENS_ROUTE}", self._complete, methods=["POST"]),
+                        Route("/tokenize", self._tokenize, methods=["POST"]),
+                    ]
+                    if chat_template is not None and token_routes
                     else []
                 ),
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -214,13 +236,26 @@ class ScriptedModel:
         self.token_counts += 1
         return JSONResponse({"input_tokens": count_tokens(list(parsed.conv.texts))})
 
+    async def _tokenize(self, request: HttpRequest) -> Response:
+        assert self.chat_template is not None
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise wire.BadRequest("request body must be a JSON object")
+            return JSONResponse(templated.tokenize_answer(self.chat_template, body))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return _error_response("chat", _Failure(400, f"request body is not valid JSON: {exc}"))
+        except wire.BadRequest as exc:
+            return _error_response("chat", _Failure(400, exc.message, param=exc.param))
+
     async def _health(self, request: HttpRequest) -> Response:
         return JSONResponse(
             {"status": "ok", "policy": self.policy, "model": self.model_name, "calls": self.calls}
         )
 
     async def _complete(self, request: HttpRequest) -> Response:
-        parse, dialect = _DIALECTS[request.url.path]
+        path = request.url.path
+        parse, dialect = _DIALECTS["/v1/chat/completions" if path.endswith(TOKENS_ROUTE) else path]
         try:
             return await self._answer(request, parse, dialect)
         except wire.BadRequest as exc:
@@ -250,7 +285,14 @@ class ScriptedModel:
         policy = _request_policy(request) or self.policy
         decision = decide(policy, conv, self.accuracy, self._sampler)
         call_id = wire.new_id("toolu_" if dialect == "anthropic" else "call_")
-        answer = reply(decision, conv, policy=policy, call_id=call_id)
+        if self.chat_template is not None and dialect == "chat":
+            tokens = body.get("tokens") if request.url.path.endswith(TOKENS_ROUTE) else None
+            prompt = templated.prompt_ids(self.chat_template, body, tokens)
+            answer = templated.templated_reply(
+                self.chat_template, decision, conv, prompt, call_id=call_id, think=self.think
+            )
+        else:
+            answer = reply(decision, conv, policy=policy, call_id=call_id)
         self.calls += 1
         model = parsed.model or self.model_name
         headers = {LATENCY_HEADER: repr(latency)}

@@ -1,0 +1,262 @@
+"""Token-in/token-out through the interception, with a real tokenizer and chat template.
+
+The tokenizer is a byte-level BPE trained here with HF ``tokenizers``; the template renders the
+history the way reasoning models' templates do (earlier ``<think>`` blocks dropped, content
+trimmed), and the scripted server serves it as vLLM serves a model (prompts rendered by the
+template, replies closed by the stop token, ``/v1/chat/completions/tokens`` and ``/tokenize``).
+Re-rendering then breaks every multi-turn branch; sending the branch's own ids does not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from vfray.endpoints.chat_template import ChatTemplate
+from vfray.interception import Interception, Upstream
+from vfray.interception.settings import InterceptionSettings
+from vfray.models.scripted.server import ScriptedModel, scripted_server
+from vfray.trace import TaskRecord, Trace
+from vfray.traces.samples import PREFIX_BREAK, to_samples
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+NL = '{{ "\\n" }}'  # a newline that the next tag's whitespace control cannot strip
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>" + NL + "{% endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "<|im_start|>assistant\n{{ (m.content or '') | trim }}"
+    "{%- for c in m.tool_calls or [] -%}"
+    '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}'
+    + NL
+    + "</tool_call>"
+    "{%- endfor -%}"
+    "<|im_end|>" + NL + "{%- elif m.role == 'tool' -%}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}"
+    + NL
+    + "</tool_response><|im_end|>"
+    + NL
+    + "{%- else -%}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>" + NL + "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+CORPUS = [
+    "What is 2 + 3? The answer is 5. Let me think about it.",
+    "user assistant system tool_call tool_response arguments name command bash",
+    'echo hello world {"command": "ls -la"} and again, once more please.',
+]
+THINK = "the user wants the same words back"
+BASH_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder as a hub download has it: tokenizer.json and tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def template(model_dir: Path) -> ChatTemplate:
+    return ChatTemplate.load(model_dir)
+
+
+@pytest.fixture
+def server(template: ChatTemplate) -> Iterator[tuple[ScriptedModel, str]]:
+    scripted = ScriptedModel("echo", chat_template=template, think=THINK)
+    with scripted_server(scripted) as url:
+        yield scripted, url
+
+
+def new_trace() -> Trace:
+    return Trace(task=TaskRecord(key="k", hash="h"))
+
+
+async def two_turns(
+    url: str,
+    settings: InterceptionSettings,
+    *,
+    stream: bool = False,
+    first: dict[str, Any] | None = None,
+    whole_reply: bool = True,
+) -> Trace:
+    """A user turn, the reply sent back (whole, reasoning included, as the OpenAI SDK's message
+    dumps it; or its content only, as most agents send it), then a second user turn."""
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    async with Interception(upstream, settings=settings) as icpt:
+        trace = new_trace()
+        secret = icpt.app.register(trace)
+        client = openai.AsyncOpenAI(base_url=icpt.url, api_key=secret, max_retries=0)
+        messages: list[Any] = [{"role": "user", "content": "echo hello world"}]
+        reply = await client.chat.completions.create(model="x", messages=messages, **(first or {}))
+        message = reply.choices[0].message
+        if whole_reply:
+            messages.append(message.model_dump(exclude_none=True))
+        else:
+            messages.append({"role": "assistant", "content": message.content})
+        messages.append({"role": "user", "content": "and again"})
+        if stream:
+            chunks = await client.chat.completions.create(model="x", messages=messages, stream=True)
+            async for _ in chunks:
+                pass
+        else:
+            await client.chat.completions.create(model="x", messages=messages)
+        return icpt.app.conclude(secret)
+
+
+def test_template_renders_like_transformers(template: ChatTemplate) -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": " hello ", "reasoning_content": "r"},
+    ]
+    text = template.render(messages, add_generation_prompt=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+    ids = template.encode(text)
+    assert template.decode(ids) == text
+    assert template.eos_token_id == template.tokenizer.token_to_id("<|im_end|>")
+    assert ids.count(template.eos_token_id) == 2
+
+
+async def test_re_rendered_history_breaks_the_branch(server: tuple[ScriptedModel, str]) -> None:
+    """Without token-in, the template drops the earlier <think> block: the sample is lost."""
+    trace = await two_turns(server[1], InterceptionSettings())
+    assert len(trace.calls) == 2 and len(trace.branch_list) == 1
+    (row,) = to_samples([trace]).to_pylist()
+    assert row["token_error"] == PREFIX_BREAK
+    assert row["completion_token_ids"] is None and row["turn"] is None
+    # The fallback: each turn as its own sample, exactly as the model saw and sampled it.
+    rows = to_samples([trace], on_prefix_break="per_turn").to_pylist()
+    assert [r["turn"] for r in rows] == [0, 1]
+    for r, call in zip(rows, trace.calls, strict=True):
+        assert r["token_error"] is None and r["branch"] == 0
+        assert r["prompt_token_ids"] == call.prompt_token_ids
+        assert r["completion_token_ids"] == call.completion_token_ids
+        assert r["completion_mask"] == [1] * len(call.completion_token_ids or [])
+        assert r["completion_logprobs"] == call.completion_logprobs
+        assert [m["id"] for m in r["messages"]] == [*call.request_ids, call.response_id]
+    with pytest.raises(ValueError, match="on_prefix_break"):
+        to_samples([trace], on_prefix_break="repair")
+
+
+@pytest.mark.parametrize(
+    ("bridge", "stream", "whole_reply"),
+    [("local", False, True), ("local", True, False), ("endpoint", False, False)],
+)
+async def test_token_in_keeps_the_branch(
+    server: tuple[ScriptedModel, str],
+    template: ChatTemplate,
+    model_dir: Path,
+    bridge: str,
+    stream: bool,
+    whole_reply: bool,
+) -> None:
+    """The second turn extends the first's exact ids, whether the client sent the reply back
+    whole or without its reasoning (the branch is then recorded as the model saw it)."""
+    scripted, url = server
+    tokenizer = str(model_dir) if bridge == "local" else None
+    settings = InterceptionSettings(token_in=True, tokenizer=tokenizer)
+    trace = await two_turns(url, settings, stream=stream, whole_reply=whole_reply)
+    assert len(trace.branch_list) == 1
+    first, second = trace.calls
+    assert first.prompt_token_ids is not None and first.completion_token_ids is not None
+    # The second turn went to the tokens route with the first turn's exact ids, then the bridge.
+    sent = scripted.history[-1]
+    assert sent.route == "/v1/chat/completions/tokens"
+    context = first.prompt_token_ids + first.completion_token_ids
+    assert sent.body["tokens"][: len(context)] == context
+    bridge_text = template.decode(sent.body["tokens"][len(context) :])
+    assert bridge_text == "\n<|im_start|>user\nand again<|im_end|>\n<|im_start|>assistant\n"
+    assert second.prompt_token_ids == sent.body["tokens"]
+    assert template.decode(first.completion_token_ids).startswith(f"<think>{THINK}</think>")
+    (row,) = to_samples([trace]).to_pylist()
+    assert row["token_error"] is None
+    completion = row["completion_token_ids"]
+    assert completion[: len(first.completion_token_ids)] == first.completion_token_ids
+    assert completion[-len(second.completion_token_ids) :] == second.completion_token_ids
+    inserted = len(completion) - len(first.completion_token_ids) - len(second.completion_token_ids)
+    assert row["completion_mask"].count(0) == inserted > 0
+    assert not [n for n in trace.notes if n.startswith("token-in")]
+
+
+async def test_token_in_bridges_tool_results(template: ChatTemplate, model_dir: Path) -> None:
+    scripted = ScriptedModel("bash", chat_template=template)
+    with scripted_server(scripted) as url:
+        upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+        settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+        async with Interception(upstream, settings=settings) as icpt:
+            trace = new_trace()
+            secret = icpt.app.register(trace)
+            client = openai.AsyncOpenAI(base_url=icpt.url, api_key=secret, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": "run: ls -la"}]
+            reply = await client.chat.completions.create(
+                model="x", messages=messages, tools=[BASH_TOOL]
+            )
+            call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "a b"})
+            await client.chat.completions.create(model="x", messages=messages, tools=[BASH_TOOL])
+            trace = icpt.app.conclude(secret)
+    assert scripted.history[-1].route == "/v1/chat/completions/tokens"
+    (row,) = to_samples([trace]).to_pylist()
+    assert row["token_error"] is None
+    first = trace.calls[0]
+    assert first.completion_token_ids is not None
+    bridge = scripted.history[-1].body["tokens"][
+        len(first.prompt_token_ids or []) + len(first.completion_token_ids) :
+    ]
+    assert template.decode(bridge) == (
+        "\n<|im_start|>user\n<tool_response>\na b\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+async def test_a_turn_cut_at_max_tokens_goes_as_messages_and_says_so(
+    server: tuple[ScriptedModel, str], model_dir: Path
+) -> None:
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    trace = await two_turns(server[1], settings, first={"max_tokens": 3})
+    assert trace.calls[0].finish_reason == "length"
+    assert server[0].history[-1].route == "/v1/chat/completions"
+    (note,) = [n for n in trace.notes if n.startswith("token-in")]
+    assert "call 1 sent as messages" in note and "max_tokens" in note
+
+
+async def test_an_endpoint_without_the_tokens_route_is_used_as_chat(
+    template: ChatTemplate, model_dir: Path
+) -> None:
+    scripted = ScriptedModel("echo", chat_template=template, token_routes=False)
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    with scripted_server(scripted) as url:
+        trace = await two_turns(url, settings)
+    # The tokens route answered 404 (it never reached the model); the call went as chat.
+    assert [r.route for r in scripted.history] == ["/v1/chat/completions"] * 2
+    assert "tokens" not in scripted.history[-1].body
+    assert len(trace.calls) == 2 and trace.calls[1].error is None
+    assert trace.calls[1].completion_token_ids
+    assert any("answered 404" in n for n in trace.notes)

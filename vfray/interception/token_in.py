@@ -1,0 +1,234 @@
+"""Token-in/token-out: a later turn of a branch is sent as the branch's exact token ids plus the
+bridge tokens of the new messages, so a branch's tokens only ever grow.
+
+A chat endpoint renders the whole history again on every call. A chat template that renders an
+earlier reply differently from how it was sampled (reasoning models drop earlier ``<think>``
+blocks; templates strip or re-space content; a stop token differs from the turn separator) makes
+the next prompt disagree with the previous prompt + completion, and the branch can no longer be
+trained on token-exactly (``token_error = "prefix_break"``). Here, once a branch has a call with
+token ids, the next call on it goes to vLLM's ``POST /v1/chat/completions/tokens`` (vLLM >= 0.20:
+the chat request plus ``tokens``, the prompt ids; the reply is parsed as chat, tool calls and
+reasoning included) with ``tokens`` = previous prompt + previous completion + bridge.
+
+The bridge is what the template puts after an assistant turn for the new messages (tool results,
+a user message) up to the generation prompt, found as vLLM's TITO clients find it (verifiers'
+``OpenAIChatCompletionsTokenClient``): render ``[dummy assistant] + new`` with the generation
+prompt and ``[dummy assistant]`` without; the difference, started right after the stop token the
+template closes an assistant turn with, is the bridge. It is rendered by a local
+:class:`~vfray.endpoints.chat_template.ChatTemplate` (``interception.tokenizer``) or by the
+endpoint's ``POST /tokenize`` (vLLM's, at the server root).
+
+When a call cannot be sent this way (the earlier turn was cut at ``max_tokens`` and has no stop
+token, the new messages are not tool/user messages, the template's bridge is not a clean suffix,
+the endpoint has no tokens route) it is sent as plain chat and the trace says why, in a note:
+never a silent repair. Its branch may then break, and the samples view drops it or splits it
+into per-turn samples (``samples.on_prefix_break``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vfray.endpoints.chat_template import ChatTemplate
+from vfray.interception.dialects import ParsedRequest
+from vfray.interception.upstream import Forwarder
+from vfray.trace import Branch, Message, Trace
+
+TOKENS_PATH = "/chat/completions/tokens"
+"""vLLM's chat route that takes the prompt as token ids (``tokens``)."""
+TOKENIZE_PATH = "/tokenize"
+"""vLLM's tokenizer route, at the server root (not under ``/v1``)."""
+NOTE_PREFIX = "token-in:"
+_MAX_NOTES = 5
+_TAIL_ROLES = frozenset({"tool", "user"})
+
+Tokenize = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], Awaitable[list[int]]]
+"""``(messages, tools, add_generation_prompt) -> token ids``: a chat template, applied."""
+
+
+@dataclass
+class Bridged:
+    """A call sent as token ids: the ids, and the request's messages as the model saw them (the
+    branch's own replies, reasoning included, where the client sent them back without it)."""
+
+    tokens: list[int]
+    messages: list[Message]
+
+
+class CannotBridge(Exception):
+    """This call cannot be sent as tokens; the message says why (noted on the trace)."""
+
+
+def _dummy_assistant(tail: list[dict[str, Any]]) -> dict[str, Any]:
+    # A tool message must follow an assistant turn that called it (templates check): the dummy
+    # calls the tools the tail answers. reasoning_content="" keeps templates that render
+    # reasoning by position (GLM) from flipping between the two renders.
+    ids = []
+    for message in tail:
+        if message.get("role") != "tool":
+            break
+        if message.get("tool_call_id"):
+            ids.append(str(message["tool_call_id"]))
+    if ids:
+        calls = [
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids
+        ]
+        return {"role": "assistant", "reasoning_content": "", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "reasoning_content": "", "content": "x"}
+
+
+class TokenIn:
+    """Builds the ``tokens`` of the next call on a branch (one per interception app).
+
+    ``tokenize`` renders and tokenizes a chat (a local template, or the endpoint's
+    ``/tokenize``); the render of the dummy assistant turn alone is cached per tools.
+    """
+
+    def __init__(self, tokenize: Tokenize) -> None:
+        self._tokenize = tokenize
+        self._bases: dict[str, list[int]] = {}
+        self.supported = True
+        """False once the endpoint answered the tokens route 404: later calls go as chat."""
+
+    @classmethod
+    def local(cls, template: ChatTemplate) -> TokenIn:
+        async def tokenize(
+            messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool
+        ) -> list[int]:
+            return template.tokenize_chat(messages, tools=tools, add_generation_prompt=gen)
+
+        return cls(tokenize)
+
+    @classmethod
+    def endpoint(cls, forwarder: Forwarder) -> TokenIn:
+        """Bridges rendered by the endpoint's own template: vLLM's ``POST /tokenize``."""
+        upstream = forwarder.upstream
+
+        async def tokenize(
+            messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool
+        ) -> list[int]:
+            body: dict[str, Any] = {
+                "model": upstream.model,
+                "messages": messages,
+                "add_generation_prompt": gen,
+            }
+            if tools:
+                body["tools"] = tools
+            headers = {"content-type": "application/json"}
+            if upstream.api_key:
+                headers["authorization"] = f"Bearer {upstream.api_key}"
+            data = json.dumps(body).encode()
+            async with forwarder.post(TOKENIZE_PATH, data, headers, root=True) as response:
+                if response.status != 200:
+                    text = (await response.text())[:300]
+                    status = response.status
+                    raise CannotBridge(f"the endpoint's /tokenize answered {status}: {text}")
+                answer = await response.json(content_type=None)
+            tokens = answer.get("tokens") if isinstance(answer, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise CannotBridge("the endpoint's /tokenize answered without a 'tokens' list")
+            return tokens
+
+        return cls(tokenize)
+
+    async def prompt(
+        self, trace: Trace, request: ParsedRequest, body: dict[str, Any]
+    ) -> Bridged | None:
+        """The token ids to send for this request, with the history they stand for; None when
+        it opens a branch (the first turn goes as chat). Raises :class:`CannotBridge` when the
+        branch has tokens to extend but this call cannot extend them."""
+        if not self.supported:
+            raise CannotBridge("the endpoint has no tokens route (404)")
+        found = _extended_branch(trace, request.messages)
+        if found is None:
+            return None
+        branch, history = found
+        last = trace.calls[branch.call_indices[-1]]
+        if last.prompt_token_ids is None or not last.completion_token_ids:
+            raise CannotBridge(f"call {last.index} came back without token ids")
+        if last.finish_reason == "length":
+            raise CannotBridge(
+                f"call {last.index} was cut at max_tokens: no stop token to continue from"
+            )
+        raw = body.get("messages")
+        tail = raw[len(history) :] if isinstance(raw, list) else []
+        roles = [m.get("role") if isinstance(m, dict) else None for m in tail]
+        if not tail or any(role not in _TAIL_ROLES for role in roles):
+            raise CannotBridge(f"the new messages are not tool results or a user turn: {roles}")
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        context = [*last.prompt_token_ids, *last.completion_token_ids]
+        tokens = context + await self._bridge(tail, tools, context[-1])
+        return Bridged(tokens, [*history, *request.messages[len(history) :]])
+
+    async def _bridge(
+        self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop: int
+    ) -> list[int]:
+        dummy = _dummy_assistant(tail)
+        key = json.dumps([dummy, tools], sort_keys=True)
+        base = self._bases.get(key)
+        try:
+            if base is None:
+                base = await self._tokenize([dummy], tools, False)
+                if len(self._bases) < 256:
+                    self._bases[key] = base
+            full = await self._tokenize([dummy, *tail], tools, True)
+        except CannotBridge:
+            raise
+        except Exception as exc:
+            raise CannotBridge(f"rendering the bridge failed: {type(exc).__name__}: {exc}") from exc
+        if full[: len(base)] != base:
+            raise CannotBridge("the chat template renders the earlier turns differently")
+        # The completion ends at the stop token; the template may put more after it (Qwen's
+        # "\n"), which belongs to the bridge. Without the stop token in the rendered turn, the
+        # sampled turn cannot be told where it ends.
+        if stop not in base:
+            raise CannotBridge(
+                f"the last sampled token ({stop}) is not the template's end of an assistant turn"
+            )
+        gap = len(base) - 1 - max(i for i, t in enumerate(base) if t == stop)
+        bridge = full[len(base) - gap :]
+        if bridge and bridge[0] == stop:
+            bridge = bridge[1:]
+        return bridge
+
+
+def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, list[Message]] | None:
+    """The longest answered branch this request continues, with its messages. A reply the
+    client sent back without its reasoning (clients drop ``reasoning_content``; templates drop
+    earlier ``<think>`` blocks) still continues it: the model's context holds the reasoning."""
+    ids = [m.id for m in messages]
+    best: tuple[Branch, list[Message]] | None = None
+    for branch in trace.branch_list:
+        n = len(branch.message_ids)
+        if not branch.call_indices or n >= len(ids):
+            continue
+        if best is not None and n <= len(best[0].message_ids):
+            continue
+        last = trace.calls[branch.call_indices[-1]]
+        if last.response_id is None or last.response_id != branch.message_ids[-1]:
+            continue  # the branch ends in a request that got no answer: nothing to extend
+        if ids[:n] != branch.message_ids and not all(
+            mine == theirs or _without_reasoning(trace.graph[mine]) == theirs
+            for mine, theirs in zip(branch.message_ids, ids[:n], strict=True)
+        ):
+            continue
+        best = branch, [trace.graph[mid] for mid in branch.message_ids]
+    return best
+
+
+def _without_reasoning(message: Message) -> str | None:
+    if message.role != "assistant" or not message.reasoning_content:
+        return None
+    fields = message.model_dump(exclude_none=True)
+    fields.pop("reasoning_content")
+    return Message(**fields).id
+
+
+def note(trace: Trace, message: str) -> None:
+    """Say on the trace that a call went as messages, and why (the first few times)."""
+    seen = sum(1 for n in trace.notes if n.startswith(NOTE_PREFIX))
+    if seen < _MAX_NOTES:
+        trace.notes.append(f"{NOTE_PREFIX} {message}")
