@@ -335,6 +335,64 @@ async def test_circuit_stops_holding_after_max_outage() -> None:
     assert circuit.down_since is not None and not circuit.holding
 
 
+def test_one_requests_failures_in_a_row_poison_it_instead_of_opening_the_circuit() -> None:
+    circuit = EndpointCircuit(RetryPolicy(circuit_failures=3))
+    for _ in range(3):
+        circuit.record(True, source="p")
+    assert circuit.down_since is None and circuit.poisoned("p")
+    circuit.record(True, source="p")  # its failures stop counting
+    circuit.record(True, source="a")
+    circuit.record(True, source="b")
+    assert circuit.down_since is None
+    circuit.record(True, source="a")  # three in a row across distinct requests: an outage
+    assert circuit.down_since is not None and not circuit.poisoned("a")
+    circuit.record(False, source="p")  # a success clears both judgements
+    assert circuit.down_since is None and not circuit.poisoned("p")
+
+
+def test_a_request_that_alone_keeps_the_circuit_open_is_poisoned_and_closes_it() -> None:
+    circuit = EndpointCircuit(RetryPolicy(circuit_failures=3))
+    for source in ("a", "p", "p"):
+        circuit.record(True, source=source)
+    assert circuit.down_since is not None  # distinct sources: judged an outage at first
+    circuit.record(True, probe=True, source="p")  # only p's probes keep failing
+    assert circuit.down_since is None and circuit.poisoned("p")  # ... so it is p, not the endpoint
+
+
+async def test_a_poisoned_group_alone_in_flight_arrives_with_its_errors_at_once() -> None:
+    # The only rollouts in flight fail identically (a prompt the endpoint answers 500): with a
+    # circuit they opened, they used to retry without spending their budgets until max_outage
+    # (900 s). Now its task is judged poisoned and the group arrives after a few attempts.
+    def script(key: str, index: int, attempt: int) -> Step:
+        return "ProviderError" if key == "t0" else None
+
+    backend = FakeBackend(script=script)
+    policy = RetryPolicy(backoff=0.01, max_backoff=0.05, provider_retries=6, circuit_failures=5)
+    driver = RunDriver(plan(rollouts_per_task=4, max_concurrent=4, retry=policy), backend)
+    progress = await driver.run(tasks(1))
+    assert progress.errored == 4 and progress.done == 4
+    assert driver.circuit.poisoned("t0") and driver.circuit.down_since is None
+    attempts = [c.attempt for c in backend.calls]
+    # Four first attempts, then at most one retry each (the fifth failure judged the request):
+    # well under the budget of 1 + 6 attempts per rollout.
+    assert attempts.count(0) == 4 and max(attempts) <= 1 and len(attempts) <= 8, attempts
+    assert [key for key, _, _ in backend.finished] == ["t0"]
+
+
+async def test_a_poisoned_group_does_not_hold_the_others() -> None:
+    def script(key: str, index: int, attempt: int) -> Step:
+        return "ProviderError" if key == "t1" else None
+
+    backend = FakeBackend(script=script)
+    policy = RetryPolicy(backoff=0.01, max_backoff=0.05, provider_retries=6, circuit_failures=3)
+    driver = RunDriver(plan(rollouts_per_task=4, max_concurrent=8, retry=policy), backend)
+    progress = await driver.run(tasks(5))
+    assert progress.errored == 4 and progress.done == 20
+    assert driver.circuit.poisoned("t1") and driver.circuit.down_since is None
+    assert sorted(key for key, _, _ in backend.finished) == ["t0", "t1", "t2", "t3", "t4"]
+    assert all(c.attempt == 0 for c in backend.calls if c.key != "t1")
+
+
 # -- refusal, resume -------------------------------------------------------------------------
 
 

@@ -7,6 +7,11 @@ Why: retried at once, a rollout spends its whole retry budget inside a 15 s outa
 rollouts failed for good in one). With backoff a retry lands after the outage; with the circuit,
 K provider failures in a row stop new rollouts from starting (and failing) until one probe
 rollout gets through.
+
+A request the endpoint answers 500 every time (a poisoned prompt) is not an outage: its K
+failures in a row all come from one task, and the endpoint answers everyone else. Without telling
+the two apart, the only rollouts in flight being one poisoned group opened the circuit and those
+rollouts then waited on it without spending their budgets, until ``max_outage`` (900 s).
 """
 
 from __future__ import annotations
@@ -56,13 +61,23 @@ class EndpointCircuit:
     A rollout that ends without a provider failure closes the circuit. Once the endpoint has been
     down ``max_outage`` seconds the circuit stops holding rollouts (they fail through their retry
     budgets) until one succeeds.
+
+    Each outcome names its ``source`` (the task: its rollouts send the same request). When the
+    last K failures in a row all come from one source, that source is judged *poisoned*, not the
+    endpoint down: the circuit does not open (or closes again, if those failures are what kept
+    it open), the source's failures stop counting, and :meth:`poisoned` tells the driver to stop
+    retrying its rollouts. An outage is failures across distinct sources. (An outage met while
+    one task's rollouts are the only ones in flight looks the same as a poisoned request; a
+    success of the source clears the judgement.)
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self.down_since: float | None = None
         """Wall-clock time the endpoint was judged down (None while it is up)."""
-        self._failures = 0
+        self._streak: list[str | None] = []
+        """The sources of the provider failures in a row since the last success."""
+        self._poisoned: set[str] = set()
         self._opened_at = 0.0  # monotonic
         self._cooldown = policy.backoff
         self._probe_at = 0.0
@@ -89,19 +104,45 @@ class EndpointCircuit:
                 await asyncio.wait_for(self._changed.wait(), max(0.01, left))
         return False
 
-    def record(self, provider_failed: bool, probe: bool = False) -> None:
-        """One rollout attempt's outcome (an attempt lost with its host says nothing about the
-        endpoint: :meth:`abandon` its probe instead)."""
+    def poisoned(self, source: str) -> bool:
+        """Whether ``source``'s requests were judged poisoned: it alone failed K times in a
+        row, so its failures are its own, not the endpoint's."""
+        return source in self._poisoned
+
+    def _close(self) -> None:
+        if self.down_since is not None:
+            self.down_since = None
+            self._changed.set()
+
+    def record(self, provider_failed: bool, probe: bool = False, source: str | None = None) -> None:
+        """One rollout attempt's outcome, from ``source`` (its task's key; None: unknown, never
+        judged poisoned). An attempt lost with its host says nothing about the endpoint:
+        :meth:`abandon` its probe instead."""
         if not provider_failed:
-            self._failures = 0
-            if self.down_since is not None:
-                self.down_since = None
-                self._changed.set()
+            self._streak.clear()
+            if source is not None:
+                self._poisoned.discard(source)
+            self._close()
             return
-        self._failures += 1
+        if source is not None and source in self._poisoned:
+            return  # a poisoned request's failure says nothing about the endpoint
+        self._streak.append(source)
+        k = self.policy.circuit_failures
+        if (
+            k
+            and source is not None
+            and len(self._streak) >= k
+            and all(s == source for s in self._streak[-k:])
+        ):
+            # K in a row from one request, and none from anyone else: that request, not the
+            # endpoint. Its failures leave the streak (and stop holding everyone).
+            self._poisoned.add(source)
+            self._streak = [s for s in self._streak if s != source]
+            self._close()
+            return
         now = time.monotonic()
         if self.down_since is None:
-            if self.policy.circuit_failures and self._failures >= self.policy.circuit_failures:
+            if k and len(self._streak) >= k:
                 self.down_since = time.time()
                 self._opened_at = now
                 self._cooldown = self.policy.backoff

@@ -293,7 +293,7 @@ class RunDriver:
                         outcome.error_type == ProviderError.__name__
                         and not outcome.endpoint_refused
                     )
-                    self.circuit.record(provider, probe)
+                    self.circuit.record(provider, probe, task.key)
                     told = True
                     self.progress.endpoint_down_since = self.circuit.down_since
                     if outcome.upstream_error is not None:
@@ -306,7 +306,20 @@ class RunDriver:
                             # This rollout fails too, so its group is neither scored nor
                             # delivered before the cancellation reaches it.
                             raise
-                    if provider:
+                    if provider and self.circuit.poisoned(task.key):
+                        # Its task's request failed K times in a row with nobody else failing:
+                        # the request is poisoned, not the endpoint down, and another try gets
+                        # the same answer. The group arrives now, with its errors.
+                        log.warning(
+                            "rollout %s/%d attempt %d failed with %s; not retrying: the "
+                            "endpoint fails this task's request and answers others",
+                            task.key[:12],
+                            index,
+                            attempt,
+                            outcome.error_type,
+                        )
+                        retry = False
+                    elif provider:
                         # While the endpoint is judged down the failure is the outage's, not
                         # this rollout's: it waits for the endpoint without spending its budget
                         # (max_outage bounds that wait).
