@@ -37,6 +37,7 @@ from vfray.run.outcomes import EpisodeGroup, RolloutOutcome
 from vfray.run.plan import RunPlan
 from vfray.run.progress import Baseline, live_progress
 from vfray.run.spec import RunSpec, resolve_run
+from vfray.run.staleness import ON_STALE, Requeue, group_staleness
 from vfray.run.streams import GroupStream
 from vfray.task import Task
 from vfray.trace import AgentInfo
@@ -111,6 +112,8 @@ class Farm:
         }
         self.progress = progress
         self.policy_version: int | None = None
+        self.stale_groups = 0
+        """Groups a stream refused for staleness (``max_staleness``), dropped or run again."""
         self._resolve(cfg)
         self._closed = False
         self._started = False
@@ -281,6 +284,8 @@ class Farm:
         *,
         name: str | None = None,
         tokens: bool = True,
+        max_staleness: int | None = None,
+        on_stale: str = "drop",
     ) -> GroupStream:
         """Yield each task's scored group as soon as it finishes (for RL training loops), as an
         async iterator. Rows are also written to a run folder, as with :meth:`run`. Stopping
@@ -293,7 +298,18 @@ class Farm:
         without them stops its rollout, and the stream stops with a one-line
         :class:`~vfray.errors.ConfigError` as soon as that rollout is back, before any group
         reaches the trainer. A group with fewer than 2 rollouts that count
-        (:attr:`EpisodeGroup.trainable`) is yielded with no advantages, and logged."""
+        (:attr:`EpisodeGroup.trainable`) is yielded with no advantages, and logged.
+
+        ``max_staleness=k`` (asynchronous RL; prime-rl's ``max_async_level``): a group whose
+        oldest call was made more than ``k`` policy versions before the current one
+        (:meth:`set_policy_version`) when it arrives is not yielded: ``on_stale="drop"`` drops
+        it, ``"rerun"`` runs its task again at the current weights (at most
+        :data:`~vfray.run.staleness.MAX_RERUNS` times, then drops it). Each is logged and
+        counted in :attr:`stale_groups`."""
+        if max_staleness is not None and max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
+        if on_stale not in ON_STALE:
+            raise ConfigError(f"on_stale must be one of {', '.join(ON_STALE)}, got {on_stale!r}")
         tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
         if self._closed:
@@ -313,10 +329,28 @@ class Farm:
         async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
             run_dir, run_id = self._run_dir(name, None)
 
+            source = Requeue(self._checked(tasks, rollouts_per_task))
+
             async def deliver_outcome(outcome: Any) -> None:
                 if outcome.episode is None:
                     return
                 group = EpisodeGroup(outcome.episode)
+                key = group.episode.task.key
+                age = group_staleness(group, self.policy_version)
+                if max_staleness is not None and age is not None and age > max_staleness:
+                    self.stale_groups += 1
+                    again = on_stale == "rerun" and source.rerun(key)
+                    log.warning(
+                        "task %s: its group is %d policy versions old (max_staleness %d): %s",
+                        key,
+                        age,
+                        max_staleness,
+                        "run again" if again else "dropped",
+                    )
+                    if not again:
+                        source.finished(key)
+                    return
+                source.finished(key)
                 if not group.trainable:
                     log.warning(
                         "task %s: %d of %d rollouts count (the others failed: %s); "
@@ -332,10 +366,14 @@ class Farm:
             plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
             header = self._header(run_id, name, rollouts_per_task)
             async with self._open_run(run_dir, header) as backend:
-                driver = RunDriver(
-                    plan, backend, deliver_outcome, on_rollout=check_tokens if tokens else None
-                )
-                await driver.run(self._checked(tasks, rollouts_per_task))
+                while True:
+                    driver = RunDriver(
+                        plan, backend, deliver_outcome, on_rollout=check_tokens if tokens else None
+                    )
+                    await driver.run(source)
+                    if not source.queued:
+                        break
+                    # Stale groups found after the tasks ran out: their reruns get a pass.
 
         stream = GroupStream(produce)
         self._streams.append(stream)
