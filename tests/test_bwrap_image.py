@@ -1,19 +1,17 @@
 """bwrap boxes whose root is an image's root filesystem (issue 28, the bwrap side), on real
-bubblewrap: a Debian minbase root built offline with mmdebstrap (cached under
-/var/cache/vfray-ci) and a nearly empty root with no shell and no Python. The node's own programs
-run there through the node's loader, the image's ``python3`` stays the image's, each box writes
-to a layer of its own, and nothing stays mounted after a stop or after an owner's SIGKILL."""
+bubblewrap: the tests' offline Debian base image unpacked by the node's image store, and a
+nearly empty root with no shell and no Python. The node's own programs run there through the
+node's loader, the image's ``python3`` stays the image's, each box writes to a layer of its own,
+and nothing stays mounted after a stop or after an owner's SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
+import concurrent.futures
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,48 +32,20 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap"),
 ]
 
-CACHE = Path("/var/cache/vfray-ci")
-DEBIAN_TAR = CACHE / "bookworm-minbase-python3.tar"
-"""``mmdebstrap --variant=minbase --include=python3 bookworm`` (no mirror URL: the machine's apt
-sources), built once per machine."""
 HOST_MARKER = Path("/root/.vfray-test-host-marker")
 
 
-def _build_debian_root() -> Path:
-    """The Debian root, unpacked once per machine next to its tar (under a lock: parallel
-    sessions share it). Skips, with the reason, where it cannot be built."""
-    if not os.access(CACHE.parent, os.W_OK):
-        pytest.skip(f"cannot write {CACHE} (the Debian root's cache)")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    root = CACHE / "bookworm-minbase-python3.root"
-    with open(CACHE / ".bookworm.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not DEBIAN_TAR.exists():
-            mmdebstrap = shutil.which("mmdebstrap")
-            if mmdebstrap is None:
-                pytest.skip("mmdebstrap is not installed (apt-get install -y mmdebstrap)")
-            staging = DEBIAN_TAR.with_suffix(".tmp")
-            done = subprocess.run(
-                [mmdebstrap, "--variant=minbase", "--include=python3", "--format=tar",
-                 "bookworm", str(staging)],
-                capture_output=True, text=True, timeout=900,
-            )  # fmt: skip
-            if done.returncode != 0:
-                pytest.skip(f"mmdebstrap failed: {done.stderr.strip().splitlines()[-1:]}")
-            staging.rename(DEBIAN_TAR)
-        if not root.is_dir():
-            staging_dir = Path(tempfile.mkdtemp(dir=CACHE, prefix=".unpack-"))
-            subprocess.run(
-                ["tar", "--numeric-owner", "-xf", str(DEBIAN_TAR), "-C", str(staging_dir)],
-                check=True, timeout=600,
-            )  # fmt: skip
-            staging_dir.rename(root)
-    return root
-
-
 @pytest.fixture(scope="session")
-def debian_root() -> Path:
-    return _build_debian_root()
+def debian_root(debian_image: object) -> Path:
+    """The offline Debian base image (tests/conftest.py), unpacked by the node's image store
+    once per machine (its default cache dir): a root with its config (environment, user)."""
+    from vfray.runtimes.debian_image import DebianImage
+    from vfray.runtimes.images import rootfs
+
+    assert isinstance(debian_image, DebianImage)
+    # A thread of its own: the fixture may first be asked for inside a test's running loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, rootfs(debian_image.oci)).result()
 
 
 @pytest.fixture

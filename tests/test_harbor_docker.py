@@ -88,7 +88,7 @@ def test_the_oracle_solves_every_solvable_task(options: dict[str, Any]) -> None:
         assert trace.reward == 1.0, (key, trace.rewards, trace.notes)
     # The failures are typed, and on their own rollouts only.
     (broken,) = traces["broken-dockerfile"].errors
-    assert (broken.type, broken.phase) == ("SandboxError", "boot")
+    assert (broken.type, broken.phase) == ("SandboxError", "image")
     assert "cannot build image" in broken.message and "\n" not in broken.message
     (late,) = traces["verifier-timeout"].errors
     assert (late.type, late.phase) == ("PhaseTimeoutError", "finalize")
@@ -158,7 +158,7 @@ def test_validate_lists_the_tasks_the_oracle_does_not_solve(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "3 tasks checked in runtime 'docker': 2 problem(s)" in out
     assert "broken-dockerfile" in out and "verifier-timeout" in out
-    assert "SandboxError in boot" in out and "PhaseTimeoutError in finalize" in out
+    assert "SandboxError in image" in out and "PhaseTimeoutError in finalize" in out
     assert "edit-file" not in out.split("problems", 1)[1]
 
 

@@ -23,7 +23,7 @@ from vfray.errors import (
 )
 from vfray.harnesses.base import Harness
 from vfray.rollout.agent_phase import run_agent_phase
-from vfray.rollout.plan import RolloutPlan, SessionBroker
+from vfray.rollout.plan import IMAGE_PHASE, RolloutPlan, SessionBroker
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime, task_spec
 from vfray.scoring import score_rollout
@@ -135,6 +135,10 @@ async def _execute(
         runtime.plan_routes([interception_url])
         # Likewise a box whose image is fixed at creation gets the agent programs built in.
         runtime.plan_tools(harness.box_tools())
+        if task.data.image is not None and runtime.RUNS_IMAGES:
+            await _run_phase(
+                trace, IMAGE_PHASE, timeouts.image, runtime.prepare_image, SandboxError
+            )
         await _run_phase(trace, "boot", timeouts.boot, runtime.start, SandboxError)
 
         async def setup() -> None:

@@ -15,7 +15,13 @@ from vfray.task import TaskData
 from vfray.trace import Trace
 
 PHASES = ("boot", "setup", "agent", "finalize", "scoring", "teardown")
-"""The phases of a rollout, in order; each one's timestamps are in ``trace.timing``."""
+"""The phases of a rollout, in order; each one's timestamps are in ``trace.timing``. A task with
+an image has one more first, ``image`` (:data:`IMAGE_PHASE`)."""
+IMAGE_PHASE = "image"
+"""The phase before ``boot`` in which a task's image is pulled, built or unpacked on the node
+(``Runtime.prepare_image``), under its own deadline ``timeouts.image``: a long SWE image build is
+not the box's boot. Its timestamps are ``trace.timing["image"]`` (near zero once the node has
+the image); only rollouts of tasks that name an image, on runtimes that run images, have it."""
 
 
 class Timeouts(BaseModel):
@@ -23,6 +29,12 @@ class Timeouts(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    image: float = Field(
+        1800.0,
+        gt=0,
+        description="seconds to pull, build or unpack a task's image on the node, before boot "
+        "(the first rollout that needs it waits for the build; later ones find it ready)",
+    )
     boot: float = Field(120.0, gt=0, description="seconds to start the runtime box")
     setup: float = Field(600.0, gt=0, description="seconds for task.setup + harness.setup")
     agent: float = Field(1800.0, gt=0, description="agent budget in seconds (all segments)")

@@ -88,6 +88,10 @@ class Runtime(abc.ABC):
     warn_no_isolation: ClassVar[bool] = False
     """Programs in this box can reach everything the farm process can (warned about when a
     harness that executes code runs there)."""
+    RUNS_IMAGES: ClassVar[bool] = False
+    """Boxes can have a task's image as their root filesystem (docker, podman, modal, bwrap);
+    a runtime without it refuses a task with an image (:func:`vfray.runtimes.images.
+    refuse_image`)."""
     TOOLS_IN_IMAGE: ClassVar[bool] = False
     """The box cannot see the node's tool dir: the agent programs named to :meth:`plan_tools`
     are built into its image instead, each at the path it has on the node."""
@@ -110,6 +114,13 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     async def start(self) -> None:
         """Create the box. Raises :class:`vfray.errors.SandboxError` when it cannot."""
+
+    async def prepare_image(self) -> None:  # noqa: B027 - an optional hook
+        """Make the task's image ready on this node (pulled, built or unpacked through the
+        node's image store), before :meth:`start`. The rollout runs it as a phase of its own,
+        ``image``, under ``timeouts.image``: a long pull or build is not the box's boot.
+        Idempotent; :meth:`start` does it when nobody did. Raises
+        :class:`vfray.errors.SandboxError` (one line) when the image cannot be had."""
 
     @abc.abstractmethod
     async def stop(self) -> None:

@@ -14,10 +14,16 @@ parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at 
 wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
 rlimits.
 
-A box over an image (``spec.rootfs``, the image's unpacked root filesystem) has that root instead
-of the host's, behind a copy-on-write layer of its own (:mod:`vfray.runtimes._overlay`) thrown
-away at ``stop``; ``spec.workdir`` is a dir of the image (made when missing), and the node's own
-programs (its Python, the forwarder, the agents' tool dir) run there through the node's loader
+A task's image (``spec.image``) is unpacked once per node by the node's image store
+(:func:`vfray.runtimes.images.rootfs`, in :meth:`BwrapRuntime.prepare_image`; a Dockerfile or an
+image held by the node's Docker engine goes through the engine named by ``docker_url``), and the
+box has that root (``spec.rootfs``) instead of the host's, behind a copy-on-write layer of its
+own (:mod:`vfray.runtimes._overlay`) thrown away at ``stop``. The image's config applies as in a
+container: its environment (``PATH`` first), its ``WORKDIR`` when the task names no work dir,
+its user (uid 0 included: the user namespace maps it to the node's user, with no capability;
+what the image gives to root is that user's in the box, what it gives to other users is read-only).
+``spec.workdir`` is a dir of the image (made when missing), and the node's own programs (its
+Python, the forwarder, the agents' tool dir) run there through the node's loader
 (:mod:`vfray.runtimes._foreign_root`), never through the image's interpreters.
 """
 
@@ -43,6 +49,7 @@ from vfray.runtimes._overlay import CowRoot, auto_backend
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.egress import EgressGate, open_gate
+from vfray.runtimes.images import ImageConfig, image_config, rootfs
 from vfray.runtimes.network_policy import BoxNetwork, box_network
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
@@ -93,9 +100,9 @@ def _can_disable_userns() -> bool:
     return "--disable-userns" in done.stdout
 
 
-def _namespaces(host_root: bool = True) -> list[str]:
-    """Namespaces and user of every box, and (``host_root``) the host's read-only system
-    dirs."""
+def _namespaces(host_root: bool = True, uid: int = BOX_UID, gid: int = BOX_UID) -> list[str]:
+    """Namespaces and user (``uid``/``gid``, mapped to the node's user) of every box, and
+    (``host_root``) the host's read-only system dirs."""
     # An unprivileged user with no capabilities: as uid 0 with the namespace's full
     # capability set, a box could read every root-only file bound into it.
     args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
@@ -103,7 +110,7 @@ def _namespaces(host_root: bool = True) -> list[str]:
         # No nested user namespace: one would hand a box's program a full capability set again
         # inside it (and the kernel's user-namespace code is a frequent escalation route).
         args.append("--disable-userns")
-    args += ["--uid", str(BOX_UID), "--gid", str(BOX_UID), "--cap-drop", "ALL"]
+    args += ["--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
     if not host_root:
         return args
     args += ["--ro-bind", "/usr", "/usr"]
@@ -212,6 +219,7 @@ class BwrapRuntime(SubprocessRuntime):
     type = "bwrap"
     isolates_network = True
     warn_no_isolation = False
+    RUNS_IMAGES = True
     # bubblewrap dies of SIGTERM (taking the box with it) instead of passing it on: a live
     # process's SIGTERM goes to the boxed program only.
     term_spares = frozenset({"bwrap"})
@@ -230,6 +238,7 @@ class BwrapRuntime(SubprocessRuntime):
         launch_concurrency: int | None = None,
         overlay: Literal["auto", "kernel", "fuse", "copy"] = "auto",
         require_shell: bool = True,
+        docker_url: str | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -249,7 +258,15 @@ class BwrapRuntime(SubprocessRuntime):
         self.require_shell = require_shell
         """Refuse an image root with no ``/bin/sh`` (provisioned agents, the bash tool and most
         scoring hooks start through it); a harness that needs none (``chat``) may say False."""
+        self.docker_url = docker_url
+        """A Docker engine on the node (``unix:///run/docker.sock``) that builds a task's
+        Dockerfile image and holds pre-loaded registry images, exported from it and unpacked;
+        without one a registry image is read with skopeo and a Dockerfile is refused."""
         self.image_root = self.spec.rootfs
+        self.image: ImageConfig | None = None
+        """The image's config (environment, work dir, user), when its store unpacked it."""
+        self.box_ids = (BOX_UID, BOX_UID)
+        """The uid and gid programs run as: ``nobody``'s, or an unpacked image's user."""
         self.layer: CowRoot | None = None
         self.node: NodePrograms | None = None
         self.box_workdir = self.spec.workdir or "/work"
@@ -275,7 +292,8 @@ class BwrapRuntime(SubprocessRuntime):
         self.workdir = self.base / "work"
         for sub in ("work", "tmp", "bridge", "etc"):
             (self.base / sub).mkdir(mode=0o777)
-        if self.image_root is not None:
+        if self.spec.image is not None or self.image_root is not None:
+            await self.prepare_image()
             await self._start_image(self.base)
         home = self.box_workdir
         (self.base / "etc" / "passwd").write_text(
@@ -317,6 +335,23 @@ class BwrapRuntime(SubprocessRuntime):
                 "a box's programs can create nested user namespaces"
             )
 
+    async def prepare_image(self) -> None:
+        """The task's image unpacked on this node (once per node and content) and its config
+        read: the box's root, environment, default work dir and user."""
+        if self.image_root is None and self.spec.image is not None:
+            self.image_root = str(await rootfs(self.spec.image, docker_url=self.docker_url))
+        if self.image is not None or self.image_root is None:
+            return
+        root = Path(self.image_root)
+        if (root.parent / "config.json").is_file():  # an unpacked image's, not a bare dir
+            try:
+                self.image = await blocking(image_config, root)
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"cannot read the config of image root {root}: {exc}") from exc
+            if self.spec.workdir is None and self.image.workdir not in ("", "/"):
+                self.box_workdir = self.image.workdir
+            self.box_ids = (self.image.uid, self.image.gid)
+
     async def _start_image(self, base: Path) -> None:
         """The box's own root over the image's: its layer mounted, its work dir made."""
         lower = self.image_root
@@ -357,7 +392,7 @@ class BwrapRuntime(SubprocessRuntime):
     def _image_mounts(self) -> list[str]:
         """A box over an image: its layer as ``/``, the node's programs read-only on top."""
         assert self.base is not None and self.layer is not None and self.node is not None
-        args = _namespaces(host_root=False)
+        args = _namespaces(host_root=False, uid=self.box_ids[0], gid=self.box_ids[1])
         args += ["--bind", str(self.layer.root), "/", "--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
         args += self.node.mounts()
@@ -458,10 +493,12 @@ class BwrapRuntime(SubprocessRuntime):
         python_bin = os.path.dirname(sys.executable)
         path = f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
         forwarder = [sys.executable]
+        image_env: dict[str, str] = {}
         if self.node is not None:
             # The node's programs through its loader; the image's PATH, so that its python3 is
             # the image's (a harness that wants its tools first says so in env["PATH"]).
-            path = IMAGE_PATH
+            image_env = self._image_env()
+            path = image_env.pop("PATH")
             command = self.program_argv(argv, env)
             forwarder = self.node.argv(forwarder, {})
         if self._isolated() and (self.bridges.bridges or serve):
@@ -481,9 +518,9 @@ class BwrapRuntime(SubprocessRuntime):
             # Name lookups from files only: a phone-home lookup fails at once as unknown
             # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
             prefix += ["--ro-bind", str(self._offline_nsswitch()), "/etc/nsswitch.conf"]
-            extra = {**(self.egress.env() if self.egress else {}), **(env or {})}
+            extra = {**image_env, **(self.egress.env() if self.egress else {}), **(env or {})}
         else:
-            extra = {**network_env(os.environ), **(env or {})}
+            extra = {**image_env, **network_env(os.environ), **(env or {})}
         return (
             [self._bwrap, *prefix, "--", *command],
             box_env(base_env, self.box_workdir, self.box_id, extra, owner=self.owner),
@@ -494,7 +531,13 @@ class BwrapRuntime(SubprocessRuntime):
     def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         if self.node is None:
             return list(argv)
-        return self.node.argv(argv, {"PATH": IMAGE_PATH, **(env or {})})
+        return self.node.argv(argv, {"PATH": self._image_env()["PATH"], **(env or {})})
+
+    def _image_env(self) -> dict[str, str]:
+        """The environment the image sets (its config's), ``PATH`` always among it."""
+        env = dict(self.image.env) if self.image is not None else {}
+        env.setdefault("PATH", IMAGE_PATH)
+        return env
 
     def _offline_nsswitch(self) -> Path:
         assert self.base is not None

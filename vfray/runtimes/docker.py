@@ -104,6 +104,7 @@ class DockerRuntime(Runtime):
 
     type = "docker"
     is_container = True
+    RUNS_IMAGES = True
     isolates_network = True
 
     def __init__(
@@ -155,6 +156,8 @@ class DockerRuntime(Runtime):
         self._exposed: dict[int, ExposedPort] = {}
         self.owner: str | None = None
         self._stopped = False
+        self._image_ready: str | None = None
+        """The engine's name of the task's image, once :meth:`prepare_image` made it present."""
 
     def _make_client(self) -> Any:
         docker: Any = optional_import("docker", "docker")
@@ -274,7 +277,10 @@ class DockerRuntime(Runtime):
                 raise
             raise SandboxError(f"cannot reach the docker engine: {exc}") from exc
         for attempt in range(2):
-            name = await self._image_name()
+            if attempt == 0 and self._image_ready is not None:
+                name = self._image_ready
+            else:
+                name = await self._image_name()
             try:
                 self.container = await blocking(
                     self.client.containers.run, name, **self.container_options()
@@ -332,6 +338,10 @@ class DockerRuntime(Runtime):
             all=True, filters={"label": f"vfray.box={self.box_id}"}
         ):
             container.remove(force=True)
+
+    async def prepare_image(self) -> None:
+        if self.image_ref is not None and self._image_ready is None:
+            self._image_ready = await self._image_name()
 
     async def _image_name(self) -> str:
         """What the engine runs: the task's image, made present through the node's image

@@ -38,9 +38,9 @@ __all__ = [
 
 
 def runs_images(runtime: type[Runtime]) -> bool:
-    """Whether boxes of ``runtime`` can have a task's image as their root: its
-    ``RUNS_IMAGES``, which a container runtime has unless it says otherwise."""
-    return bool(getattr(runtime, "RUNS_IMAGES", runtime.is_container))
+    """Whether boxes of ``runtime`` can have a task's image as their root (its
+    :attr:`~vfray.runtimes.base.Runtime.RUNS_IMAGES`)."""
+    return runtime.RUNS_IMAGES
 
 
 def refuse_image(runtime_type: str, image_runtimes: Sequence[str]) -> str:

@@ -51,6 +51,7 @@ class ModalRuntime(Runtime):
 
     type = "modal"
     is_container = True
+    RUNS_IMAGES = True
     REMOTE = True
     isolates_network = True
     TOOLS_IN_IMAGE = True
