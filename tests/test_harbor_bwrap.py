@@ -1,0 +1,67 @@
+"""Harbor tasks on the bwrap runtime (issue 28 with issue 29's fixtures): each task's
+``environment/Dockerfile`` is built FROM the offline Debian base in the tests' dockerd (the
+runtime's ``docker_url``), unpacked once by the node's image store, and the box's root is that
+image; the oracle solves the tasks, and a Dockerfile that fails to build is a SandboxError in
+the rollout's ``image`` phase, on its own rollout only."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vfray.run.environment import LocalEnvironment
+from vfray.runtimes.images import CACHE_ENV
+from vfray.tasksets.harbor_tasks import HarborTask, HarborTaskset
+from vfray.trace import Trace
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None
+        or shutil.which("skopeo") is None
+        or shutil.which("umoci") is None,
+        reason="bwrap, skopeo and umoci are needed",
+    ),
+]
+
+FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+SOLVABLE = ("edit-file", "python-bug")
+
+
+def _tasks(*names: str) -> list[HarborTask]:
+    return [t for t in HarborTaskset(str(FIXTURES)) if Path(t.data.task_dir).name in names]
+
+
+async def _run(tasks: list[HarborTask], docker_url: str) -> dict[str, Trace]:
+    async with LocalEnvironment(
+        model="scripted:echo",
+        harness="oracle",
+        runtime="bwrap",
+        runtime_options={"docker_url": docker_url},
+    ) as env:
+        traces = await asyncio.gather(*(env.rollout(t) for t in tasks))
+    return {t.key: trace for t, trace in zip(tasks, traces, strict=True)}
+
+
+def test_the_oracle_solves_harbor_tasks_in_their_images_on_bwrap(
+    debian_in_docker: str, docker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "store"))
+    traces = asyncio.run(_run(_tasks(*SOLVABLE, "broken-dockerfile"), docker_url))
+    for key in SOLVABLE:
+        trace = traces[key]
+        assert trace.errors == [], (key, trace.errors)
+        assert trace.reward == 1.0, (key, trace.rewards, trace.notes)
+        assert trace.agent.runtime == "bwrap"
+    (broken,) = traces["broken-dockerfile"].errors
+    assert (broken.type, broken.phase) == ("SandboxError", "image")
+    assert "cannot build image" in broken.message and "\n" not in broken.message
+    edit = traces["edit-file"]  # the task's /logs/agent, kept from the image's box
+    assert next(a.content for a in edit.artifacts if a.name == "agent/notes.txt") == (
+        "edited greeting.txt\n"
+    )
+    # One unpacked root per image built.
+    assert len(list((tmp_path / "store" / "rootfs").iterdir())) == len(SOLVABLE)
