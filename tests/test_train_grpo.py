@@ -1,29 +1,81 @@
-"""The GRPO example (``examples/rl``) for a few steps, end to end: its own char-level policy
-served through an OpenAI-compatible endpoint, rollouts through ``Farm.stream`` on the local
-backend, batches from :class:`vfray.train.torch.StreamDataset`, weight updates and policy
-versions. Learning itself is measured by the example (benchmarks/README.md), not here."""
+"""The GRPO example (``examples/rl``): one update on a hand-built batch moves the policy the
+way the advantages say (the sampled tokens of a positive-advantage sample become likelier, of a
+negative one less likely: a sign error or lost advantages fail it), and a few steps end to end:
+its own char-level policy served through an OpenAI-compatible endpoint, rollouts through
+``Farm.stream`` on the local backend, batches from :class:`vfray.train.torch.StreamDataset`,
+weight updates and policy versions. The reward curve is measured by the example
+(docs/guides/training.md)."""
 
 from __future__ import annotations
 
 import sys
 import threading
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import vfray as vf
+from vfray.trace import Message, RewardRecord, TaskRecord, Trace
+from vfray.train import build_batch
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rl"
 
 
-def test_a_few_grpo_steps_run_end_to_end(tmp_path: Path) -> None:
+def _example(name: str) -> ModuleType:
     sys.path.insert(0, str(EXAMPLE))
     try:
-        import grpo
+        return __import__(name)
     finally:
         sys.path.remove(str(EXAMPLE))
+
+
+def test_one_update_follows_the_advantages() -> None:
+    # Two samples of one prompt, their tokens and logprobs as the endpoint would record them
+    # from this policy: "3" answered "4" (advantage +1) and "7" (advantage -1).
+    grpo, policy_mod = _example("grpo"), _example("policy")
+    from vfray.train.torch import to_tensors
+
+    torch.manual_seed(0)
+    policy = policy_mod.CharPolicy()
+    prompt = policy_mod.render([{"role": "user", "content": "3"}])
+    replies = {"good": ([*policy_mod.encode("4"), policy_mod.EOS], 1.0)}
+    replies["bad"] = ([*policy_mod.encode("7"), policy_mod.EOS], -1.0)
+
+    def sequence_logprob(completion: list[int]) -> float:
+        with torch.no_grad():
+            lp = policy.token_logprobs(torch.tensor([prompt + completion]))[0]
+        return float(lp[len(prompt) :].sum())
+
+    traces = []
+    for name, (completion, advantage) in replies.items():
+        with torch.no_grad():
+            lp = policy.token_logprobs(torch.tensor([prompt + completion]))[0]
+        trace = Trace(task=TaskRecord(key="q", hash="h"), run_id="r", episode_id="e")
+        trace.record_call(
+            [Message(role="user", content="3")],
+            Message(role="assistant", content=name),
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            completion_logprobs=lp[len(prompt) :].tolist(),
+        )
+        trace.advantage = advantage
+        trace.rewards["r"] = RewardRecord(value=max(advantage, 0.0))
+        traces.append(trace)
+    batch = to_tensors(build_batch(vf.to_samples(traces)))
+    before = {name: sequence_logprob(c) for name, (c, _) in replies.items()}
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    _loss, mismatch = grpo.update(policy, optimizer, batch, threading.Lock(), epochs=1, entropy=0.0)
+    after = {name: sequence_logprob(c) for name, (c, _) in replies.items()}
+    assert mismatch < 1e-5  # the batch's inference logprobs are this policy's
+    assert after["good"] > before["good"] + 1e-3, (before, after)
+    assert after["bad"] < before["bad"] - 1e-3, (before, after)
+
+
+def test_a_few_grpo_steps_run_end_to_end(tmp_path: Path) -> None:
+    grpo = _example("grpo")
     steps = 4
     history = grpo.train(
         steps=steps, groups_per_step=2, group_size=4, output_dir=str(tmp_path), log=False

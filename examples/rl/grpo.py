@@ -64,6 +64,46 @@ class History:
     samples: int = 0
 
 
+def update(
+    policy: CharPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, Any],
+    lock: threading.Lock,
+    *,
+    epochs: int = 4,
+    clip: float = 0.2,
+    entropy: float = 0.02,
+) -> tuple[torch.Tensor, float]:
+    """``epochs`` clipped policy-gradient steps on one batch; the last loss, and how far the
+    policy's logprobs of the sampled tokens were from the inference logprobs before the first
+    step (0 up to float error when the batch was sampled with these weights)."""
+    ids, sampled = batch["input_ids"], batch["loss_mask"].bool()
+    # The endpoint's logprobs: the behaviour policy's, for the importance ratio.
+    mask, behaviour = sampled.float(), batch["inference_logprobs"]
+    adv = batch["advantages"][:, None]
+    mismatch = 0.0
+    for epoch in range(epochs):
+        logprobs, _state = policy(ids)
+        # Off the sampled tokens (prompt, padding) the masked policy gives -inf.
+        picked = logprobs[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+        new = torch.where(sampled[:, 1:], picked, behaviour[:, 1:])
+        if epoch == 0:
+            mismatch = float((new.detach() - behaviour[:, 1:]).abs().max())
+        ratio = torch.exp(new - behaviour[:, 1:])
+        clipped = torch.clamp(ratio, 1 - clip, 1 + clip)
+        surrogate = torch.minimum(ratio * adv, clipped * adv)
+        # The entropy of the distributions the sampled tokens were drawn from.
+        dist = logprobs[:, :-1, OUTPUTS]
+        ent = -(dist.exp() * dist).sum(-1)
+        weight = mask[:, 1:]
+        loss = -((surrogate + entropy * ent) * weight).sum() / weight.sum().clamp(min=1)
+        optimizer.zero_grad()
+        loss.backward()
+        with lock:  # the endpoint never samples from half-updated weights
+            optimizer.step()
+    return loss, mismatch
+
+
 def train(
     steps: int = 40,
     groups_per_step: int = 16,
@@ -104,29 +144,11 @@ def train(
             farm, tasks(seed), group_size, groups_per_step * group_size, device=device
         )
         for step, batch in enumerate(batches):
-            ids, sampled = batch["input_ids"], batch["loss_mask"].bool()
-            mask, old = sampled.float(), batch["old_logprobs"]
-            adv = batch["advantages"][:, None]
-            for _ in range(epochs):
-                logprobs, _state = policy(ids)
-                # Off the sampled tokens (prompt, padding) the masked policy gives -inf.
-                picked = logprobs[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-                new = torch.where(sampled[:, 1:], picked, old[:, 1:])
-                if history.first_mismatch is None:
-                    # The weights that sampled: the recorded logprobs match to float error.
-                    history.first_mismatch = float((new.detach() - old[:, 1:]).abs().max())
-                ratio = torch.exp(new - old[:, 1:])
-                clipped = torch.clamp(ratio, 1 - clip, 1 + clip)
-                surrogate = torch.minimum(ratio * adv, clipped * adv)
-                # The entropy of the distributions the sampled tokens were drawn from.
-                dist = logprobs[:, :-1, OUTPUTS]
-                ent = -(dist.exp() * dist).sum(-1)
-                weight = mask[:, 1:]
-                loss = -((surrogate + entropy * ent) * weight).sum() / weight.sum().clamp(min=1)
-                optimizer.zero_grad()
-                loss.backward()
-                with lock:  # the endpoint never samples from half-updated weights
-                    optimizer.step()
+            loss, mismatch = update(
+                policy, optimizer, batch, lock, epochs=epochs, clip=clip, entropy=entropy
+            )
+            if history.first_mismatch is None:
+                history.first_mismatch = mismatch
             farm.set_policy_version(step + 1)
             reward = float(batch["rewards"].nanmean())
             history.rewards.append(reward)
