@@ -169,6 +169,22 @@ def test_iter_batches_slices_a_table() -> None:
     assert shuffled[0].stats.used == 6
 
 
+def test_samples_that_never_asked_for_tokens_are_refused_in_one_line() -> None:
+    # A farm.run without sampling.return_tokens: every call came back without token ids.
+    untokenised = [
+        _trace(f"k{i}", 0.5, [{"prompt": None, "completion": None, "logprobs": None}])
+        for i in range(3)
+    ]
+    with pytest.raises(ValueError, match="none of the 3 samples has token ids"):
+        next(iter_batches(vf.to_samples(untokenised), 2))
+    # Some with tokens: batches as before, the missing ones counted.
+    batches = list(iter_batches(vf.to_samples([*untokenised, *_traces()]), 100))
+    assert batches[0].stats.token_errors == {"missing": 4, "prefix_break": 1}
+    # All broken by re-tokenisation is not "never asked": counted, not refused.
+    drift = _traces()[2]
+    assert next(iter_batches(vf.to_samples([drift]), 1)).stats.token_errors == {"prefix_break": 1}
+
+
 def test_a_mismatched_mask_is_refused() -> None:
     samples = vf.to_samples(_traces()[1:2])
     bad = samples.set_column(

@@ -83,7 +83,19 @@ def iter_batches(
     samples: pa.Table, batch_size: int, *, shuffle_seed: int | None = None, **build: Any
 ) -> Iterator[Batch]:
     """Batches of ``batch_size`` rows of ``samples`` (zero-copy slices; a last smaller one),
-    in order or shuffled with ``shuffle_seed``; ``build`` goes to :func:`build_batch`."""
+    in order or shuffled with ``shuffle_seed``; ``build`` goes to :func:`build_batch`.
+
+    Refuses, in one line, samples none of which has token ids because nothing asked for them
+    (a ``farm.run`` without ``sampling.return_tokens``): every batch would be empty."""
+    untokenised = samples.column("prompt_token_ids").null_count
+    if samples.num_rows and untokenised == samples.num_rows:
+        reasons = pc.fill_null(samples.column("token_error"), "missing")
+        if pc.all(pc.equal(reasons, "missing")).as_py():
+            raise ValueError(
+                f"none of the {samples.num_rows} samples has token ids: the run did not ask the "
+                "endpoint for them (farm.run evaluates; run with "
+                "sampling={'return_tokens': True}, or train from farm.stream())"
+            )
     if shuffle_seed is not None:
         import numpy as np
 
