@@ -38,6 +38,14 @@ from vfray.runtimes.provision import TOOLS_DIR_ENV
 
 HARNESSES = ("mini-swe-agent", "codex", "claude-code")
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
+SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Compaction after every tool step: three contexts (branches) and five calls a rollout.
+    "compact": (PROMPT, {"compact_at": 1}),
+    # One sub-call writes the file, the root checks it: two branches, six calls a rollout.
+    "rlm": ('Ask: write "hello agent" to out.txt\nrun: cat out.txt', {}),
+}
+"""Prompt and harness options for the chat-loop harnesses whose own behaviour needs them (any
+other harness: ``PROMPT``, no options). Run with ``--harnesses compact,rlm --no-cold``."""
 
 
 class WriteFile(vf.Task[vf.TaskData]):
@@ -48,11 +56,12 @@ class WriteFile(vf.Task[vf.TaskData]):
         return (await runtime.read("out.txt")) == b"hello agent\n"
 
 
-def tasks(count: int, runtime: str) -> list[WriteFile]:
+def tasks(count: int, runtime: str, harness: str = "") -> list[WriteFile]:
     # Not bwrap's default /work: a host venv under /work (this machine's) would be hidden.
     workdir = "/box" if runtime == "bwrap" else None
+    prompt = SETUPS.get(harness, (PROMPT, {}))[0]
     return [
-        WriteFile(vf.TaskData(prompt=PROMPT, workdir=workdir), key=f"write-{i}")
+        WriteFile(vf.TaskData(prompt=prompt, workdir=workdir), key=f"write-{i}")
         for i in range(count)
     ]
 
@@ -88,13 +97,20 @@ def failures(traces: list[vf.Trace]) -> str:
     return f"{len(bad)} failed (e.g. {why})"
 
 
+def environment(harness: str, runtime: str) -> vf.LocalEnvironment:
+    options = SETUPS.get(harness, (PROMPT, {}))[1]
+    return vf.LocalEnvironment(
+        "scripted:agent", harness=harness, runtime=runtime, harness_options=options
+    )
+
+
 async def first_rollout(harness: str, runtime: str, root: str) -> tuple[float, str]:
     """Seconds from a fresh environment to its first finished rollout, tools under ``root``."""
     with tools_dir(root):
         started = time.perf_counter()
-        env = vf.LocalEnvironment("scripted:agent", harness=harness, runtime=runtime)
+        env = environment(harness, runtime)
         async with env:
-            trace = await env.rollout(tasks(1, runtime)[0])
+            trace = await env.rollout(tasks(1, runtime, harness)[0])
         return time.perf_counter() - started, failures([trace])
 
 
@@ -103,18 +119,19 @@ async def throughput(
 ) -> dict[str, Any]:
     gate = asyncio.Semaphore(concurrency)
     with tools_dir(root):
-        env = vf.LocalEnvironment("scripted:agent", harness=harness, runtime=runtime)
+        env = environment(harness, runtime)
 
         async def one(task: WriteFile) -> vf.Trace:
             async with gate:
                 return await env.rollout(task)
 
         async with env:
-            await one(tasks(1, runtime)[0])  # warm-up: the program's files in the page cache
+            # Warm-up: the program's files in the page cache.
+            await one(tasks(1, runtime, harness)[0])
             floor = tree_rss(psutil.Process())
             with peak_tree_rss() as peak:
                 started = time.perf_counter()
-                traces = await asyncio.gather(*(one(t) for t in tasks(count, runtime)))
+                traces = await asyncio.gather(*(one(t) for t in tasks(count, runtime, harness)))
                 elapsed = time.perf_counter() - started
     agent = [t.timing["agent"].duration or 0.0 for t in traces if "agent" in t.timing]
     return {

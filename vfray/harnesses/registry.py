@@ -12,6 +12,8 @@ from vfray.harnesses.base import Harness, HarnessConfig
 _BUILTIN: dict[str, str] = {
     "bash": "vfray.harnesses.bash:BashHarness",
     "null": "vfray.harnesses.null:NullHarness",
+    "compact": "vfray.harnesses.compact:CompactHarness",
+    "rlm": "vfray.harnesses.rlm:RlmHarness",
     "oracle": "vfray.harnesses.oracle:OracleHarness",
     "mini-swe-agent": "vfray.harnesses.mini_swe_agent:MiniSweAgentHarness",
     "codex": "vfray.harnesses.codex:CodexHarness",

@@ -3,6 +3,11 @@
 
 It runs inside the box under any python3, talks only to ``$VFRAY_BASE_URL`` (the interception)
 with ``$VFRAY_API_KEY`` (the rollout secret), and prints one JSON summary line on stdout.
+
+Two options make it the ``compact`` and ``rlm`` harnesses: ``--compact-at TOKENS`` replaces the
+conversation after the task by a model-written summary once the context passes TOKENS, and
+``--rlm-depth N`` offers an ``ask`` tool that answers a sub-question in a fresh context of its
+own (N levels deep). Either starts a context the interception records as a new branch.
 """
 
 from __future__ import annotations
@@ -493,55 +498,155 @@ def save_transcript(path: str | None, messages: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
-    """Drive the conversation until the model stops calling tools (or max steps)."""
-    base = os.environ.get("VFRAY_BASE_URL", "").rstrip("/")
-    key = take_key()
-    model = os.environ.get("VFRAY_MODEL", "")
-    if not base:
-        raise Fatal("VFRAY_BASE_URL is not set")
-    disabled = {t for t in args.disable.split(",") if t}
-    tools = [t for t in args.tools.split(",") if t and t not in disabled] if args.tools else []
-    unknown = [t for t in tools if t not in TOOL_SCHEMAS]
-    if unknown:
-        raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
-    messages = state["messages"] = load_messages(args)
-    mcp = connect_mcp(args.mcp, args.request_timeout)
-    # A disabled tool is not offered, by its exposed name, its own, or as server__tool.
-    mcp = {k: v for k, v in mcp.items() if not {k, v[1], f"{v[0].name}__{v[1]}"} & disabled}
-    schemas = [TOOL_SCHEMAS[t] for t in tools] + [entry[2] for entry in mcp.values()]
-    url = f"{base}/chat/completions"
-    while state["steps"] < args.max_steps:
-        body: dict[str, Any] = {"model": model, "messages": messages}
+COMPACT_REQUEST = "Summarise the conversation so far for a fresh context"
+"""Opens the compaction request (the scripted ``agent`` model answers it with a summary)."""
+COMPACTED = "[The earlier context was compacted. Summary of the work so far:]"
+"""Opens the user message that carries the summary into the new context."""
+ASK_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "ask",
+        "description": (
+            "Ask a fresh copy of yourself a self-contained sub-question. It starts from an "
+            "empty context with the same tools, works until it answers, and its final answer "
+            "is returned here."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {"question": {"type": "string", "description": "The sub-question."}},
+            "required": ["question"],
+        },
+    },
+}
+"""The recursive sub-call tool, offered while ``--rlm-depth`` allows one more level."""
+
+
+class Session:
+    """What every context of one run shares: the endpoint, the tools and the counters."""
+
+    def __init__(self, args: argparse.Namespace, state: dict[str, Any]) -> None:
+        base = os.environ.get("VFRAY_BASE_URL", "").rstrip("/")
+        if not base:
+            raise Fatal("VFRAY_BASE_URL is not set")
+        self.args, self.state = args, state
+        self.key = take_key()
+        self.model = os.environ.get("VFRAY_MODEL", "")
+        self.url = f"{base}/chat/completions"
+        disabled = {t for t in args.disable.split(",") if t}
+        tools = [t for t in args.tools.split(",") if t and t not in disabled] if args.tools else []
+        unknown = [t for t in tools if t not in TOOL_SCHEMAS]
+        if unknown:
+            raise Fatal(f"unknown tools {unknown}; known: {sorted(TOOL_SCHEMAS)}")
+        self.tools = tools
+        mcp = connect_mcp(args.mcp, args.request_timeout)
+        # A disabled tool is not offered, by its exposed name, its own, or as server__tool.
+        self.mcp = {
+            k: v for k, v in mcp.items() if not {k, v[1], f"{v[0].name}__{v[1]}"} & disabled
+        }
+        self.schemas = [TOOL_SCHEMAS[t] for t in tools] + [e[2] for e in self.mcp.values()]
+
+    def complete(self, messages: list[dict[str, Any]], schemas: list[Any]) -> dict[str, Any]:
+        """One model call (counted against ``--max-steps``); returns the reply's message."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
         if schemas:
             body["tools"] = schemas
-        reply = post_chat(url, key, body, args)
-        state["steps"] += 1
+        reply = post_chat(self.url, self.key, body, self.args)
+        self.state["steps"] += 1
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not choices or not isinstance(choices[0].get("message"), dict):
             raise Fatal(f"the endpoint returned no message: {json.dumps(reply)[:1000]}")
-        message = choices[0]["message"]
+        usage = reply.get("usage")
+        total = usage.get("total_tokens") if isinstance(usage, dict) else None
+        # The context's size as the model counted it; without usage, ~4 characters a token.
+        self.last_tokens = total if isinstance(total, int) else len(json.dumps(messages)) // 4
+        message: dict[str, Any] = choices[0]["message"]
+        return message
+
+
+def converse(session: Session, messages: list[dict[str, Any]], depth: int) -> str | None:
+    """Drive one context until the model answers without a tool call; returns that answer, or
+    None when ``--max-steps`` ran out. ``messages`` is changed in place (the transcript)."""
+    args, state = session.args, session.state
+    schemas = session.schemas + ([ASK_SCHEMA] if depth < args.rlm_depth else [])
+    # What a compaction keeps: the system prompt and the first user message (the task).
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), -1)
+    keep = first_user + 1
+    root = depth == 0
+    while state["steps"] < args.max_steps:
+        message = session.complete(messages, schemas)
         # Sent back unchanged, so the interception sees its own reply as the history prefix.
         messages.append(message)
-        save_transcript(args.transcript, messages)
+        if root:
+            save_transcript(args.transcript, messages)
         calls = message.get("tool_calls") or []
         if not calls:
-            state["status"] = "completed"
-            state["final"] = message.get("content")
-            return
+            content = message.get("content")
+            return content if isinstance(content, str) else ""
         for tool_call in calls:
             function = tool_call.get("function") or {}
             fname = str(function.get("name"))
-            if fname in mcp:
-                output = call_mcp(mcp[fname], function.get("arguments"), args.max_output_chars)
+            if fname == "ask" and depth < args.rlm_depth:
+                output = ask(session, messages[:first_user], function.get("arguments"), depth)
+            elif fname in session.mcp:
+                output = call_mcp(
+                    session.mcp[fname], function.get("arguments"), args.max_output_chars
+                )
             else:
-                output = call_tool(fname, function.get("arguments"), tools, args)
+                output = call_tool(fname, function.get("arguments"), session.tools, args)
             state["tool_calls"] += 1
             messages.append(
                 {"role": "tool", "tool_call_id": tool_call.get("id"), "content": output}
             )
-        save_transcript(args.transcript, messages)
-    state["status"] = "max_steps"
+        if args.compact_at and session.last_tokens >= args.compact_at and len(messages) > keep:
+            compact(session, messages, keep)
+        if root:
+            save_transcript(args.transcript, messages)
+    return None
+
+
+def compact(session: Session, messages: list[dict[str, Any]], keep: int) -> None:
+    """Replace everything after the first ``keep`` messages by a model-written summary. The
+    new context is no extension of the old one, so the interception opens a new branch."""
+    request = [
+        *messages,
+        {
+            "role": "user",
+            "content": f"{COMPACT_REQUEST}: the task, what was done and what is left. "
+            "Answer in text only; the summary replaces the conversation.",
+        },
+    ]
+    summary = session.complete(request, []).get("content") or ""
+    messages[keep:] = [{"role": "user", "content": f"{COMPACTED}\n{summary}"}]
+    session.state["compactions"] = session.state.get("compactions", 0) + 1
+
+
+def ask(session: Session, system: list[dict[str, Any]], raw_args: Any, depth: int) -> str:
+    """The ``ask`` tool: a sub-question answered in a fresh context of its own (one level
+    deeper), which the interception records as a branch of its own."""
+    try:
+        params = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args or {})
+    except (ValueError, TypeError) as exc:
+        return f"error: the arguments are not valid JSON: {exc}"
+    question = params.get("question") if isinstance(params, dict) else None
+    if not isinstance(question, str) or not question.strip():
+        return "error: `question` (a non-empty string) is required"
+    session.state["sub_calls"] = session.state.get("sub_calls", 0) + 1
+    answer = converse(session, [*system, {"role": "user", "content": question}], depth + 1)
+    if answer is None:
+        return "error: the sub-call ran out of steps before it answered"
+    return answer
+
+
+def chat(args: argparse.Namespace, state: dict[str, Any]) -> None:
+    """Drive the conversation until the model stops calling tools (or max steps)."""
+    session = Session(args, state)
+    messages = state["messages"] = load_messages(args)
+    final = converse(session, messages, 0)
+    if final is None:
+        state["status"] = "max_steps"
+    else:
+        state["status"] = "completed"
+        state["final"] = final
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -559,6 +664,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--backoff", type=float, default=0.5)
+    parser.add_argument(
+        "--compact-at", type=int, default=0, help="compact past this many context tokens"
+    )
+    parser.add_argument(
+        "--rlm-depth", type=int, default=0, help="levels of recursive `ask` sub-calls"
+    )
     return parser.parse_args(argv)
 
 

@@ -1,12 +1,14 @@
 """The scripted model's ``agent`` policy: drives real coding-agent programs with no real model.
 
 It reads a short plan from the task prompt (``write "TEXT" to PATH``, ``run: COMMAND``, ``tool:
-NAME {"arg": ...}`` for an MCP tool offered under that name or prefixed by its server), runs one
+NAME {"arg": ...}`` for an MCP tool offered under that name or prefixed by its server, ``ask:
+QUESTION`` for the recursive ``ask`` tool of the ``rlm`` harness), runs one
 step per request through whatever shell tool the request offers (or a fenced code block, for
 agents that parse commands out of text), then ends: with the submit command when the agent's
 prompt names one (mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), else with a
 final text answer and no tool call. The server keeps no state: the step is counted from the
-conversation the request carries.
+conversation the request carries. A compaction request (the ``compact`` harness) is answered
+with a summary that says how many steps are done, which the compacted context then counts.
 """
 
 from __future__ import annotations
@@ -37,13 +39,18 @@ _SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _TOOL_STEP = "\x00tool\x00"
 """Marks a plan step that calls a tool by name (``tool: NAME {json}``) instead of a shell."""
 _TEXT_FENCE = "mswea_bash_command"
+COMPACT_REQUEST = "Summarise the conversation so far for a fresh context"
+"""How the chat loop's compaction request opens (``programs/chat_loop.py``, which runs in the
+box and imports nothing of vfray, says it too)."""
+_STEPS_DONE = re.compile(r"\[steps done: (\d+)\]")
 """The fence language mini-swe-agent's text-based config parses (``mini_textbased.yaml``)."""
 
 _STEP = re.compile(
     r"""\bwrite\s+(?P<q>["'])(?P<text>.*?)(?P=q)\s+(?:to|into)\s+(?:the\s+file\s+)?"""
     r"""`?(?P<path>[\w./~-]*\w)`?"""
     r"""|\brun:[ \t]*(?P<run>[^\n]+)"""
-    r"""|\btool:[ \t]*(?P<tool>[\w.-]+)[ \t]*(?P<args>\{[^\n]*\})?""",
+    r"""|\btool:[ \t]*(?P<tool>[\w.-]+)[ \t]*(?P<args>\{[^\n]*\})?"""
+    r"""|\bask:[ \t]*(?P<ask>[^\n]+)""",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -62,7 +69,10 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
         text = conv.user_texts[index]
         steps: list[str] = []
         for match in _STEP.finditer(text):
-            if match.group("tool"):
+            if match.group("ask"):
+                question = json.dumps({"question": match.group("ask").strip()})
+                steps.append(f"{_TOOL_STEP}ask{_TOOL_STEP}{question}")
+            elif match.group("tool"):
                 steps.append(
                     f"{_TOOL_STEP}{match.group('tool')}{_TOOL_STEP}{match.group('args') or '{}'}"
                 )
@@ -74,7 +84,9 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
                 steps.append(f"cat {path}")
         if steps:
             before = conv.user_actions[index] if index < len(conv.user_actions) else 0
-            return steps, conv.actions_taken - before
+            # A compacted context carries the steps done before it in its summary.
+            done = [int(m) for t in conv.user_texts[index + 1 :] for m in _STEPS_DONE.findall(t)]
+            return steps, conv.actions_taken - before + (done[-1] if done else 0)
     return [], conv.actions_taken
 
 
@@ -131,6 +143,8 @@ def _required_defaults(schema: dict[str, Any], argument: str) -> tuple[tuple[str
 def decide_agent(conv: Conversation) -> Decision:
     """The next action of the plan, then the submit command or the final answer."""
     steps, taken = _newest_plan(conv)
+    if conv.tool_output is None and conv.last_user.startswith(COMPACT_REQUEST):
+        return Decision(text=f"Working through the task's plan. [steps done: {taken}]")
     submits = any(_SUBMIT_MARKER in text for text in conv.texts)
     if submits:
         steps = [*steps, SUBMIT_COMMAND]
