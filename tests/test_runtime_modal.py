@@ -297,3 +297,82 @@ async def test_the_image_build_commands_install_working_programs(
 
 def _out() -> dict[str, Any]:
     return {"capture_output": True, "text": True, "check": True}
+
+
+# -- the task's image through the SDK's builders -----------------------------------------------
+
+
+def _dockerfile_source(image: Any) -> tuple[str, str]:
+    """The Dockerfile path and build context a ``modal.Image.from_dockerfile`` image was made
+    with, as the SDK keeps them for its builder (its lazy loader's closures)."""
+    from modal._utils.async_utils import synchronizer
+
+    scope = inspect.getclosurevars(synchronizer._translate_in(image)._load).nonlocals
+    inner = inspect.getclosurevars(scope["dockerfile_image"]).nonlocals
+    mount = inspect.getclosurevars(inner["context_mount_function"]).nonlocals
+    return scope["path"], str(mount["context_dir"])
+
+
+@pytest.mark.parametrize(
+    ("image", "pulled"),
+    [
+        ("debian:bookworm", "debian:bookworm"),
+        ("docker://ghcr.io/acme/swe-task:1", "ghcr.io/acme/swe-task:1"),  # the transport dropped
+        (None, "python:3.11-slim"),  # the runtime's default image
+    ],
+)
+def test_a_registry_image_goes_to_the_sdks_registry_builder(image: str | None, pulled: str) -> None:
+    modal = sdk()
+    from modal_box import image_layers
+
+    rt = modal_runtime(RuntimeSpec(image=image))
+    assert image_layers(rt.build_image(modal)) == [[f"FROM {pulled}"]]
+
+
+def test_a_dockerfile_image_goes_to_the_sdks_dockerfile_builder(tmp_path: Path) -> None:
+    modal = sdk()
+    (tmp_path / "docker").mkdir()
+    dockerfile = tmp_path / "docker" / "Dockerfile"
+    dockerfile.write_text("FROM debian:bookworm\nCOPY repo /testbed\n")
+    context = tmp_path / "context"
+    (context / "repo").mkdir(parents=True)
+    for text in (f"dockerfile:{dockerfile.parent}:{context}", f"dockerfile:{dockerfile}"):
+        rt = modal_runtime(RuntimeSpec(image=text, workdir="/testbed"))
+        image = rt.build_image(modal)
+        assert isinstance(image, modal.Image)
+        expected = str(context) if text.endswith(str(context)) else str(dockerfile.parent)
+        assert _dockerfile_source(image) == (str(dockerfile), expected)
+    # The agents' layers go on top of the built image, as on a registry one.
+    rt.plan_tools([make_harness("codex").box_tools()[0]])
+    from modal_box import image_layers
+
+    *_, layer = image_layers(rt.build_image(modal))
+    assert layer[0] == "FROM base" and layer[1].startswith("RUN mkdir -p ")
+
+
+@pytest.mark.parametrize("transport", ["docker-archive", "oci", "oci-archive"])
+async def test_an_image_in_a_file_is_refused_before_any_call(
+    transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modal = sdk()
+    text = f"{transport}:{tmp_path / 'image'}"
+    rt = modal_runtime(RuntimeSpec(image=text))
+    with pytest.raises(SandboxError) as caught:
+        rt.build_image(modal)
+    message = str(caught.value)
+    assert message.startswith(f"image {text!r}: the modal runtime takes a registry reference")
+    assert f"no builder for {transport}: images" in message and "\n" not in message
+    # start() refuses it before the service is asked for anything.
+    looked_up: list[str] = []
+
+    async def lookup(name: str, create_if_missing: bool = False) -> Any:
+        looked_up.append(name)
+
+    fake = SimpleNamespace(App=SimpleNamespace(lookup=SimpleNamespace(aio=lookup)))
+    monkeypatch.setattr("vfray.runtimes.modal.optional_import", lambda *a: fake)
+    with pytest.raises(SandboxError, match="no builder for"):
+        await rt.prepare_image()  # the rollout's image phase
+    with pytest.raises(SandboxError, match="no builder for"):
+        await rt.start()
+    await rt.stop()
+    assert looked_up == []

@@ -20,6 +20,13 @@ Agent programs: a Modal box cannot see the node's tool dir, so the tools the har
 (``Image.run_commands``, :func:`vfray.runtimes.provision.image_build_commands`): the same pinned
 packages installed at the path they have on the node, so a harness launches them alike. Modal
 caches each layer by its definition, so a tool is built once per image, not per rollout.
+
+The task's image, parsed once (:func:`vfray.runtimes.images.parse_image`), goes through the
+SDK's own builders: a registry reference to ``Image.from_registry``, ``dockerfile:PATH[:CONTEXT]``
+to ``Image.from_dockerfile(PATH, context_dir=CONTEXT)`` (built by Modal, so its ``FROM`` must
+be an image Modal's builder can pull). The SDK has no builder for an image held in a file
+(``docker-archive:``, ``oci:``, ``oci-archive:``; ``from_scratch`` is an empty filesystem to
+mount, not a root): such a task is refused in one line (:func:`image_refusal`).
 """
 
 from __future__ import annotations
@@ -38,11 +45,26 @@ from urllib.parse import urlsplit, urlunsplit
 from vfray.errors import ConfigError, SandboxError, optional_import
 from vfray.runtimes._modal_process import ModalProcess
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.images import ImageRef, parse_image
 from vfray.runtimes.processes import OUTPUT_CAP
 from vfray.runtimes.provision import ToolSpec, image_build_commands, tools_root
 from vfray.task import TaskResources
 
 DEFAULT_IMAGE = "python:3.11-slim"
+MODAL_TRANSPORTS = ("docker", "dockerfile")
+"""The image transports the Modal SDK builds from: a registry, a Dockerfile."""
+
+
+def image_refusal(ref: ImageRef) -> str | None:
+    """Why a Modal box cannot have ``ref`` as its image (one line), or None when it can."""
+    if ref.transport in MODAL_TRANSPORTS:
+        return None
+    return (
+        f"image {str(ref)!r}: the modal runtime takes a registry reference or "
+        f"dockerfile:PATH[:CONTEXT]; the Modal SDK has no builder for {ref.transport}: images "
+        f"(push it to a registry, e.g. skopeo copy {ref.transport}:{ref.path} "
+        "docker://REGISTRY/NAME:TAG, or use the docker, podman or bwrap runtime)"
+    )
 
 
 class ModalRuntime(Runtime):
@@ -70,6 +92,8 @@ class ModalRuntime(Runtime):
         super().__init__(spec)
         self.app_name = app_name
         self.image = self.spec.image or default_image
+        self.image_ref = parse_image(self.image)
+        """The box's image, parsed once; :meth:`build_image` hands it to the SDK's builder."""
         self.public_base_url = public_base_url
         self.sandbox_timeout = sandbox_timeout
         self.output_cap = output_cap
@@ -112,10 +136,18 @@ class ModalRuntime(Runtime):
         self.tools = tuple(sorted({*self.tools, *tools}, key=lambda spec: spec.key))
 
     def build_image(self, modal: Any) -> Any:
-        """The box's ``modal.Image``: the task's image, then one ``run_commands`` layer per
+        """The box's ``modal.Image``: the task's image (``from_registry``, or
+        ``from_dockerfile`` with its build context), then one ``run_commands`` layer per
         planned tool (its build commands as ``RUN`` lines), installing it where the node has
-        it."""
-        image = modal.Image.from_registry(self.image)
+        it. Raises :class:`SandboxError` for an image the SDK cannot build from."""
+        ref = self.image_ref
+        why = image_refusal(ref)
+        if why is not None:
+            raise SandboxError(why)
+        if ref.transport == "dockerfile":
+            image = modal.Image.from_dockerfile(ref.path, context_dir=ref.context)
+        else:
+            image = modal.Image.from_registry(ref.reference)
         root = tools_root()
         for spec in self.tools:
             image = image.run_commands(*image_build_commands(spec, root))
@@ -186,8 +218,16 @@ class ModalRuntime(Runtime):
             options["outbound_domain_allowlist"] = domains
         return options
 
+    async def prepare_image(self) -> None:
+        """Refuse an image the SDK cannot build from (the rollout's image phase); Modal builds
+        the others itself when the sandbox is created."""
+        why = image_refusal(self.image_ref)
+        if why is not None:
+            raise SandboxError(why)
+
     async def start(self) -> None:
         modal: Any = optional_import("modal", "modal")
+        await self.prepare_image()  # before any call to the service
         try:
             app = await modal.App.lookup.aio(self.app_name, create_if_missing=True)
             image = self.build_image(modal)
