@@ -103,6 +103,7 @@ def ray_fresh() -> Iterator[None]:
 # running alone at the tail.
 SLOWEST_FILES_FIRST = (
     "test_compat_v1_vs_verifiers.py",  # ~200 s: verifiers 0.4.0 and vfray on 3 tasksets
+    "test_harbor_vs_harbor.py",  # ~250-400 s: Harbor 0.26.0 and vfray, 10 tasks, 2 agents
     "test_farm.py",
     "test_run_folder_recovery.py",
     "test_notebooks.py",

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/^debug = true/debug = false/' /app/config.ini

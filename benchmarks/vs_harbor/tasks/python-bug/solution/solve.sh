@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's|/ (len(xs) - 1)|/ len(xs)|' /app/stats.py

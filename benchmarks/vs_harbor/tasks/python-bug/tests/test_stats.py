@@ -1,0 +1,14 @@
+import sys
+import unittest
+
+sys.path.insert(0, "/app")
+from stats import mean
+
+
+class T(unittest.TestCase):
+    def test_mean(self):
+        self.assertEqual(mean([1, 2, 3, 6]), 3)
+
+
+if __name__ == "__main__":
+    unittest.main()

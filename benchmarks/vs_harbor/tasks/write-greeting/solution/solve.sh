@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf 'hello, harbor\n' > /app/greeting.txt

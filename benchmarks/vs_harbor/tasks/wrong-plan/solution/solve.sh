@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/cat/dog/g' /app/pets.txt

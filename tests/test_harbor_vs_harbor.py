@@ -1,0 +1,171 @@
+"""The same 10 Harbor tasks (benchmarks/vs_harbor/tasks, built FROM the offline Debian base) run
+by Harbor 0.26.0 itself (PyPI, in a Python 3.12 virtualenv of its own; ``harbor run`` on its
+docker environment) and by ``vfray eval harbor:PATH`` on docker, with the ``oracle`` and with
+Codex against the scripted ``agent`` model: the rewards must be the same, task by task, every
+named value of ``reward.json`` included. Two of the tasks' plans are wrong on purpose (0.0 and
+0.5 for the agent), so agreement is not all ones.
+
+Harbor's codex agent would install itself with nvm and npm from the internet; offline it finds
+the native codex binary already in the tasks' base image and skips its install (see
+benchmarks/vs_harbor/common.py). Each pair runs at the same time (Harbor in a subprocess, vfray
+in this process). Skipped without Python 3.12+, without an engine or the base image, and when
+Harbor's venv is not cached and PyPI is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_tools import need_registry
+
+from benchmarks.vs_harbor import common
+from vfray.cli.main import main
+from vfray.models.scripted.server import scripted_server
+from vfray.run.results import final_rows
+from vfray.runtimes.provision import InstalledTool, find_tool
+from vfray.traces.convert import table_to_traces
+from vfray.traces.io import read_traces
+
+pytestmark = pytest.mark.slow
+AGENT_REWARDS = {"wrong-plan": 0.0, "partial-credit": 0.5}
+"""The agent's scores where its plan is wrong; 1.0 on the other eight."""
+
+
+@pytest.fixture(scope="module")
+def harbor() -> InstalledTool:
+    python = common.find_python312()
+    if python is None:
+        pytest.skip("Harbor needs Python >= 3.12 and this machine has none")
+    if find_tool(common.harbor_spec(python)) is None:
+        need_registry("pypi")  # ~60 s once per machine; found in the tools root after
+    return common.ensure_harbor()
+
+
+@pytest.fixture(scope="module")
+def engine(docker_url: str, debian_in_docker: str) -> str:
+    try:
+        common.codex_binary()
+    except Exception:  # not provisioned yet: it comes from npm
+        need_registry("npm")
+    common.build_bench_image(docker_url)
+    return docker_url
+
+
+def _vfray_rewards(out: Path) -> dict[str, dict[str, float]]:
+    [run] = out.glob("*/*")
+    traces = table_to_traces(final_rows(read_traces(run / "traces")))
+    found: dict[str, dict[str, float]] = {}
+    for trace in traces:
+        assert trace.errors == [], (trace.task.key, trace.errors)
+        found[trace.task.key] = {
+            k: r.value for k, r in trace.rewards.items() if r.value is not None
+        }
+    return found
+
+
+def _both(
+    harbor: InstalledTool, engine: str, agent: str, tmp: Path
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """Harbor's and vfray's rewards per task for ``agent`` ('oracle' or 'codex')."""
+    options = json.dumps({"base_url": engine, "build_network": "host"})
+    config = common.docker_config(harbor)
+    with scripted_server("agent") as url:
+        argv = common.harbor_run_argv(
+            harbor, common.TASKS, agent, tmp / "harbor", concurrent=4,
+            base_url=url if agent == "codex" else None,
+        )  # fmt: skip
+        theirs = subprocess.Popen(
+            argv,
+            env=common.harbor_env(harbor, engine, config),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            model = "scripted:agent" if agent == "codex" else "scripted:echo"
+            ours = main(
+                [
+                    "eval", f"harbor:{common.TASKS}", "--harness", agent, "-m", model,
+                    "--runtime", "docker", "--env.runtime.options", options,
+                    "-o", str(tmp / "vfray"), "--backend", "local", "-r", "1", "-c", "4",
+                    "--no-progress",
+                ]
+            )  # fmt: skip
+            out, _ = theirs.communicate(timeout=900)
+        finally:
+            if theirs.poll() is None:
+                theirs.kill()
+                theirs.wait()
+    assert theirs.returncode == 0, out[-3000:]
+    assert ours == 0
+    return common.harbor_rewards(tmp / "harbor"), _vfray_rewards(tmp / "vfray")
+
+
+@pytest.mark.parametrize("agent", ["oracle", "codex"])
+def test_harbor_and_vfray_score_the_same(
+    harbor: InstalledTool, engine: str, agent: str, tmp_path: Path
+) -> None:
+    theirs, ours = _both(harbor, engine, agent, tmp_path)
+    names = {p.name for p in common.TASKS.iterdir() if (p / "task.toml").is_file()}
+    assert len(names) == 10
+    assert set(theirs) == set(ours) == names
+    for name in sorted(names):
+        [harbor_rewards] = theirs[name]  # one trial each
+        assert harbor_rewards == ours[name], name
+    expected = {n: 1.0 if agent == "oracle" else AGENT_REWARDS.get(n, 1.0) for n in names}
+    assert {n: r["reward"] for n, r in ours.items()} == expected
+    # reward.json's named values are rewards of their own on both sides.
+    assert set(ours["json-report"]) == {"reward", "parsed", "status", "count"}
+
+
+LOAD_WITH_HARBOR = """
+import json, pathlib, sys
+from harbor.models.job.config import JobConfig
+from harbor.models.job.result import JobResult
+from harbor.models.trial.config import TrialConfig
+from harbor.models.trial.result import TrialResult
+job = pathlib.Path(sys.argv[1])
+JobConfig.model_validate_json((job / "config.json").read_text())
+result = JobResult.model_validate_json((job / "result.json").read_text())
+trials = {}
+for folder in sorted(p for p in job.iterdir() if p.is_dir()):
+    TrialConfig.model_validate_json((folder / "config.json").read_text())
+    trial = TrialResult.model_validate_json((folder / "result.json").read_text())
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    trials[trial.task_name] = [trial.verifier_result.rewards, trial.agent_info.name, files]
+print(json.dumps({"n": result.n_total_trials, "evals": list(result.stats.evals), "trials": trials}))
+"""
+
+
+def test_harbor_reads_a_vfray_run_exported_as_a_job(
+    harbor: InstalledTool, engine: str, tmp_path: Path
+) -> None:
+    """``vfray export --format harbor``: Harbor's own result models load the job and its
+    trials (in Harbor's venv), with the rewards vfray scored."""
+    options = json.dumps({"base_url": engine, "build_network": "host"})
+    argv = ["eval", f"harbor:{common.TASKS}", "--harness", "oracle", "-m", "scripted:echo"]
+    argv += ["--runtime", "docker", "--env.runtime.options", options, "-o", str(tmp_path / "out")]
+    assert main([*argv, "--backend", "local", "-r", "1", "-n", "3", "--no-progress"]) == 0
+    [run] = (tmp_path / "out").glob("*/*")
+    assert main(["export", str(run), "--format", "harbor", "-o", str(tmp_path / "jobs")]) == 0
+    [job] = (tmp_path / "jobs").iterdir()
+    done = subprocess.run(
+        [harbor.executable("python"), "-c", LOAD_WITH_HARBOR, str(job)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout)
+    assert loaded["n"] == 3 and loaded["evals"] == ["oracle__scripted:echo__vfray"]
+    ours = _vfray_rewards(tmp_path / "out")
+    assert {name: t[0] for name, t in loaded["trials"].items()} == {
+        name: ours[name] for name in loaded["trials"]
+    }
+    for _, agent, files in loaded["trials"].values():
+        assert agent == "oracle"
+        assert "verifier/reward.json" in files and "agent/oracle.txt" in files
