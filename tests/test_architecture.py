@@ -93,8 +93,9 @@ PUBLIC = {
 }
 """The public modules besides ``vfray`` itself (tests/test_public_api.py holds its list)."""
 
-PUBLIC_SUBMODULES = {"vfray.train.torch"}
-"""Public modules that are not re-exported: the torch datasets need the ``train`` extra."""
+PUBLIC_SUBMODULES = {"vfray.train.torch", "vfray.train.weight_sync"}
+"""Public modules that are not re-exported: the torch datasets need the ``train`` extra; the
+vLLM weight-sync hook is a trainer's own choice of serving engine."""
 
 INTERNAL_MARK = "Internal:"
 

@@ -161,6 +161,15 @@ class ScriptedModel:
         self.tokens = bool(tokens)
         self.chat_template = chat_template
         self.think = think
+        self.weight_updates = 0
+        """``/update_weights`` calls answered (vLLM's weight-update route, stood in for)."""
+        self.generated: list[tuple[str, int]] = []
+        """Per answered completion: its last user text and ``weight_updates`` when generated."""
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._generating = 0
         self.calls = 0
         """Completions answered by the policy (errors and refusals not counted)."""
         self.token_counts = 0
@@ -187,6 +196,10 @@ class ScriptedModel:
                     if chat_template is not None and token_routes
                     else []
                 ),
+                Route("/pause", self._pause, methods=["POST"]),
+                Route("/resume", self._resume, methods=["POST"]),
+                Route("/is_paused", self._is_paused, methods=["GET"]),
+                Route("/update_weights", self._update_weights, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
@@ -248,6 +261,29 @@ class ScriptedModel:
         except wire.BadRequest as exc:
             return _error_response("chat", _Failure(400, exc.message, param=exc.param))
 
+    # vLLM's RL control plane (VLLM_SERVER_DEV_MODE=1), stood in for: while paused, completions
+    # wait before they are generated; a pause that waits for the ones being generated returns
+    # once they are done.
+
+    async def _pause(self, request: HttpRequest) -> Response:
+        self._resumed.clear()
+        if request.query_params.get("wait_for_inflight_requests", "false") == "true":
+            await self._idle.wait()
+        return JSONResponse({"status": "paused"})
+
+    async def _resume(self, request: HttpRequest) -> Response:
+        self._resumed.set()
+        return JSONResponse({"status": "resumed"})
+
+    async def _is_paused(self, request: HttpRequest) -> Response:
+        return JSONResponse({"is_paused": not self._resumed.is_set()})
+
+    async def _update_weights(self, request: HttpRequest) -> Response:
+        if self._resumed.is_set():
+            return _error_response("chat", _Failure(400, "pause generation before updating"))
+        self.weight_updates += 1
+        return JSONResponse({"status": "ok"})
+
     async def _health(self, request: HttpRequest) -> Response:
         return JSONResponse(
             {"status": "ok", "policy": self.policy, "model": self.model_name, "calls": self.calls}
@@ -277,8 +313,17 @@ class ScriptedModel:
         parsed = parse(body)
         self._inject_failure(request, raw, parsed, dialect)
         latency = _latency(request.headers.get(LATENCY_HEADER), self.latency)
-        if latency:
-            await asyncio.sleep(latency)
+        await self._resumed.wait()
+        self._generating += 1
+        self._idle.clear()
+        try:
+            if latency:
+                await asyncio.sleep(latency)
+        finally:
+            self._generating -= 1
+            if not self._generating:
+                self._idle.set()
+        self.generated.append((parsed.conv.last_user, self.weight_updates))
         conv = parsed.conv
         if not self.tokens:
             conv = dataclasses.replace(conv, want_tokens=False)
