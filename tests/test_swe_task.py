@@ -19,11 +19,8 @@ from agent_tools import need_registry
 import vfray as vf
 from vfray._plugins import load_object
 from vfray.config import EvalConfig
-from vfray.errors import ConfigError
 from vfray.harnesses import make_harness
 from vfray.harnesses.provisioned import ProvisionedHarness
-from vfray.runtimes.bwrap import BwrapRuntime
-from vfray.runtimes.images import runs_images
 from vfray.runtimes.provision import ensure_tool
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "swe_task" / "swe_task.py"
@@ -35,14 +32,6 @@ bwrap, against 2-5 s for the others)."""
 BWRAP_MARKS = [
     pytest.mark.bwrap,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap"),
-    # Until bwrap boxes can have an image as their root (and take the engine that builds it,
-    # docker_url): refused in one line before the run, so this costs nothing.
-    pytest.mark.xfail(
-        not runs_images(BwrapRuntime),
-        reason="the bwrap runtime does not run task images yet (RUNS_IMAGES)",
-        raises=ConfigError,
-        strict=True,
-    ),
 ]
 
 
