@@ -179,10 +179,17 @@ class ImageBox(BwrapRuntime):
     store fills in from ``task.image``)."""
 
     root: ClassVar[str] = ""
+    started: ClassVar[list[Path]] = []
+    """The work dirs of the boxes this class started (the test's own, not other sessions')."""
 
     def __init__(self, spec: RuntimeSpec | None = None, **options: Any) -> None:
         spec = (spec or RuntimeSpec()).model_copy(update={"rootfs": self.root})
         super().__init__(spec, **options)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.workdir is not None:
+            ImageBox.started.append(self.workdir)
 
 
 MULTIPLY = (
@@ -228,20 +235,23 @@ async def test_a_rollout_scores_through_the_interception_in_the_image(
     model, prompt, fixture, options = CASES[harness]
     ImageBox.root = str(request.getfixturevalue(fixture))
     task = FileTask(vf.TaskData(prompt=prompt, image="test-image", workdir="/testbed"))
-    before = _box_mounts()
+    ImageBox.started.clear()
     trace = await vf.run_rollout(
         task, model=model, harness=harness, runtime=f"{__name__}:ImageBox",
         runtime_options=options,
     )  # fmt: skip
     assert trace.ok, trace.errors
     assert trace.reward == 1.0
-    assert _box_mounts() <= before
+    assert len(ImageBox.started) == 1
+    # Only this rollout's box is looked at: boxes of tests running beside this one may be up.
+    assert _mounts_under(ImageBox.started[0]) == set()
 
 
-def _box_mounts() -> set[str]:
-    """Mount points of any vfray bwrap box on this host (other sessions' too)."""
+def _mounts_under(folder: Path) -> set[str]:
+    """Mount points at or below ``folder``."""
     with open("/proc/self/mountinfo") as fh:
-        return {line.split()[4] for line in fh if "/vfray-bwrap-" in line.split()[4]}
+        points = {line.split()[4] for line in fh}
+    return {p for p in points if p == str(folder) or p.startswith(f"{folder}/")}
 
 
 async def test_64_concurrent_image_boxes(debian_root: Path) -> None:

@@ -76,6 +76,9 @@ def test_runtime_options_are_typed_from_the_constructor_and_keep_only_what_was_s
         "volumes",
         "python",
         "output_cap",
+        "user",
+        "max_builds",
+        "build_network",
     }
 
 
