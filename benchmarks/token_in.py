@@ -1,0 +1,156 @@
+"""What token-in/token-out costs per turn: 64 sessions of multi-turn chats through the
+interception, with ``interception.token_in`` off (today's path: the endpoint renders the whole
+history) and on (a local chat template renders each turn's bridge; the endpoint takes tokens).
+
+The upstream is the scripted model serving a byte-level BPE tokenizer and a ChatML template (as
+``tests/test_token_in.py`` builds them), in its own process, so the interception's process time
+is measured alone: CPU seconds of this process (the interception and the clients) per turn, and
+wall time per turn. Both runs use the same server, tokenizer and conversations.
+
+    python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from vfray.interception import Interception, Upstream
+from vfray.interception.settings import InterceptionSettings
+from vfray.trace import TaskRecord, Trace
+from vfray.traces.samples import to_samples
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_token_in import CORPUS, SPECIALS, TEMPLATE
+
+
+def build_model(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def serve(folder: str, port: Any) -> None:
+    """The scripted model with the template, in its own process."""
+    import uvicorn
+
+    from vfray.endpoints.chat_template import ChatTemplate
+    from vfray.models.scripted.server import ScriptedModel
+
+    app = ScriptedModel("echo", chat_template=ChatTemplate.load(folder), think="let me see")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port.value = server.servers[0].sockets[0].getsockname()[1]
+        await task
+
+    asyncio.run(run())
+
+
+async def session(http: aiohttp.ClientSession, url: str, secret: str, turns: int) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "echo hello world"}]
+    headers = {"authorization": f"Bearer {secret}"}
+    for turn in range(turns):
+        body = {"model": "m", "messages": messages}
+        async with http.post(f"{url}/chat/completions", json=body, headers=headers) as response:
+            reply = await response.json()
+            assert response.status == 200, reply
+        messages.append(reply["choices"][0]["message"])
+        messages.append({"role": "user", "content": f"and again, once more {turn}"})
+
+
+async def measure(
+    url: str, settings: InterceptionSettings, sessions: int, turns: int
+) -> dict[str, float]:
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    async with Interception(upstream, settings=settings) as icpt:
+        traces = [Trace(task=TaskRecord(key=str(i), hash="h")) for i in range(sessions)]
+        secrets = [icpt.app.register(t) for t in traces]
+        connector = aiohttp.TCPConnector(limit=sessions)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            cpu, wall = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(session(http, icpt.url, s, turns) for s in secrets))
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    samples = to_samples(traces).to_pylist()
+    lost = sum(1 for row in samples if row["token_error"] is not None)
+    n = sessions * turns
+    return {
+        "cpu_ms": 1000 * cpu / n,
+        "wall_ms": 1000 * wall / n,
+        "lost": lost,
+        "samples": len(samples),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        build_model(folder)
+        port = multiprocessing.Value("i", 0)
+        server = multiprocessing.Process(target=serve, args=(str(folder), port), daemon=True)
+        server.start()
+        try:
+            while not port.value:
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{port.value}/v1"
+            modes = {
+                "messages (today)": InterceptionSettings(),
+                "token-in (local bridge)": InterceptionSettings(token_in=True, tokenizer=tmp),
+                "token-in (/tokenize bridge)": InterceptionSettings(token_in=True),
+            }
+            results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+            for _ in range(args.repeats):
+                for mode, settings in modes.items():  # interleaved: drift hits every mode alike
+                    results[mode].append(
+                        asyncio.run(measure(url, settings, args.sessions, args.turns))
+                    )
+        finally:
+            server.kill()
+    head = f"{args.sessions} sessions x {args.turns} turns, median of {args.repeats}"
+    print(f"{head} (cpu: this process)")
+    base = statistics.median(r["cpu_ms"] for r in results["messages (today)"])
+    base_wall = statistics.median(r["wall_ms"] for r in results["messages (today)"])
+    for mode, runs in results.items():
+        cpu = statistics.median(r["cpu_ms"] for r in runs)
+        wall = statistics.median(r["wall_ms"] for r in runs)
+        print(
+            f"  {mode:28s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%})   "
+            f"wall {wall:6.3f} ms/turn ({wall / base_wall - 1:+.1%})   "
+            f"samples lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
+        )
+    print(f"(cpus: {os.cpu_count()})")
+
+
+if __name__ == "__main__":
+    main()
