@@ -14,9 +14,10 @@ import cloudpickle
 import vfray.scoring as scoring
 from vfray._hook_calls import run_in_hook_thread
 from vfray.compat.v1._data import TaskData as V1TaskData
-from vfray.compat.v1._env import BestOfNEnv, Env, Episode, ToolsetConfig
+from vfray.compat.v1._env import Env, Episode
 from vfray.compat.v1._hooks import boundary, invoke
 from vfray.compat.v1._judges import judge, plugged_judges
+from vfray.compat.v1._kinds import of
 from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
 from vfray.compat.v1._trace import Trace as V1Trace
@@ -169,7 +170,7 @@ class AdaptedTask(Task[V1Row]):
         env = self.v1_env()
         assert env is not None
         wanted = getattr(env.config, "n", None)
-        if isinstance(env, BestOfNEnv) and wanted != len(traces):
+        if isinstance(env, of(env).BestOfNEnv) and wanted != len(traces):
             raise ValueError(f"{type(env).__name__} compares n={wanted} attempts; run -r {wanted}")
         views = [self.view(t) for t in traces]
         await env.finalize(self.v1, Episode(ok=all(t.ok for t in traces), traces=views))
@@ -270,11 +271,14 @@ def _stop_method(name: str, where: str) -> Callable[..., Any]:
 
 def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     label = type(task).__qualname__
+    ToolsetConfig = of(task).ToolsetConfig  # verifiers' own, when installed
     for toolset in type(task).toolsets(task.config):
         if not isinstance(toolset, VfrayToolset):
+            where = "verifiers' own" if of(task).genuine else "not a verifiers.v1 Toolset with"
             raise ConfigError(
-                f"v1 task {label}: toolset {toolset!r} is not a verifiers.v1 Toolset with @tool "
-                "methods (the only kind vfray serves)"
+                f"v1 task {label}: toolset {type(toolset).__qualname__} is {where} Toolset "
+                "(vfray serves the Toolsets of its own verifiers.v1 layer, whose @tool methods "
+                "it hosts; verifiers' MCP servers are not bridged yet)"
             )
         config = getattr(toolset, "config", None)
         if isinstance(config, ToolsetConfig):
@@ -353,7 +357,7 @@ def _adapted_class(
     env = None if env_blob is None else _load_env(env_blob)
     seated = env is not None and runs_itself(env)  # its finalize runs once the game is over
     base = AdaptedSeatedTask if seated else AdaptedTask
-    if env is not None and not seated and type(env).finalize is not Env.finalize:
+    if env is not None and not seated and type(env).finalize is not of(env).Env.finalize:
 
         async def v1_env_finalize(self: AdaptedTask, traces: list[Trace]) -> list[float]:
             return await self._env_finalize(traces)

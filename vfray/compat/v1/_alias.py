@@ -2,8 +2,9 @@
 ``import verifiers.v1 as vf`` runs unchanged without verifiers installed.
 
 Installed on demand (``vfray eval`` of a v1 taskset, :func:`install`, and before a v1 task is
-unpickled on a worker), never at import time. It refuses to shadow a real ``verifiers``: that one
-belongs in its own virtualenv, and two implementations under one name would be a silent mix.
+unpickled on a worker), never at import time, and only where the real ``verifiers`` is not
+installed: two implementations under one name would be a silent mix, so with verifiers present
+v1 code imports verifiers itself and vfray adapts those objects.
 What it serves is :mod:`._surface`'s list; any other ``verifiers`` module, or a public v1 name
 vfray does not implement, fails in one line naming it.
 """
@@ -17,8 +18,6 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from vfray.errors import ConfigError
 
 _OURS = "__vfray_compat__"
 
@@ -51,15 +50,19 @@ def _refusing(module: str) -> Callable[[str], Any]:
     return __getattr__
 
 
+def is_ours(module: types.ModuleType) -> bool:
+    return bool(getattr(module, _OURS, False))
+
+
 def install() -> None:
-    """Make ``import verifiers.v1`` (and the v1 submodules in :mod:`._surface`) vfray's."""
+    """Make ``import verifiers.v1`` (and the v1 submodules in :mod:`._surface`) vfray's, unless
+    the real ``verifiers`` is installed: then v1 tasksets import it, and vfray adapts its
+    genuine objects (:mod:`._kinds`) instead of serving the name."""
     present = sys.modules.get("verifiers")
     if present is not None:
-        if getattr(present, _OURS, False):
-            return
-        raise ConfigError(_shadow_message())
+        return
     if importlib.util.find_spec("verifiers") is not None:
-        raise ConfigError(_shadow_message())
+        return
     import vfray.compat.v1._surface as _surface
     import vfray.compat.v1._user_sim as _user_sim
 
@@ -91,11 +94,3 @@ def install() -> None:
     sys.modules.update(served)
     if not any(isinstance(f, _Unserved) for f in sys.meta_path):
         sys.meta_path.insert(0, _Unserved())
-
-
-def _shadow_message() -> str:
-    return (
-        "the real 'verifiers' package is importable here; vfray's v1 layer provides "
-        "verifiers.v1 itself and will not shadow it: run v1 tasksets on vfray from an "
-        "environment without verifiers (keep verifiers in its own virtualenv)"
-    )

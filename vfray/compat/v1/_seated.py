@@ -222,8 +222,9 @@ def seats_of(env: Env[Any]) -> list[Seat]:
 def runs_itself(env: Env[Any]) -> bool:
     """Whether the env plays its agents itself (its own ``run``), as opposed to best-of-n's
     independent attempts (vfray's group) or the single-agent default."""
-    from vfray.compat.v1._env import BestOfNEnv, SingleAgentEnv
+    from vfray.compat.v1._kinds import of
 
-    if isinstance(env, BestOfNEnv):
+    k = of(env)  # verifiers' own classes for its genuine envs
+    if isinstance(env, k.BestOfNEnv):
         return False
-    return type(env).run is not SingleAgentEnv.run and type(env).run is not Env.run
+    return type(env).run is not k.SingleAgentEnv.run and type(env).run is not k.Env.run

@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset
 from vfray.compat.v1._alias import install
-from vfray.compat.v1._env import BestOfNEnv, Env, Harness, SingleAgentEnv
+from vfray.compat.v1._env import Env
+from vfray.compat.v1._kinds import kinds, real_module, taskset_config_type
 from vfray.compat.v1._seated import runs_itself, seat_configs, to_agent
-from vfray.compat.v1._taskset import SelectConfig, Taskset
 from vfray.compat.v1._user_sim import UserSimEnv
 from vfray.compat.v1.config import PREFIX
 from vfray.errors import ConfigError, TasksetError
@@ -37,9 +37,9 @@ class V1Package:
     """What a v1 taskset package exports."""
 
     module: ModuleType
-    taskset: type[Taskset[Any, Any]]
-    env: type[Env[Any]] | None
-    harness: type[Harness] | None
+    taskset: type[Any]
+    env: type[Any] | None
+    harness: type[Any] | None
 
 
 def is_v1(spec: str) -> bool:
@@ -124,7 +124,8 @@ def import_package(spec: str) -> V1Package | None:
     module = _import(spec)
     exported = [getattr(module, n, None) for n in getattr(module, "__all__", [])]
     classes = [c for c in exported if isinstance(c, type)]
-    tasksets = [c for c in classes if issubclass(c, Taskset) and c is not Taskset]
+    k = kinds()  # verifiers' own classes, when it is installed
+    tasksets = [c for c in classes if issubclass(c, k.Taskset) and c is not k.Taskset]
     if not tasksets:
         return None
     if len(tasksets) > 1:
@@ -132,8 +133,9 @@ def import_package(spec: str) -> V1Package | None:
         raise ConfigError(
             f"v1 package {module.__name__!r} exports {len(tasksets)} Tasksets ({names}); export one"
         )
-    envs = [c for c in classes if issubclass(c, Env) and c not in (Env, SingleAgentEnv, BestOfNEnv)]
-    harnesses = [c for c in classes if issubclass(c, Harness) and c is not Harness]
+    bases = (k.Env, k.SingleAgentEnv, k.BestOfNEnv)
+    envs = [c for c in classes if issubclass(c, k.Env) and c not in bases]
+    harnesses = [c for c in classes if issubclass(c, k.Harness) and c is not k.Harness]
     return V1Package(
         module, tasksets[0], envs[0] if envs else None, harnesses[0] if harnesses else None
     )
@@ -142,10 +144,12 @@ def import_package(spec: str) -> V1Package | None:
 def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) -> Env[Any] | None:
     """The env a run uses: ``--env.id`` (``best-of-n``), else the package's own, else none
     (single agent). Envs vfray cannot run yet are refused in one line."""
+    genuine = kinds().genuine
     if env_id in ("best-of-n", "best_of_n"):
-        cls: type[Env[Any]] | None = BestOfNEnv
+        cls: type[Env[Any]] | None = kinds().BestOfNEnv
     elif env_id in ("user-sim", "user_sim"):
-        cls = UserSimEnv
+        real = real_module("verifiers.v1.envs.user_sim") if genuine else None
+        cls = UserSimEnv if real is None else real.UserSimEnv
     elif env_id:
         raise ConfigError(
             f"v1 env {env_id!r} is not supported: vfray runs best-of-n, user-sim and a "
@@ -185,10 +189,10 @@ def _env_keys(args: dict[str, Any]) -> str:
 
 
 def _env_config_type(cls: type[Env[Any]]) -> Any:
-    from vfray.compat.v1._env import EnvConfig
-    from vfray.compat.v1._task import concrete_type
+    from vfray.compat.v1._kinds import concrete_type, of
 
-    return concrete_type(cls, EnvConfig) or EnvConfig
+    base = of(cls).EnvConfig
+    return concrete_type(cls, base) or base
 
 
 def _first_error(exc: ValidationError, prefix: str) -> str:
@@ -217,7 +221,7 @@ def load(
             "default; vfray does not run v1 harness classes: choose one with "
             "--env.agent.harness.id (bash, null, mini_swe_agent, claude_code, codex)"
         )
-    config_type = package.taskset.config_type()
+    config_type = taskset_config_type(package.taskset)
     try:
         v1_config = config_type.model_validate({"id": target, **(config or {})})
     except ValidationError as exc:
@@ -228,7 +232,7 @@ def load(
             f"v1 taskset {target!r}: shared toolsets (Taskset.toolsets) are not supported"
         )
     if select:
-        taskset = taskset.select(SelectConfig.model_validate(select))
+        taskset = taskset.select(kinds().SelectConfig.model_validate(select))
     env = build_env(package, env_id, dict(env_args or {}))
     return HubGuarded(taskset, env, name=module_name(target))
 

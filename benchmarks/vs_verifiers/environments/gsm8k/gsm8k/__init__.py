@@ -1,0 +1,3 @@
+from gsm8k.taskset import GSM8KTaskset
+
+__all__ = ["GSM8KTaskset"]
