@@ -51,6 +51,11 @@ def synthetic_samples(n: int, seed: int = 0) -> pa.Table:
         "reward": rng.random(n).tolist(),
         "policy_version": rng.integers(0, 10, n).tolist(),
         "trace_id": [f"t{i}" for i in range(n)],
+        # The per-sample fields a real run has too (groups of 8).
+        "episode_id": [f"e{i // 8}" for i in range(n)],
+        "rollout_index": [i % 8 for i in range(n)],
+        "finish_reason": ["stop"] * n,
+        "truncated": [False] * n,
     }
     arrays = [
         pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, type=f.type)

@@ -269,7 +269,7 @@ def build_batch(
     versions = pc.fill_null(rows.column("policy_version"), -1).to_numpy().astype(np.int64)[keep]
     trace_ids = rows.column("trace_id").to_numpy()[keep]
     group_ids = rows.column("episode_id").to_numpy()[keep]
-    rollout_index = rows.column("rollout_index").to_numpy().astype(np.int64)[keep]
+    rollout_index = pc.fill_null(rows.column("rollout_index"), -1).to_numpy()[keep]
     finish = rows.column("finish_reason").to_numpy()[keep]
     cut = (total > lengths_all) if max_length is not None else np.zeros(len(total), dtype=bool)
     stopped = pc.fill_null(rows.column("truncated"), False).to_numpy(zero_copy_only=False)
