@@ -146,3 +146,19 @@ def test_the_cli_refuses_an_image_task_before_the_run_starts(tmp_path: Path) -> 
     assert proc.returncode != 0
     one_error_line(proc, "runtime 'subprocess' cannot run images", "'docker'", "'modal'")
     assert not out.exists()  # no run folder, no eval.log: refused before the run
+
+
+def test_an_image_kind_the_runtime_cannot_take_is_refused_before_the_run(tmp_path: Path) -> None:
+    # Modal has no builder for image files: refused once on the driver, not on each rollout.
+    from vfray.config import load_config
+    from vfray.run.spec import resolve_run
+
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    spec = resolve_run(
+        load_config(overrides={"model.name": "scripted:echo", "env.runtime.type": "modal"})
+    )
+    spec.check_task(InImage(vf.TaskData(prompt="hi", image="debian:bookworm")))  # a registry: fine
+    with pytest.raises(ConfigError) as caught:
+        spec.check_task(InImage(vf.TaskData(prompt="hi", image=f"oci:{layout}")))
+    assert "no builder for oci: images" in str(caught.value) and "\n" not in str(caught.value)

@@ -155,17 +155,19 @@ class RunSpec(BaseModel):
         if image is None:
             return
         try:
-            missing = parse_image(image).missing()
+            ref = parse_image(image)
         except ConfigError as exc:
             raise ConfigError(f"task {task.key[:16]}: {exc}") from None
+        runtime = runtime_class(self.plan.runtime_type)
         check_compatibility(
             harness_class(self.plan.harness_id),
-            runtime_class(self.plan.runtime_type),
+            runtime,
             needs_image=True,
             image_runtimes=image_runtimes(),
         )
-        if missing is not None:
-            raise ConfigError(f"task {task.key[:16]}: {missing}")
+        why = runtime.image_refusal(ref) or ref.missing()
+        if why is not None:
+            raise ConfigError(f"task {task.key[:16]}: {why}")
 
     def preflight(self, *, boxes_here: bool = True) -> None:
         """At start: refuse a runtime that cannot start boxes on this machine (``boxes_here``

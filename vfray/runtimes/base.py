@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from vfray.runtimes.live import BackgroundProcess, LiveProcess, ProcessInput
 
 if TYPE_CHECKING:
+    from vfray.runtimes._image_ref import ImageRef
     from vfray.runtimes.provision import ToolSpec
 
 __all__ = [
@@ -92,6 +93,14 @@ class Runtime(abc.ABC):
     """Boxes can have a task's image as their root filesystem (docker, podman, modal, bwrap);
     a runtime without it refuses a task with an image (:func:`vfray.runtimes.images.
     refuse_image`)."""
+
+    @classmethod
+    def image_refusal(cls, ref: ImageRef) -> str | None:
+        """Why boxes of this runtime cannot have ``ref`` as their image (one line), or None:
+        asked on the driver before the run, so a kind of image the runtime cannot take is
+        refused once rather than on each rollout (Modal has no builder for image files)."""
+        return None
+
     TOOLS_IN_IMAGE: ClassVar[bool] = False
     """The box cannot see the node's tool dir: the agent programs named to :meth:`plan_tools`
     are built into its image instead, each at the path it has on the node."""

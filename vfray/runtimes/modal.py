@@ -71,6 +71,10 @@ class ModalRuntime(Runtime):
     """A Modal Sandbox per rollout. Network: only the interception's public host where the
     task asks for none (see the module docstring), Modal's default where it names hosts."""
 
+    @classmethod
+    def image_refusal(cls, ref: ImageRef) -> str | None:
+        return image_refusal(ref)
+
     type = "modal"
     is_container = True
     RUNS_IMAGES = True
