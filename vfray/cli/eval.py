@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-preflight",
         action="store_true",
-        help="skip the one-token call that checks --base-url first (when only the cluster reaches it)",
+        help="skip the one-token call that checks --base-url (when only the cluster reaches it)",
     )
     add_config_options(parser)
     # Leftover --section.key VALUE pairs under open sections (options dicts, sampling).
