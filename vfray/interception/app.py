@@ -15,13 +15,14 @@ from types import TracebackType
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
 from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
+from vfray.interception._relay import respond
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
 from vfray.interception.count_tokens import TokenCounter
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedRequest
@@ -36,14 +37,11 @@ from vfray.interception.sessions import (
 )
 from vfray.interception.settings import InterceptionSettings
 from vfray.interception.token_in import TOKENS_PATH, CannotBridge, TokenIn, note
-from vfray.interception.turns import JSON_HEADERS, Turn, run_turn
+from vfray.interception.turns import Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
 from vfray.trace import StopCondition, Trace
 
-KEEPALIVE = b": keepalive\n\n"
-"""An SSE comment: every SSE parser skips it, every idle-timeout between here and the agent
-(a proxy, the SDK's read timeout) sees bytes."""
 DEFAULT_RETRY_WINDOW_S = 10.0
 """Real clients back off 0.5-8 s before retrying a lost answer (Claude Code, litellm)."""
 RETRY_HEADER = "x-stainless-retry-count"
@@ -278,7 +276,7 @@ class InterceptionApp:
             # sample again, unless it failed (then the retry is a fresh attempt, as intended).
             await same.head()
             if same.ok:
-                return await _respond(same, self.settings.sse_keepalive)
+                return await respond(same, self.settings.sse_keepalive)
 
         pending = PendingRequest(body if isinstance(body, dict) else None, parsed)
         token = PENDING_REQUEST.set(pending)
@@ -319,7 +317,7 @@ class InterceptionApp:
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await _respond(exchange, self.settings.sse_keepalive)
+        return await respond(exchange, self.settings.sse_keepalive)
 
     async def _send_tokens(
         self, turn: Turn, session: Session, parsed: ParsedRequest, body: dict[str, Any]
@@ -393,37 +391,6 @@ def _note_refusal(session: Session, status: int, message: str) -> None:
         session.trace.notes.append(note)
     elif session.refusals == _NOTED_REFUSALS + 1:
         session.trace.notes.append("interception refused further calls as bad input (not noted)")
-
-
-async def _respond(exchange: Exchange, keepalive: float = 0.0) -> Response:
-    status, headers = await exchange.head()
-    if headers.get("content-type") == "text/event-stream":
-        chunks = exchange.iter_chunks()
-        if keepalive > 0:
-            chunks = _with_keepalives(chunks, keepalive)
-        return StreamingResponse(chunks, status_code=status, headers=headers)
-    return Response(await exchange.body(), status_code=status, headers=headers or JSON_HEADERS)
-
-
-async def _with_keepalives(chunks: AsyncIterator[bytes], every: float) -> AsyncIterator[bytes]:
-    """``chunks``, with :data:`KEEPALIVE` after each ``every`` seconds without one. The relay
-    pushes whole SSE events, so a comment between two pushes never splits an event."""
-    source = aiter(chunks)
-    pending: asyncio.Future[bytes] = asyncio.ensure_future(anext(source))
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield KEEPALIVE
-                continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
-                return
-            yield chunk
-            pending = asyncio.ensure_future(anext(source))
-    finally:
-        pending.cancel()
 
 
 class Interception:
