@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vfray.errors import ConfigError, SandboxError
-from vfray.runtimes import bwrap, live, processes
+from vfray.runtimes import _bwrap_args, bwrap, live, processes
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.docker import DEFAULT_ENGINE, DEFAULT_IMAGE, DockerRuntime, _tail
 from vfray.runtimes.launches import Launch, launch_slots
@@ -493,7 +493,7 @@ def test_a_container_gets_the_tasks_limits_and_no_network_by_default(tmp_path: P
     )
     assert options["network_mode"] == "none"
     volumes = options["volumes"]
-    assert volumes[str(tmp_path / "bridge")] == {"bind": bwrap.BRIDGE_DIR, "mode": "rw"}
+    assert volumes[str(tmp_path / "bridge")] == {"bind": _bwrap_args.BRIDGE_DIR, "mode": "rw"}
     assert volumes["/data"] == {"bind": "/mnt/data", "mode": "ro"}
 
 
@@ -587,7 +587,7 @@ def test_container_output_is_cut_to_its_tail(
 
 
 def test_bwrap_mounts_the_interpreter_outer_paths_first() -> None:
-    paths = bwrap.host_paths(["/nonexistent-extra", "/usr/share", "/tmp"])
+    paths = _bwrap_args.host_paths(["/nonexistent-extra", "/usr/share", "/tmp"])
     assert "/tmp" in paths and "/nonexistent-extra" not in paths
     assert not any(p == "/usr" or p.startswith(("/usr/", "/etc/")) for p in paths)
     depths = [p.count("/") for p in paths]
@@ -598,8 +598,8 @@ def test_bwrap_mounts_the_interpreter_outer_paths_first() -> None:
 
 
 def test_bwrap_boxes_see_only_the_listed_etc_entries_this_host_has() -> None:
-    entries = bwrap.box_etc()
-    assert set(entries) <= set(bwrap.ETC_ENTRIES)
+    entries = _bwrap_args.box_etc()
+    assert set(entries) <= set(_bwrap_args.ETC_ENTRIES)
     assert all(os.path.lexists(f"/etc/{name}") for name in entries)
     for private in ("shadow", "gshadow", "sudoers", "passwd", "group"):
-        assert private not in bwrap.ETC_ENTRIES
+        assert private not in _bwrap_args.ETC_ENTRIES

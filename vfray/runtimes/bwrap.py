@@ -10,9 +10,9 @@ node's egress proxy (:mod:`vfray.runtimes.egress`), and :meth:`host_url` endpoin
 blocked shares the host network instead.
 Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capability dropped,
 cannot create nested user namespaces (``--disable-userns``, bubblewrap 0.8+), and see only the
-parts of ``/etc`` in :data:`ETC_ENTRIES`. The owner's interpreter is mounted at its own path
-wherever it lives. Limits use cgroup v1 (memory, cpu, pids) when writable, else
-rlimits.
+parts of ``/etc`` in :data:`~vfray.runtimes._bwrap_args.ETC_ENTRIES`. The owner's
+interpreter is mounted at its own path wherever it lives. Limits use cgroup v1 (memory, cpu,
+pids; :mod:`vfray.runtimes._cgroup_v1`) when writable, else rlimits.
 
 A task's image (``spec.image``) is unpacked once per node by the node's image store
 (:func:`vfray.runtimes.images.rootfs`, in :meth:`BwrapRuntime.prepare_image`; a Dockerfile or an
@@ -29,9 +29,6 @@ Python, the forwarder, the agents' tool dir) run there through the node's loader
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import logging
 import os
 import shutil
@@ -43,6 +40,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes._bwrap_args import (
+    BOX_UID,
+    BRIDGE_DIR,
+    IMAGE_PATH,
+    OFFLINE_NSSWITCH,
+    can_disable_userns,
+    host_mounts,
+    host_paths,
+    image_mounts,
+    namespaces,
+)
+from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._foreign_root import NODE_DIR, NodePrograms, in_root
 from vfray.runtimes._overlay import CowRoot, auto_backend
@@ -55,7 +64,6 @@ from vfray.runtimes.processes import (
     OUTPUT_CAP,
     box_env,
     kill_group,
-    kill_pids,
     network_env,
     rlimit_setter,
 )
@@ -64,153 +72,12 @@ from vfray.runtimes.subprocess import SubprocessRuntime
 
 logger = logging.getLogger(__name__)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-BRIDGE_DIR = "/run/vfray-bridge"
-_ROOT_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-BOX_UID = 65534
-"""The uid and gid programs run as inside the box (``nobody``); the box's dirs are its own."""
-ETC_ENTRIES = (
-    "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "networks", "protocols",
-    "services", "ssl", "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies",
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone",
-    "os-release", "debian_version", "mime.types", "magic", "inputrc", "bash.bashrc", "profile",
-    "locale.alias", "terminfo", "python3", "python3.11", "python3.12", "python3.13",
-)  # fmt: skip
-"""What a box sees of the host's ``/etc``: name resolution, TLS roots, the dynamic loader,
-Debian alternatives (``python3``, ``node``, ``editor``…), time zone and shell defaults. Never
-shadow/gshadow/sudoers/ssh keys, nor pip.conf/npmrc/gitconfig (they may hold credentials);
-``passwd``/``group`` are the box's own (root and the box user)."""
-
-OFFLINE_NSSWITCH = "passwd: files\ngroup: files\nhosts: files\nnetworks: files\n"
-"""``/etc/nsswitch.conf`` of a box without network: no DNS to wait for."""
-IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""``PATH`` in a box over an image: the image's own programs (its ``python3`` included)."""
-
-
-@functools.cache
-def _can_disable_userns() -> bool:
-    """Whether this bubblewrap has ``--disable-userns`` (0.8 and later)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return False
-    try:
-        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--disable-userns" in done.stdout
-
-
-def _namespaces(host_root: bool = True, uid: int = BOX_UID, gid: int = BOX_UID) -> list[str]:
-    """Namespaces and user (``uid``/``gid``, mapped to the node's user) of every box, and
-    (``host_root``) the host's read-only system dirs."""
-    # An unprivileged user with no capabilities: as uid 0 with the namespace's full
-    # capability set, a box could read every root-only file bound into it.
-    args = ["--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
-    if _can_disable_userns():
-        # No nested user namespace: one would hand a box's program a full capability set again
-        # inside it (and the kernel's user-namespace code is a frequent escalation route).
-        args.append("--disable-userns")
-    args += ["--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
-    if not host_root:
-        return args
-    args += ["--ro-bind", "/usr", "/usr"]
-    for d in _ROOT_DIRS:
-        if os.path.islink(d):
-            args += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
-    return args
-
-
-def box_etc() -> list[str]:
-    """The entries of :data:`ETC_ENTRIES` this host has."""
-    return [name for name in ETC_ENTRIES if os.path.lexists(f"/etc/{name}")]
-
-
-def host_paths(extra: Sequence[str] = ()) -> list[str]:
-    """Host paths a box mounts read-only besides ``/usr``: this process's interpreter (its
-    venv, its base installation, the real executable's dir) and ``extra``. Outer paths first,
-    so a nested one is mounted on top and stays visible."""
-    pythons = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    return sorted(
-        (
-            p
-            for p in pythons | set(extra)
-            if p != "/usr" and not p.startswith(("/usr/", "/etc/")) and os.path.exists(p)
-        ),
-        key=lambda p: (p.count("/"), p),
-    )
-
 
 def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
     """Whether the box shares the node's network unfiltered (:mod:`vfray.runtimes.
     network_policy`: ``share_network=True`` with no host named or blocked), shared with the
     docker runtime."""
     return box_network(spec.network_allow, spec.network_block, share_network).host_network
-
-
-class CgroupV1:
-    """One box's cgroup in each writable v1 controller (memory, cpu, pids)."""
-
-    def __init__(self, name: str, spec: RuntimeSpec) -> None:
-        self.dirs: list[Path] = []
-        limits: dict[str, dict[str, float | int | None]] = {
-            "memory": {"memory.limit_in_bytes": spec.memory_gb and int(spec.memory_gb * 1024**3)},
-            "cpu": {
-                "cpu.cfs_period_us": 100_000,
-                "cpu.cfs_quota_us": int(spec.cpu * 100_000) if spec.cpu > 0 else None,
-            },
-            "pids": {"pids.max": spec.pids},
-        }
-        for controller, files in limits.items():
-            directory = CGROUP_ROOT / controller / name
-            try:
-                directory.mkdir()
-            except OSError:
-                continue
-            self.dirs.append(directory)
-            for file, value in files.items():
-                if value:
-                    (directory / file).write_text(str(value))
-
-    def join(self) -> None:
-        """Move the calling process in (run in the child before exec)."""
-        pid = str(os.getpid())
-        for directory in self.dirs:
-            (directory / "cgroup.procs").write_text(pid)
-
-    def oom_kills(self) -> int:
-        """How many programs the kernel killed in this cgroup for going past its memory limit
-        (``oom_kill`` in ``memory.oom_control``, Linux 4.13+; 0 without a memory cgroup)."""
-        for directory in self.dirs:
-            if directory.parent.name != "memory":
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                for line in (directory / "memory.oom_control").read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        return 0
-
-    def pids(self) -> set[int]:
-        found: set[int] = set()
-        for directory in self.dirs:
-            with contextlib.suppress(OSError):
-                found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
-        return found
-
-    async def destroy(self) -> None:
-        """Kill everything inside, then remove the cgroups (retrying while members exit)."""
-        for _ in range(400):
-            members = self.pids()
-            if not members:
-                break
-            kill_pids(sorted(members))
-            # A killed process leaves the cgroup only once the kernel has torn it down.
-            await asyncio.sleep(0.005)
-        for directory in self.dirs:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
 
 
 class BwrapRuntime(SubprocessRuntime):
@@ -317,7 +184,7 @@ class BwrapRuntime(SubprocessRuntime):
             raise ConfigError(
                 "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
             )
-        argv = [bwrap, *_namespaces(), "--proc", "/proc", "--dev", "/dev", "--", "true"]
+        argv = [bwrap, *namespaces(), "--proc", "/proc", "--dev", "/dev", "--", "true"]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -329,7 +196,7 @@ class BwrapRuntime(SubprocessRuntime):
                 "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 when "
                 "not root; in a container: --security-opt seccomp=unconfined or --privileged)"
             )
-        if not _can_disable_userns():
+        if not can_disable_userns():
             logger.warning(
                 "bwrap runtime: this bubblewrap has no --disable-userns (0.8 or later has it): "
                 "a box's programs can create nested user namespaces"
@@ -392,39 +259,13 @@ class BwrapRuntime(SubprocessRuntime):
     def _image_mounts(self) -> list[str]:
         """A box over an image: its layer as ``/``, the node's programs read-only on top."""
         assert self.base is not None and self.layer is not None and self.node is not None
-        args = _namespaces(host_root=False, uid=self.box_ids[0], gid=self.box_ids[1])
-        args += ["--bind", str(self.layer.root), "/", "--proc", "/proc", "--dev", "/dev"]
-        args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
-        args += self.node.mounts()
-        for path in self.node.node_paths:
-            args += ["--ro-bind", path, path]
-        return [*args, "--chdir", self.box_workdir]
+        return image_mounts(self.base, self.layer.root, self.node, self.box_ids, self.box_workdir)
 
     def _mounts(self) -> list[str]:
         assert self.base is not None and self.workdir is not None
         if self.layer is not None:
             return self._image_mounts()
-        args = _namespaces()
-        args += ["--tmpfs", "/etc"]
-        for name in box_etc():
-            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        for name in ("passwd", "group"):
-            args += ["--ro-bind", str(self.base / "etc" / name), f"/etc/{name}"]
-        args += ["--symlink", "../proc/self/mounts", "/etc/mtab", "--remount-ro", "/etc"]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--bind", str(self.base / "tmp"), "/tmp"]
-        args += ["--bind", str(self.base / "bridge"), BRIDGE_DIR]
-        args += ["--bind", str(self.workdir), self.box_workdir, "--chdir", self.box_workdir]
-        # The host's interpreter (and configured tools) last, so they show through the box's
-        # own dirs when they live there: a venv under /tmp, or under the work dir's path.
-        for path in host_paths(self.ro_binds):
-            args += ["--ro-bind", path, path]
-        # The node's agent tool dir (vfray.runtimes.provision), when a harness made one; after the
-        # box's own /tmp too, so a root under /tmp is not hidden.
-        tools = str(tools_root())
-        if os.path.isdir(tools):
-            args += ["--ro-bind", tools, tools]
-        return args
+        return host_mounts(self.base, self.workdir, self.box_workdir, self.ro_binds)
 
     def _network(self) -> BoxNetwork:
         return box_network(self.spec.network_allow, self.spec.network_block, self.share_network)

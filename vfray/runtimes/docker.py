@@ -34,11 +34,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._executor import blocking, waiting
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
-from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.bwrap import shares_network
 from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
 from vfray.runtimes.images import docker_image, forget_docker_image, parse_image
 from vfray.runtimes.lifeline import (

@@ -53,12 +53,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._docker_exec import EXEC_ENV, signal_exec
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._image_podman import forget_podman_image, podman_image
 from vfray.runtimes.base import LiveProcess, ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
-from vfray.runtimes.bwrap import BRIDGE_DIR, shares_network
+from vfray.runtimes.bwrap import shares_network
 from vfray.runtimes.docker import DEFAULT_IMAGE, DockerRuntime
 from vfray.runtimes.lifeline import (
     owner_id,

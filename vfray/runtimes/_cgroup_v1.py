@@ -1,0 +1,78 @@
+"""A bwrap box's cgroup v1 limits: one cgroup per box in each writable controller (memory,
+cpu, pids), joined by its programs before exec, read for OOM kills, emptied and removed at stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.processes import kill_pids
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupV1:
+    """One box's cgroup in each writable v1 controller (memory, cpu, pids)."""
+
+    def __init__(self, name: str, spec: RuntimeSpec) -> None:
+        self.dirs: list[Path] = []
+        limits: dict[str, dict[str, float | int | None]] = {
+            "memory": {"memory.limit_in_bytes": spec.memory_gb and int(spec.memory_gb * 1024**3)},
+            "cpu": {
+                "cpu.cfs_period_us": 100_000,
+                "cpu.cfs_quota_us": int(spec.cpu * 100_000) if spec.cpu > 0 else None,
+            },
+            "pids": {"pids.max": spec.pids},
+        }
+        for controller, files in limits.items():
+            directory = CGROUP_ROOT / controller / name
+            try:
+                directory.mkdir()
+            except OSError:
+                continue
+            self.dirs.append(directory)
+            for file, value in files.items():
+                if value:
+                    (directory / file).write_text(str(value))
+
+    def join(self) -> None:
+        """Move the calling process in (run in the child before exec)."""
+        pid = str(os.getpid())
+        for directory in self.dirs:
+            (directory / "cgroup.procs").write_text(pid)
+
+    def oom_kills(self) -> int:
+        """How many programs the kernel killed in this cgroup for going past its memory limit
+        (``oom_kill`` in ``memory.oom_control``, Linux 4.13+; 0 without a memory cgroup)."""
+        for directory in self.dirs:
+            if directory.parent.name != "memory":
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                for line in (directory / "memory.oom_control").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for directory in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+        return found
+
+    async def destroy(self) -> None:
+        """Kill everything inside, then remove the cgroups (retrying while members exit)."""
+        for _ in range(400):
+            members = self.pids()
+            if not members:
+                break
+            kill_pids(sorted(members))
+            # A killed process leaves the cgroup only once the kernel has torn it down.
+            await asyncio.sleep(0.005)
+        for directory in self.dirs:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
