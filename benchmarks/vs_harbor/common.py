@@ -80,10 +80,16 @@ def ensure_harbor() -> InstalledTool:
 
 
 def docker_config(harbor: InstalledTool) -> Path:
-    """A ``DOCKER_CONFIG`` folder whose only content is Compose v2 as a CLI plugin."""
-    folder = Path(tempfile.mkdtemp(prefix="vfray-harbor-docker-"))
-    (folder / "cli-plugins").mkdir()
-    (folder / "cli-plugins" / "docker-compose").symlink_to(harbor.executable("docker-compose"))
+    """A ``DOCKER_CONFIG`` folder whose only content is Compose v2 as a CLI plugin: one per
+    Harbor install under the temp dir, made once and reused by every run."""
+    folder = Path(tempfile.gettempdir()) / f"vfray-harbor-docker-{harbor.path.name}"
+    plugin = folder / "cli-plugins" / "docker-compose"
+    if not plugin.is_symlink():
+        plugin.parent.mkdir(parents=True, exist_ok=True)
+        staged = plugin.with_name(f".docker-compose-{os.getpid()}")
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(harbor.executable("docker-compose"))
+        os.replace(staged, plugin)  # atomic: concurrent callers both end with the link
     return folder
 
 
