@@ -17,8 +17,9 @@ import pytest
 
 from vfray.errors import ConfigError, SandboxError
 from vfray.runtimes import _bwrap_args, bwrap, live, processes
+from vfray.runtimes._exec_wait import tail
 from vfray.runtimes.base import ProgramResult, Runtime, RuntimeSpec
-from vfray.runtimes.docker import DEFAULT_ENGINE, DEFAULT_IMAGE, DockerRuntime, _tail
+from vfray.runtimes.docker import DEFAULT_ENGINE, DEFAULT_IMAGE, DockerRuntime
 from vfray.runtimes.launches import Launch, launch_slots
 from vfray.runtimes.registry import (
     OpenRuntimeOptions,
@@ -583,7 +584,7 @@ def test_a_docker_engine_that_does_not_answer_is_one_line_naming_it() -> None:
 def test_container_output_is_cut_to_its_tail(
     data: bytes | None, cap: int, text: str, cut: bool
 ) -> None:
-    assert _tail(data, cap) == (text, cut)
+    assert tail(data, cap) == (text, cut)
 
 
 def test_bwrap_mounts_the_interpreter_outer_paths_first() -> None:

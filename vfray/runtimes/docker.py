@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import os
 import shutil
 import signal
 import socket
-import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -34,13 +31,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
+from vfray.runtimes._box_files import dir_tar, file_tar, untar_file
 from vfray.runtimes._bwrap_args import BRIDGE_DIR
+from vfray.runtimes._container_box import ContainerBox
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
+from vfray.runtimes._docker_options import container_options, numeric_user
+from vfray.runtimes._exec_wait import tail, wait_exec
 from vfray.runtimes._executor import blocking, waiting
-from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
+from vfray.runtimes.base import LiveProcess, ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import shares_network
-from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
+from vfray.runtimes.egress import EgressGate
 from vfray.runtimes.images import docker_image, forget_docker_image, parse_image
 from vfray.runtimes.lifeline import (
     HOST_LABEL,
@@ -51,56 +52,17 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
-from vfray.runtimes.network_policy import box_network
-from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP, network_env
-from vfray.runtimes.provision import tools_root
-from vfray.task import TaskResources
+from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
-EXPOSE_SOCKET = "expose.sock"
-"""The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
 _NO_DISK_QUOTA: set[str] = set()
 """Engines (by URL) whose storage driver refused ``storage_opt size``: a task's disk is
 advisory there, and their containers start without it."""
 log = logging.getLogger(__name__)
 
 
-def gpu_requests(gpu: str | None) -> list[Any] | None:
-    """The device request giving a container the task's GPUs (``"A100:2"``: two; the type is
-    where the farm places the rollout, not something the engine selects), or None for none."""
-    count = TaskResources(gpu=gpu).gpu_count if gpu else 0
-    if not count:
-        return None
-    from docker.types import DeviceRequest
-
-    return [DeviceRequest(count=max(1, int(count)), capabilities=[["gpu"]])]
-
-
-def node_python_root() -> str | None:
-    """The installation of the node's interpreter (the one that makes the PyPI agents' venvs,
-    :mod:`vfray.runtimes.provision`), when it lives outside ``/usr``: mounting ``/usr`` would
-    hide the image's own programs. None for a system Python."""
-    root = os.path.realpath(sys.base_prefix)
-    if root in ("/", "/usr") or root.startswith(("/usr/", "/etc/")) or not os.path.isdir(root):
-        return None
-    return root
-
-
-def _numeric_user(user: str) -> tuple[int, int]:
-    uid, _, gid = user.partition(":")
-    if not uid.isdigit() or not (gid or uid).isdigit():
-        raise ConfigError(f"docker runtime: user must be 'uid' or 'uid:gid' (numbers): {user!r}")
-    return int(uid), int(gid or uid)
-
-
-def _tail(data: bytes | None, cap: int) -> tuple[str, bool]:
-    data = data or b""
-    cut = len(data) > cap
-    return data[-cap:].decode("utf-8", errors="replace"), cut
-
-
-class DockerRuntime(Runtime):
+class DockerRuntime(ContainerBox):
     """One container per rollout; default-deny network with bridged host endpoints."""
 
     type = "docker"
@@ -132,7 +94,7 @@ class DockerRuntime(Runtime):
         self.user = user
         """The container's user as ``uid[:gid]``, for images that work as non-root; None keeps
         the image's own ``USER``."""
-        self._ids = _numeric_user(user) if user is not None else None
+        self._ids = numeric_user(user) if user is not None else None
         """Its ids, which the work dir and written files are given (root could not hand them
         over from inside: it has no CAP_CHOWN)."""
         self.base_url = base_url
@@ -176,52 +138,17 @@ class DockerRuntime(Runtime):
     def container_options(self) -> dict[str, Any]:
         """Keyword arguments for ``client.containers.run`` (public so the mapping is testable)."""
         assert self.base is not None
-        volumes: dict[str, dict[str, str]] = {
-            str(self.base / "bridge"): {"bind": BRIDGE_DIR, "mode": "rw"}
-        }
-        for host, inside in self.volumes.items():
-            volumes[host] = {"bind": inside, "mode": "ro"}
-        # The node's agent tool dir (vfray.runtimes.provision), read-only at its own path as in
-        # bwrap:
-        # agent harnesses run their programs from it. Its programs need what they link to
-        # (glibc for node; a Python agent's venv, its interpreter's path).
-        tools = str(tools_root())
-        if os.path.isdir(tools) and tools not in volumes:
-            volumes[tools] = {"bind": tools, "mode": "ro"}
-            # A PyPI agent's venv runs the node's interpreter, named by its path: mounted there
-            # too, so a task's image (its own python3 untouched) runs it as bwrap does.
-            python = node_python_root()
-            if python is not None and python not in volumes:
-                volumes[python] = {"bind": python, "mode": "ro"}
-        options: dict[str, Any] = {
-            "entrypoint": ["sleep"],
-            "command": ["infinity"],
-            "detach": True,
-            "working_dir": self.box_workdir,
-            "labels": self.labels(),
-            "environment": {MARKER_ENV: self.box_id, "HOME": self.box_workdir},
-            "volumes": volumes,
-            "nano_cpus": int(self.spec.cpu * 1e9) if self.spec.cpu > 0 else None,
-            "mem_limit": (
-                f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
-            ),
-            # No swap past the limit: a program over it is killed, as in a bwrap box.
-            "memswap_limit": (
-                f"{int(self.spec.memory_gb * 1024)}m" if self.spec.memory_gb is not None else None
-            ),
-            "pids_limit": self.spec.pids,
-            "storage_opt": self._disk_option(),
-            "device_requests": gpu_requests(self.spec.gpu),
-            # Root in the container has no capabilities (Docker's default set includes chown,
-            # setuid, net_raw, mknod…) and nothing gains privileges through setuid binaries.
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            # None: the image's own USER (root when the image names none).
-            "user": self.user,
-        }
-        if not shares_network(self.spec, self.share_network):
-            options["network_mode"] = "none"
-        return {k: v for k, v in options.items() if v is not None}
+        return container_options(
+            self.spec,
+            self.base,
+            self.volumes,
+            box_id=self.box_id,
+            box_workdir=self.box_workdir,
+            labels=self.labels(),
+            disk=self._disk_option(),
+            user=self.user,
+            shared_network=shares_network(self.spec, self.share_network),
+        )
 
     def _disk_option(self) -> dict[str, str] | None:
         """``storage_opt`` capping the container's writable layer at the task's disk, where this
@@ -327,13 +254,6 @@ class DockerRuntime(Runtime):
             raise SandboxError(f"cannot create {self.box_workdir} in the container: {said}")
         await self._open_egress()
 
-    async def _open_egress(self) -> None:
-        assert self.bridges is not None
-        network = box_network(self.spec.network_allow, self.spec.network_block, self.share_network)
-        self.egress = await open_gate(network, self.bridges, f"docker box {self.box_id}")
-        if self.egress is not None:
-            await self._start_forwarder(EGRESS_PORT)
-
     def _remove_unstarted(self) -> None:
         for container in self.client.containers.list(
             all=True, filters={"label": f"vfray.box={self.box_id}"}
@@ -399,23 +319,10 @@ class DockerRuntime(Runtime):
             )
         )["Id"]
         job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))
-        self._running.add(token)
-        timed_out = False
-        try:
-            out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
-        except TimeoutError:
-            timed_out = True
-            await self._kill_exec(token)
-            out, err = await job
-        except asyncio.CancelledError:
-            # Cancelled (a stopped rollout's kill): the exec must not run on in the container.
-            await self._kill_exec(token)
-            raise
-        finally:
-            self._running.discard(token)
+        (out, err), timed_out = await wait_exec(job, token, self._running, timeout)
         info = await blocking(api.exec_inspect, exec_id)
-        stdout, cut_out = _tail(out, self.output_cap)
-        stderr, cut_err = _tail(err, self.output_cap)
+        stdout, cut_out = tail(out, self.output_cap)
+        stderr, cut_err = tail(err, self.output_cap)
         code = info.get("ExitCode")
         return ProgramResult(
             exit_code=-9 if timed_out else (code if code is not None else -1),
@@ -429,12 +336,6 @@ class DockerRuntime(Runtime):
     async def interrupt(self) -> None:
         for token in list(self._running):
             await blocking(signal_exec, token, signal.SIGTERM)
-
-    def _network_env(self) -> dict[str, str]:
-        """The host's proxies when the container has a network (its own TLS roots apply)."""
-        if shares_network(self.spec, self.share_network):
-            return network_env(os.environ, host_paths=False)
-        return self.egress.env() if self.egress is not None else {}
 
     async def open_process(
         self,
@@ -458,35 +359,19 @@ class DockerRuntime(Runtime):
         )
         return self.track(process)
 
-    async def _kill_exec(self, token: str) -> None:
-        """SIGKILL an exec's processes, found by their marker (the engine's ``Pid`` for an
-        exec can lag behind: :mod:`vfray.runtimes._docker_exec`)."""
-        await blocking(signal_exec, token, signal.SIGKILL)
-
     async def _give_dir(self, path: PurePosixPath) -> None:
         assert self._ids is not None
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            member = tarfile.TarInfo(path.name)
-            member.type, member.mode, member.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
-            member.uid, member.gid = self._ids
-            tar.addfile(member)
-        if not await blocking(self._require().put_archive, str(path.parent), buffer.getvalue()):
+        archive = dir_tar(path.name, self._ids)
+        if not await blocking(self._require().put_archive, str(path.parent), archive):
             raise SandboxError(f"cannot hand {path} to user {self.user}")
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            member = tarfile.TarInfo(path.name)
-            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
-            if self._ids is not None:
-                member.uid, member.gid = self._ids
-            tar.addfile(member, io.BytesIO(data))
+        archive = file_tar(path.name, data, mode, self._ids)
         container = self._require()
         made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
         if not made.ok:
             raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
-        ok = await blocking(container.put_archive, str(path.parent), buffer.getvalue())
+        ok = await blocking(container.put_archive, str(path.parent), archive)
         if not ok:
             raise SandboxError(f"cannot write {path}")
 
@@ -499,12 +384,7 @@ class DockerRuntime(Runtime):
 
         def _read() -> bytes:
             chunks, _ = container.get_archive(str(target))
-            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-                member = tar.next()
-                handle = tar.extractfile(member) if member is not None else None
-                if handle is None:
-                    raise SandboxError(f"{path!r} is not a regular file")
-                return handle.read()
+            return untar_file(b"".join(chunks), path)
 
         try:
             return await blocking(_read)
@@ -530,45 +410,6 @@ class DockerRuntime(Runtime):
             environment={MARKER_ENV: self.box_id},
         )
 
-    async def _start_forwarder(self, port: int) -> None:
-        await self._run_forwarder(f"{port}={BRIDGE_DIR}/{port}.sock")
-        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1).close()"
-        for _ in range(100):
-            if (await self.run([self.python, "-c", probe], timeout=10)).ok:
-                self._forwarded.add(port)
-                return
-            await asyncio.sleep(0.05)
-        raise SandboxError(f"the in-container forwarder for port {port} did not start")
-
-    async def expose(self, port: int) -> str:
-        """The host reaches box ports through one in-container forwarder's way in, whatever
-        the container's network (the test engines run without a bridge network)."""
-        self._require()
-        assert self.base is not None
-        way_in = self.base / "bridge" / EXPOSE_SOCKET
-        if self._exposer is None:
-            self._exposer = asyncio.ensure_future(self._start_exposer(way_in))
-        await asyncio.shield(self._exposer)
-        exposed = self._exposed.get(port)
-        if exposed is None:
-            exposed = self._exposed[port] = ExposedPort(port, lambda: [way_in])
-            await exposed.start()
-        return exposed.url
-
-    async def _start_exposer(self, way_in: Path) -> None:
-        await self._run_forwarder(f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}")
-        for _ in range(200):
-            if way_in.exists():
-                return
-            await asyncio.sleep(0.05)
-        raise SandboxError(f"the in-container forwarder for expose() did not start ({self.python})")
-
-    async def prepare_execution(self, routes: Sequence[str]) -> None:
-        for route in routes:
-            await self.host_url(route)
-        if self.egress is not None:
-            await self.egress.enter_agent_phase()
-
     async def alive(self) -> bool:
         if self.container is None or self._stopped:
             return False
@@ -577,27 +418,6 @@ class DockerRuntime(Runtime):
         except Exception:
             return False
         return bool(self.container.status == "running")
-
-    async def limit_hit(self) -> str | None:
-        # The engine's State.OOMKilled stays false when the killed process was an exec'd one
-        # (measured here: exit 137, OOMKilled false), so the container's own cgroup counter is
-        # read, as the container sees it: v1's memory.oom_control, v2's memory.events.
-        if self.container is None or self._stopped or self.spec.memory_gb is None:
-            return None
-        read = (
-            "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events"
-            " 2>/dev/null"
-        )
-        with contextlib.suppress(Exception):
-            result = await self.run(["/bin/sh", "-c", read], timeout=30)
-            for line in result.stdout.splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill" and int(value) > 0:
-                    return (
-                        f"memory limit of {self.spec.memory_gb:g} GB "
-                        f"({int(value)} program(s) OOM-killed)"
-                    )
-        return None
 
     async def stop(self) -> None:
         if self._stopped:

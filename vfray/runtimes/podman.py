@@ -37,14 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import logging
 import os
-import resource
 import shutil
-import signal
-import tarfile
 import tempfile
 import time
 import uuid
@@ -53,10 +49,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes._box_files import dir_tar, file_tar, untar_file
 from vfray.runtimes._bwrap_args import BRIDGE_DIR
-from vfray.runtimes._docker_exec import EXEC_ENV, signal_exec
+from vfray.runtimes._docker_exec import EXEC_ENV
+from vfray.runtimes._exec_wait import wait_exec
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._image_podman import forget_podman_image, podman_image
+from vfray.runtimes._podman_cli import (
+    PODMAN_ENV,
+    PodmanExecProcess,
+    client_env,
+    podman_call,
+    ulimit_args,
+)
 from vfray.runtimes.base import LiveProcess, ProgramResult, RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
 from vfray.runtimes.bwrap import shares_network
@@ -68,62 +73,10 @@ from vfray.runtimes.lifeline import (
     watch_root,
     work_dir_prefix,
 )
-from vfray.runtimes.live import LocalProcess, wait_exit
+from vfray.runtimes.live import wait_exit
 from vfray.runtimes.processes import LIVE_LINE_LIMIT, MARKER_ENV, OUTPUT_CAP
 
 log = logging.getLogger(__name__)
-
-PODMAN_ENV = (
-    "PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF",
-    "REGISTRY_AUTH_FILE", "DBUS_SESSION_BUS_ADDRESS", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-    "http_proxy", "https_proxy", "no_proxy",
-)  # fmt: skip
-"""What podman itself reads from its environment (its store, config, rootless runtime dir):
-passed to every podman command, and never set from a box's environment."""
-NOFILE_CAP = 1048576
-NPROC_CAP = 32768
-"""Podman 4.3 (root) lowers its own RLIMIT_NPROC to this before starting containers."""
-_STOP_KILL_TRIES = 30
-
-
-def ulimit_args() -> list[str]:
-    """``--ulimit`` for nofile and nproc at this process's hard limits (capped): podman's
-    defaults exceed them where the hard limits are low, and ``podman run`` then fails."""
-    args = []
-    for name, which, cap in (
-        ("nofile", resource.RLIMIT_NOFILE, NOFILE_CAP),
-        ("nproc", resource.RLIMIT_NPROC, NPROC_CAP),
-    ):
-        hard = resource.getrlimit(which)[1]
-        value = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
-        args += ["--ulimit", f"{name}={value}:{value}"]
-    return args
-
-
-class PodmanExecProcess(LocalProcess):
-    """A live ``podman exec -i``: the client's pipes are the program's; ``stop`` signals the
-    program's processes in the container (found by their exec marker), then the client."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, token: str) -> None:
-        super().__init__(proc)
-        self._token = token
-
-    async def _stop(self, grace: float) -> int:
-        exited = self._exit_future()
-        if not exited.done() and await blocking(signal_exec, self._token, signal.SIGTERM):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(exited), grace)
-        for _ in range(_STOP_KILL_TRIES):
-            if exited.done() or not await blocking(signal_exec, self._token, signal.SIGKILL):
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(exited), 1.0)
-        if not exited.done():
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-        self.stdin.close()
-        return await exited
 
 
 class PodmanRuntime(DockerRuntime):
@@ -174,9 +127,7 @@ class PodmanRuntime(DockerRuntime):
     @staticmethod
     def podman_env() -> dict[str, str]:
         """podman's own environment: :data:`PODMAN_ENV` from this process's."""
-        env = {k: os.environ[k] for k in PODMAN_ENV if k in os.environ}
-        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        return env
+        return client_env()
 
     def engine_url(self) -> str:
         """The store's address, for the image store's locks: podman's command and user."""
@@ -206,22 +157,7 @@ class PodmanRuntime(DockerRuntime):
     async def _podman(
         self, args: Sequence[str], *, stdin: bytes | None = None, timeout: float = 120
     ) -> tuple[int, bytes, bytes]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.command(),
-            *args,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.podman_env(),
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        return proc.returncode or 0, out, err
+        return await podman_call(self.command(), args, stdin=stdin, timeout=timeout)
 
     def run_args(self, image: str) -> list[str]:
         """The ``podman run`` arguments for this box (public so the mapping is testable)."""
@@ -316,16 +252,8 @@ class PodmanRuntime(DockerRuntime):
 
     async def _make_workdir(self) -> ProgramResult:
         path = PurePosixPath(self.box_workdir)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            member = tarfile.TarInfo(str(path.relative_to("/")))
-            member.type, member.mode, member.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
-            if self._ids is not None:
-                member.uid, member.gid = self._ids
-            tar.addfile(member)
-        code, out, err = await self._podman(
-            ["cp", "-", f"{self.container_id}:/"], stdin=buffer.getvalue()
-        )
+        archive = dir_tar(str(path.relative_to("/")), self._ids)
+        code, out, err = await self._podman(["cp", "-", f"{self.container_id}:/"], stdin=archive)
         return ProgramResult(exit_code=code, stdout=out.decode(), stderr=err.decode())
 
     async def _image_name(self) -> str:
@@ -385,22 +313,12 @@ class PodmanRuntime(DockerRuntime):
             start_new_session=True,
         )
         job = asyncio.ensure_future(proc.communicate(stdin))
-        self._running.add(token)
-        timed_out = False
-        try:
-            out, err = await asyncio.wait_for(asyncio.shield(job), timeout)
-        except TimeoutError:
-            timed_out = True
-            await self._kill_exec(token)
-            out, err = await job
-        except asyncio.CancelledError:
-            # Cancelled (a stopped rollout's kill): the exec must not run on in the container.
-            await self._kill_exec(token)
+
+        def kill_client() -> None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            raise
-        finally:
-            self._running.discard(token)
+
+        (out, err), timed_out = await wait_exec(job, token, self._running, timeout, kill_client)
         code = await wait_exit(proc)
         cap = self.output_cap
         return ProgramResult(
@@ -439,19 +357,13 @@ class PodmanRuntime(DockerRuntime):
         return self.track(PodmanExecProcess(proc, token))
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            member = tarfile.TarInfo(path.name)
-            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
-            if self._ids is not None:
-                member.uid, member.gid = self._ids
-            tar.addfile(member, io.BytesIO(data))
+        archive = file_tar(path.name, data, mode, self._ids)
         made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
         if not made.ok:
             raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
         # ``podman cp -`` reads a tar stream; files get the container's user (its --archive).
         code, _, err = await self._podman(
-            ["cp", "-", f"{self.container_id}:{path.parent}"], stdin=buffer.getvalue()
+            ["cp", "-", f"{self.container_id}:{path.parent}"], stdin=archive
         )
         if code:
             raise SandboxError(f"cannot write {path}: {err.decode(errors='replace').strip()}")
@@ -463,12 +375,7 @@ class PodmanRuntime(DockerRuntime):
         if code:
             why = " ".join(err.decode(errors="replace").split())[:300]
             raise SandboxError(f"cannot read {path!r}: {why}")
-        with tarfile.open(fileobj=io.BytesIO(out)) as tar:
-            member = tar.next()
-            handle = tar.extractfile(member) if member is not None else None
-            if handle is None:
-                raise SandboxError(f"{path!r} is not a regular file")
-            return handle.read()
+        return untar_file(out, path)
 
     async def host_url(self, url: str) -> str:
         self._require()

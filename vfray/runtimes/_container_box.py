@@ -1,0 +1,121 @@
+"""What the docker and podman runtimes' boxes share above their engine's transport: host
+endpoints reached through an in-container forwarder, box ports exposed through another, the
+egress gate's setup and agent phases, and the OOM kills read from the container's cgroup."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vfray.errors import SandboxError
+from vfray.runtimes._bwrap_args import BRIDGE_DIR
+from vfray.runtimes.base import Runtime
+from vfray.runtimes.bridge import BridgeSet, ExposedPort
+from vfray.runtimes.bwrap import shares_network
+from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
+from vfray.runtimes.network_policy import box_network
+from vfray.runtimes.processes import network_env
+
+EXPOSE_SOCKET = "expose.sock"
+"""The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
+
+
+class ContainerBox(Runtime):
+    """A container box; its runtime starts it and runs, and starts its forwarders, in it."""
+
+    share_network: bool | None
+    python: str
+    box_id: str
+    container: Any
+    base: Path | None
+    bridges: BridgeSet | None
+    egress: EgressGate | None
+    _forwarded: set[int]
+    _exposer: asyncio.Future[None] | None
+    _exposed: dict[int, ExposedPort]
+    _stopped: bool
+
+    @abc.abstractmethod
+    def _require(self) -> Any:
+        """The started container (a :class:`SandboxError` when there is none)."""
+
+    @abc.abstractmethod
+    async def _run_forwarder(self, spec: str) -> None:
+        """Start the in-container forwarder (``BOX_FORWARDER``) for ``spec``, detached."""
+
+    async def _open_egress(self) -> None:
+        assert self.bridges is not None
+        network = box_network(self.spec.network_allow, self.spec.network_block, self.share_network)
+        self.egress = await open_gate(network, self.bridges, f"docker box {self.box_id}")
+        if self.egress is not None:
+            await self._start_forwarder(EGRESS_PORT)
+
+    def _network_env(self) -> dict[str, str]:
+        """The host's proxies when the container has a network (its own TLS roots apply)."""
+        if shares_network(self.spec, self.share_network):
+            return network_env(os.environ, host_paths=False)
+        return self.egress.env() if self.egress is not None else {}
+
+    async def _start_forwarder(self, port: int) -> None:
+        await self._run_forwarder(f"{port}={BRIDGE_DIR}/{port}.sock")
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1).close()"
+        for _ in range(100):
+            if (await self.run([self.python, "-c", probe], timeout=10)).ok:
+                self._forwarded.add(port)
+                return
+            await asyncio.sleep(0.05)
+        raise SandboxError(f"the in-container forwarder for port {port} did not start")
+
+    async def expose(self, port: int) -> str:
+        """The host reaches box ports through one in-container forwarder's way in, whatever
+        the container's network (the test engines run without a bridge network)."""
+        self._require()
+        assert self.base is not None
+        way_in = self.base / "bridge" / EXPOSE_SOCKET
+        if self._exposer is None:
+            self._exposer = asyncio.ensure_future(self._start_exposer(way_in))
+        await asyncio.shield(self._exposer)
+        exposed = self._exposed.get(port)
+        if exposed is None:
+            exposed = self._exposed[port] = ExposedPort(port, lambda: [way_in])
+            await exposed.start()
+        return exposed.url
+
+    async def _start_exposer(self, way_in: Path) -> None:
+        await self._run_forwarder(f"@{BRIDGE_DIR}/{EXPOSE_SOCKET}")
+        for _ in range(200):
+            if way_in.exists():
+                return
+            await asyncio.sleep(0.05)
+        raise SandboxError(f"the in-container forwarder for expose() did not start ({self.python})")
+
+    async def prepare_execution(self, routes: Sequence[str]) -> None:
+        for route in routes:
+            await self.host_url(route)
+        if self.egress is not None:
+            await self.egress.enter_agent_phase()
+
+    async def limit_hit(self) -> str | None:
+        # The engine's State.OOMKilled stays false when the killed process was an exec'd one
+        # (measured here: exit 137, OOMKilled false), so the container's own cgroup counter is
+        # read, as the container sees it: v1's memory.oom_control, v2's memory.events.
+        if self.container is None or self._stopped or self.spec.memory_gb is None:
+            return None
+        read = (
+            "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
+        )
+        with contextlib.suppress(Exception):
+            result = await self.run(["/bin/sh", "-c", read], timeout=30)
+            for line in result.stdout.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return (
+                        f"memory limit of {self.spec.memory_gb:g} GB "
+                        f"({int(value)} program(s) OOM-killed)"
+                    )
+        return None
