@@ -1,6 +1,6 @@
-"""What the docker and podman runtimes' boxes share above their engine's transport: host
-endpoints reached through an in-container forwarder, box ports exposed through another, the
-egress gate's setup and agent phases, and the OOM kills read from the container's cgroup."""
+"""What the docker and podman runtimes' boxes share above their engine's transport: the box's
+host dir, host endpoints reached through an in-container forwarder, box ports exposed through
+another, the egress gate's setup and agent phases, and the OOM kills read from the cgroup."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import abc
 import asyncio
 import contextlib
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vfray.errors import SandboxError
 from vfray.runtimes._bwrap_args import BRIDGE_DIR
+from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.bridge import BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import shares_network
 from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
+from vfray.runtimes.lifeline import work_dir_prefix
 from vfray.runtimes.network_policy import box_network
 from vfray.runtimes.processes import network_env
 
@@ -31,6 +34,7 @@ class ContainerBox(Runtime):
     share_network: bool | None
     python: str
     box_id: str
+    owner: str | None
     container: Any
     base: Path | None
     bridges: BridgeSet | None
@@ -47,6 +51,21 @@ class ContainerBox(Runtime):
     @abc.abstractmethod
     async def _run_forwarder(self, spec: str) -> None:
         """Start the in-container forwarder (``BOX_FORWARDER``) for ``spec``, detached."""
+
+    async def _make_base(self, root: str) -> None:
+        """The box's host dir under ``root`` (named for the lifeline's reaper), with its bridge."""
+        prefix = work_dir_prefix(self.type, self.owner)
+        self.base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
+        (self.base / "bridge").mkdir(mode=0o777)
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+
+    async def _close_ways(self) -> None:
+        """Close the box's bridged host endpoints and its exposed ports."""
+        if self.bridges is not None:
+            await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
 
     async def _open_egress(self) -> None:
         assert self.bridges is not None

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,6 @@ from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
 from vfray.runtimes._box_files import dir_tar, file_tar, untar_file
-from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._container_box import ContainerBox
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
 from vfray.runtimes._docker_options import container_options, numeric_user
@@ -50,7 +48,6 @@ from vfray.runtimes.lifeline import (
     reap_dead_owners,
     watch_docker,
     watch_root,
-    work_dir_prefix,
 )
 from vfray.runtimes.processes import MARKER_ENV, OUTPUT_CAP
 
@@ -194,10 +191,7 @@ class DockerRuntime(ContainerBox):
         except OSError as exc:
             raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
         await reap_dead_owners(root, self.engine_url())
-        prefix = work_dir_prefix(self.type, self.owner)
-        self.base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
-        (self.base / "bridge").mkdir(mode=0o777)
-        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        await self._make_base(root)
         try:
             self.client = await blocking(self._make_client)
         except Exception as exc:
@@ -430,11 +424,7 @@ class DockerRuntime(ContainerBox):
             except Exception as exc:
                 if "No such container" not in str(exc):
                     raise SandboxError(f"cannot remove container: {exc}") from exc
-        if self.bridges is not None:
-            await self.bridges.close()
-        for exposed in self._exposed.values():
-            await exposed.close()
-        self._exposed.clear()
+        await self._close_ways()
         if self.client is not None:
             await blocking(self.client.close)
         if self.base is not None:

@@ -41,11 +41,10 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError
@@ -63,7 +62,7 @@ from vfray.runtimes._podman_cli import (
     ulimit_args,
 )
 from vfray.runtimes.base import LiveProcess, ProgramResult, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet
+from vfray.runtimes.bridge import BOX_FORWARDER
 from vfray.runtimes.bwrap import shares_network
 from vfray.runtimes.docker import DEFAULT_IMAGE, DockerRuntime
 from vfray.runtimes.lifeline import (
@@ -71,7 +70,6 @@ from vfray.runtimes.lifeline import (
     reap_dead_owners,
     watch_podman,
     watch_root,
-    work_dir_prefix,
 )
 from vfray.runtimes.live import wait_exit
 from vfray.runtimes.processes import LIVE_LINE_LIMIT, MARKER_ENV, OUTPUT_CAP
@@ -209,10 +207,7 @@ class PodmanRuntime(DockerRuntime):
         except OSError as exc:
             raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
         await reap_dead_owners(root, engine)
-        prefix = work_dir_prefix(self.type, self.owner)
-        self.base = Path(await blocking(tempfile.mkdtemp, prefix=prefix, dir=root))
-        (self.base / "bridge").mkdir(mode=0o777)
-        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        await self._make_base(root)
         for attempt in range(2):
             image = await self._image_name()
             try:
@@ -414,10 +409,6 @@ class PodmanRuntime(DockerRuntime):
             said = err.decode(errors="replace")
             if code and "no such container" not in said.lower():
                 raise SandboxError(f"cannot remove podman container: {said.strip()[:300]}")
-        if self.bridges is not None:
-            await self.bridges.close()
-        for exposed in self._exposed.values():
-            await exposed.close()
-        self._exposed.clear()
+        await self._close_ways()
         if self.base is not None:
             await blocking(shutil.rmtree, self.base, True)
