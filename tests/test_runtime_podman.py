@@ -51,6 +51,16 @@ async def test_podman_conformance(podman_ref: str) -> None:
     await check_runtime(lambda: podman_box(podman_ref)(RuntimeSpec(memory_gb=0.5, cpu=1.0)))
 
 
+async def test_files_of_any_size_go_in_and_out(podman_ref: str) -> None:
+    # podman 4.3's `cp -` failed ("io: read/write on closed pipe") on a tar padded to a whole
+    # record after 30,000-31,000 bytes of file: the chat loop program is that size.
+    async with podman_box(podman_ref)() as rt:
+        for size in (0, 12_000, 25_474, 30_000, 30_938, 31_000, 35_000, 70_000):
+            data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+            await rt.write(f"f{size}", data)
+            assert await rt.read(f"f{size}") == data
+
+
 async def test_the_box_is_locked_down_and_limited(podman_ref: str) -> None:
     spec = RuntimeSpec(memory_gb=0.25, pids=64, workdir="/testbed")
     async with podman_box(podman_ref)(spec) as rt:
