@@ -178,9 +178,9 @@ async def test_modal_argument_mapping() -> None:
     assert rt.create_options() == {  # type: ignore[attr-defined]
         "timeout": 3600,
         "workdir": "/work",
-        "cpu": 2.0,
+        "cpu": (2.0, 2.0),  # (request, limit): the task's resources are hard limits
         "block_network": True,
-        "memory": 1536,
+        "memory": (1536, 1536),
     }
     assert rt.image == "img:1"  # type: ignore[attr-defined]
     assert await rt.host_url("http://127.0.0.1:8000/v1?a=1") == "https://x.example/p/v1?a=1"
