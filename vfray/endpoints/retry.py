@@ -63,12 +63,14 @@ class EndpointCircuit:
     budgets) until one succeeds.
 
     Each outcome names its ``source`` (the task: its rollouts send the same request). When the
-    last K failures in a row all come from one source, that source is judged *poisoned*, not the
-    endpoint down: the circuit does not open (or closes again, if those failures are what kept
-    it open), the source's failures stop counting, and :meth:`poisoned` tells the driver to stop
-    retrying its rollouts. An outage is failures across distinct sources. (An outage met while
-    one task's rollouts are the only ones in flight looks the same as a poisoned request; a
-    success of the source clears the judgement.)
+    last K failures in a row, while the circuit is closed, all come from one source, that source
+    is judged *poisoned*, not the endpoint down: the circuit does not open, the source's failures
+    stop counting, and :meth:`poisoned` tells the driver to stop retrying its rollouts. An outage
+    is failures across distinct sources. Once the circuit is open, failures judge nothing: its
+    one probe at a time is often the same task's, and in an outage that task's probes fail as
+    surely as a poisoned one's (a test run of a real outage lost 2 of 60 rollouts that way).
+    (An outage met while one task's rollouts are the only ones in flight still looks the same as
+    a poisoned request; a success of the source clears the judgement.)
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
@@ -131,6 +133,11 @@ class EndpointCircuit:
         if (
             k
             and source is not None
+            # Judged only while the endpoint is taken to be up: during an outage the circuit
+            # lets one probe through at a time, often the same task's, and its failures say
+            # the endpoint is still down, not that the task is poisoned.
+            and not probe
+            and self.down_since is None
             and len(self._streak) >= k
             and all(s == source for s in self._streak[-k:])
         ):
