@@ -131,9 +131,14 @@ class ChatLoopHarness(Harness):
             "--retries",
             str(c.retries),
             *([f"--disable={','.join(c.disabled_tools)}"] if c.disabled_tools else []),
+            *self.program_flags(),
             *servers,
             *c.extra_args,
         ]
+
+    def program_flags(self) -> list[str]:
+        """Flags a variant of the loop adds to its command line (``compact``, ``rlm``)."""
+        return []
 
     def env(self, ctx: LaunchContext) -> dict[str, str]:
         """The program's environment, without the rollout secret (see :meth:`launch`)."""

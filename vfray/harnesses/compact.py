@@ -13,7 +13,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from vfray.harnesses.bash import BashHarness
-from vfray.harnesses.chat import TRANSCRIPT_PATH, ChatLoopConfig
+from vfray.harnesses.chat import ChatLoopConfig
 
 
 class CompactConfig(ChatLoopConfig):
@@ -31,12 +31,5 @@ class CompactHarness(BashHarness):
     config_type = CompactConfig
     config: CompactConfig
 
-    def argv(
-        self,
-        prompt_path: str,
-        python: str = "python3",
-        mcp: dict[str, str] | None = None,
-        transcript: str = TRANSCRIPT_PATH,
-    ) -> list[str]:
-        base = super().argv(prompt_path, python, mcp, transcript)
-        return [*base, "--compact-at", str(self.config.compact_at)]
+    def program_flags(self) -> list[str]:
+        return ["--compact-at", str(self.config.compact_at)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from vfray.harnesses.bash import BashHarness
-from vfray.harnesses.chat import TRANSCRIPT_PATH, ChatLoopConfig
+from vfray.harnesses.chat import ChatLoopConfig
 
 
 class RlmConfig(ChatLoopConfig):
@@ -31,12 +31,5 @@ class RlmHarness(BashHarness):
     config_type = RlmConfig
     config: RlmConfig
 
-    def argv(
-        self,
-        prompt_path: str,
-        python: str = "python3",
-        mcp: dict[str, str] | None = None,
-        transcript: str = TRANSCRIPT_PATH,
-    ) -> list[str]:
-        base = super().argv(prompt_path, python, mcp, transcript)
-        return [*base, "--rlm-depth", str(self.config.max_depth)]
+    def program_flags(self) -> list[str]:
+        return ["--rlm-depth", str(self.config.max_depth)]
