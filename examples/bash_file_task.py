@@ -2,7 +2,8 @@
 the file inside the box (a hook that takes ``runtime``), so it checks what the agent really did.
 
 Run: ``vfray eval examples/bash_file_task.py:BashFileTaskset -n 3 --harness bash
---runtime bwrap -m scripted:bash``.
+--runtime bwrap -m scripted:bash``; with a real agent program, ``--harness mini-swe-agent`` (or any
+agent of docs/agents) and ``-m scripted:agent``: every built-in agent scores 1.0 on it.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class BashFileTask(vf.Task[FileData]):
 
 def make_task(path: str, content: str) -> BashFileTask:
     folder = path.rpartition("/")[0]
-    # The command comes first in backticks: a real model reads the whole sentence, the scripted
-    # ``bash`` policy runs the first backticked text.
+    # One prompt for every agent: a real model reads the sentence; the scripted model's ``bash``
+    # policy (the chat loops) and its ``agent`` policy (the real agent programs) both run the
+    # command after ``run:``, to the end of its line.
     command = f"mkdir -p {folder} && " if folder else ""
     command += f"echo '{content}' > {path}"
-    prompt = f"Run `{command}` to create the file {path} containing the line {content!r}."
+    prompt = f"Create the file {path} containing the line {content!r}.\nrun: {command}"
     return BashFileTask(FileData(prompt=prompt, path=path, content=content), key=path)
 
 
