@@ -1,0 +1,99 @@
+"""The ``pi`` harness: Pi (npm) installed into the node's tool dir, one scored rollout against the
+scripted ``agent`` model through the interception in bwrap and in docker, and a refused call
+that ends the program. Skipped with the reason when npm (or the engine) is unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_tools import need_registry
+from docker_engine import runtime_options
+from test_agents import _check_solved, _rollout, _timed_install
+
+import vfray as vf
+from vfray.errors import ConfigError
+from vfray.harnesses import available_harnesses, make_harness
+from vfray.harnesses.pi import PiConfig, PiHarness, models_json
+from vfray.interception import Limits
+from vfray.rollout import Timeouts
+
+
+def test_pi_is_registered_with_a_typed_config() -> None:
+    assert "pi" in available_harnesses()
+    pi = make_harness("pi", {"disabled_tools": ["edit"]})
+    assert isinstance(pi.config, PiConfig) and pi.config.disabled_tools == ("edit",)
+    assert pi.EXECUTES_CODE and not pi.NEEDS_CONTAINER
+    old = make_harness("pi", {"package": "@mariozechner/pi-coding-agent", "version": "0.73.1"})
+    assert isinstance(old, PiHarness)
+    assert old.tool_spec().requirement == "@mariozechner/pi-coding-agent@0.73.1"
+    with pytest.raises(ConfigError, match="pi"):
+        make_harness("pi", {"no_such_option": 1})
+
+
+def test_pi_models_json_names_the_interception_as_its_only_provider() -> None:
+    config = json.loads(models_json("scripted:agent", "http://127.0.0.1:9/v1"))
+    assert config == {
+        "providers": {
+            "vfray": {
+                "baseUrl": "http://127.0.0.1:9/v1",
+                "api": "openai-completions",
+                "apiKey": "$VFRAY_API_KEY",
+                "models": [{"id": "scripted:agent", "reasoning": False, "input": ["text"]}],
+            }
+        }
+    }
+
+
+def _check_events(trace: vf.Trace) -> None:
+    (artifact,) = trace.artifacts
+    events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
+    assert events[0]["type"] == "session"
+    commands = [
+        part["arguments"]["command"]
+        for e in events
+        if e["type"] == "message_end" and e["message"]["role"] == "assistant"
+        for part in e["message"]["content"]
+        if part["type"] == "toolCall"
+    ]
+    assert commands == ["printf '%s\\n' 'hello agent' > out.txt", "cat out.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_pi_rollout_in_bwrap() -> None:
+    need_registry("npm")
+    _timed_install("pi")
+    trace = await _rollout("pi", runtime="bwrap")
+    # write, cat, final answer: three chat-completions calls.
+    _check_solved(trace, calls=3)
+    _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_pi_rollout_in_docker(docker_url: str) -> None:
+    need_registry("npm")
+    _timed_install("pi")
+    trace = await _rollout("pi", runtime="docker", runtime_options=runtime_options(docker_url))
+    _check_solved(trace, calls=3)
+    _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_refused_call_ends_pi() -> None:
+    """After the interception refuses a call (max_turns=1) Pi is ended, not left retrying: the
+    rollout ends by its limit, before the agent budget."""
+    need_registry("npm")
+    _timed_install("pi")
+    trace = await _rollout(
+        "pi", runtime="bwrap", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
+    )
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"pi: the agent phase ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, generous for a loaded machine

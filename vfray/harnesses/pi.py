@@ -1,0 +1,118 @@
+"""The ``pi`` harness: Pi, the coding agent (npm ``@earendil-works/pi-coding-agent``, named
+``@mariozechner/pi-coding-agent`` before 0.74, with a Node.js 22 from npm in the same tool dir)
+run as ``pi -p --mode json`` in the chat-completions dialect against the interception, through a
+provider entry in its own ``models.json``; its JSON event stream is kept on the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from vfray.harnesses.base import HarnessConfig, LaunchContext
+from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.provisioned import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
+
+PI_DIR = f"{AGENT_DIR}/pi-agent"
+EVENTS_PATH = f"{AGENT_DIR}/pi-events.jsonl"
+KEY_VAR = "VFRAY_API_KEY"
+PROVIDER = "vfray"
+
+OPT_OUTS = {
+    "PI_OFFLINE": "1",
+    "PI_SKIP_VERSION_CHECK": "1",
+    "PI_TELEMETRY": "0",
+}
+"""With these Pi makes no network call of its own (catalog refresh, version check, telemetry):
+only the model calls, to the interception."""
+
+
+class PiConfig(AgentHarnessConfig):
+    """Options of the pi harness."""
+
+    version: str = "1.6.0"
+    package: str = "@earendil-works/pi-coding-agent"
+    """The npm package: ``@mariozechner/pi-coding-agent`` for versions before 0.74."""
+    node_version: str = "22"
+    """The npm ``node`` package installed beside it (Pi 1.x needs Node >= 22.19)."""
+    disabled_tools: tuple[str, ...] = ()
+    """Tools Pi must not offer (``bash``, ``edit``…): passed as ``--exclude-tools``."""
+
+
+def models_json(model: str, base_url: str) -> str:
+    """Pi's ``models.json``: one provider, the interception, serving ``model`` in the
+    chat-completions dialect, its key read from the environment at request time."""
+    provider = {
+        "baseUrl": base_url,
+        "api": "openai-completions",
+        "apiKey": f"${KEY_VAR}",
+        "models": [{"id": model, "reasoning": False, "input": ["text"]}],
+    }
+    return json.dumps({"providers": {PROVIDER: provider}}, indent=2)
+
+
+class PiHarness(ProvisionedHarness):
+    """Pi in print mode with its JSON event stream, no session file, project files ignored."""
+
+    id = "pi"
+    config_type: ClassVar[type[HarnessConfig]] = PiConfig
+    config: PiConfig
+    ARTIFACTS = (EVENTS_PATH,)
+    APPENDS_SYSTEM_PROMPT = False
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="pi",
+            kind="npm",
+            package=self.config.package,
+            version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
+        )
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        tool = await self.box_tool(runtime)
+        await runtime.write(
+            f"{PI_DIR}/models.json", models_json(ctx.model, openai_base_url(ctx.endpoint)).encode()
+        )
+        c = self.config
+        argv = [
+            tool.executable("pi"),
+            "--print",
+            "--mode",
+            "json",
+            "--no-session",
+            "--offline",
+            # Project-local settings, extensions and MCP servers are the task's files, not ours.
+            "--no-approve",
+            "--provider",
+            PROVIDER,
+            "--model",
+            ctx.model,
+            *(["--exclude-tools", ",".join(c.disabled_tools)] if c.disabled_tools else []),
+            *c.extra_args,
+            "--",
+            prompt_text(self.resolve_prompt(ctx.data)),
+        ]
+        env = {
+            # The tool dir's bin holds its own node, which pi's #!/usr/bin/env node finds.
+            "PATH": tool.path_env(),
+            "PI_CODING_AGENT_DIR": PI_DIR,
+            KEY_VAR: ctx.secret,
+            **OPT_OUTS,
+            **c.env,
+        }
+        return await self.run_logged(
+            runtime,
+            argv,
+            env,
+            stdout_path=EVENTS_PATH,
+            timeout=ctx.timeout,
+            box_paths=("PI_CODING_AGENT_DIR",),
+        )
