@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
 SOLVABLE = {
     "edit-file", "python-bug", "vfray/multi-metric", "compose-sidecar", "vfray/multi-step",
     "network-setup-only", "prebuilt-image", "vfray/canary-instruction", "verifier-env",
-    "tests-hidden",
+    "tests-hidden", "verifier-user",
 }  # fmt: skip
 UNSOLVABLE = {"broken-dockerfile", "verifier-timeout"}
 

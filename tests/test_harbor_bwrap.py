@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
-SOLVABLE = ("edit-file", "python-bug")
+SOLVABLE = ("edit-file", "python-bug", "verifier-user")
 
 
 def _tasks(*names: str) -> list[HarborTask]:

@@ -32,7 +32,7 @@ SEED_PORT = 18734
 SOLVABLE = {
     "edit-file", "python-bug", "vfray/multi-metric", "compose-sidecar", "vfray/multi-step",
     "network-setup-only", "prebuilt-image", "vfray/canary-instruction", "verifier-env",
-    "tests-hidden",
+    "tests-hidden", "verifier-user",
 }  # fmt: skip
 
 

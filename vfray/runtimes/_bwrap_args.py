@@ -72,6 +72,43 @@ def namespaces(host_root: bool = True, uid: int = BOX_UID, gid: int = BOX_UID) -
     return args
 
 
+def _entries(text: str) -> list[list[str]]:
+    return [line.split(":") for line in text.splitlines() if line.count(":") >= 2]
+
+
+def user_ids(user: str, passwd: str, group: str) -> tuple[int, int] | None:
+    """The uid and gid of ``user`` (``name``, ``uid``, either with ``:group``) by the box's
+    ``/etc/passwd`` and ``/etc/group`` texts, as ``docker exec --user`` resolves them (a uid
+    not in ``passwd`` has gid 0); None when a name is in neither."""
+    name, _, group_name = user.partition(":")
+    users = {e[0]: e for e in _entries(passwd)}
+    by_uid = {e[2]: e for e in reversed(_entries(passwd))}
+    if name.isdigit():
+        uid, entry = int(name), by_uid.get(name)
+    else:
+        entry = users.get(name)
+        if entry is None or not entry[2].isdigit():
+            return None
+        uid = int(entry[2])
+    gid = int(entry[3]) if entry is not None and len(entry) > 3 and entry[3].isdigit() else 0
+    if group_name:
+        if group_name.isdigit():
+            return uid, int(group_name)
+        found = [e for e in _entries(group) if e[0] == group_name and e[2].isdigit()]
+        if not found:
+            return None
+        gid = int(found[0][2])
+    return uid, gid
+
+
+def with_ids(args: Sequence[str], uid: int, gid: int) -> list[str]:
+    """A box's bwrap ``args`` with its ``--uid``/``--gid`` values replaced."""
+    out = list(args)
+    for flag, value in (("--uid", uid), ("--gid", gid)):
+        out[out.index(flag) + 1] = str(value)
+    return out
+
+
 def box_etc() -> list[str]:
     """The entries of :data:`ETC_ENTRIES` this host has."""
     return [name for name in ETC_ENTRIES if os.path.lexists(f"/etc/{name}")]

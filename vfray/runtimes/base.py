@@ -143,8 +143,14 @@ class Runtime(abc.ABC):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
-        """Run a command to completion inside the box."""
+        """Run a command to completion inside the box.
+
+        ``user``: run it as this user of the box (``name``, ``uid`` or either with
+        ``:group``), resolved by the box's own ``/etc/passwd``; None runs it as the box's
+        user. A runtime that cannot switch users raises :class:`vfray.errors.SandboxError`
+        in one line for any user but its own."""
 
     def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         """``argv`` (a node program, e.g. an agent from the tool dir) as a command line the

@@ -50,6 +50,8 @@ from vfray.runtimes._bwrap_args import (
     host_paths,
     image_mounts,
     namespaces,
+    user_ids,
+    with_ids,
 )
 from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
@@ -321,10 +323,13 @@ class BwrapRuntime(SubprocessRuntime):
         env: Mapping[str, str] | None,
         cwd: str | None = None,
         serve: str | None = None,
+        user: str | None = None,
     ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         workdir = self._require_workdir()
         assert self.bridges is not None
         prefix = list(self._prefix)
+        if user is not None:
+            prefix = with_ids(prefix, *self._user_ids(user))
         if not self._isolated():
             prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
         if cwd:
@@ -368,6 +373,25 @@ class BwrapRuntime(SubprocessRuntime):
             str(workdir),
             self._preexec(),
         )
+
+    def _user_ids(self, user: str) -> tuple[int, int]:
+        """``user``'s ids by the box root's ``/etc/passwd`` and ``/etc/group``. The user
+        namespace maps just that uid to the node's user: the box's files are its own."""
+        assert self.base is not None
+        if self.layer is not None:
+            files = [in_root(str(self.layer.root), f"/etc/{n}") for n in ("passwd", "group")]
+        else:
+            files = [str(self.base / "etc" / n) for n in ("passwd", "group")]
+        texts = []
+        for path in files:
+            try:
+                texts.append(Path(path).read_text(errors="replace"))
+            except OSError:
+                texts.append("")
+        ids = user_ids(user, *texts)
+        if ids is None:
+            raise SandboxError(f"bwrap box: no user {user!r} in the box's /etc/passwd (or group)")
+        return ids
 
     def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         if self.node is None:

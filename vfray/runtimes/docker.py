@@ -287,6 +287,7 @@ class DockerRuntime(ContainerBox):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
         container = self._require()
         command = list(argv)
@@ -310,6 +311,8 @@ class DockerRuntime(ContainerBox):
                     EXEC_ENV: token,
                 },
                 workdir=self.box_workdir,
+                # The engine resolves it by the container's /etc/passwd ("": the box's user).
+                user=user or "",
             )
         )["Id"]
         job = asyncio.ensure_future(waiting(api.exec_start, exec_id, demux=True))

@@ -257,8 +257,12 @@ class ModalRuntime(Runtime):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
         sandbox = self._require()
+        if user is not None:
+            # Modal's Sandbox.exec (SDK 1.x) has no user to run as.
+            raise SandboxError(f"the modal runtime cannot run a program as user {user!r}")
         started = time.monotonic()
         # Modal's exec timeout is whole seconds; it kills the process when it expires.
         exec_timeout = max(1, int(timeout + 0.999)) if timeout is not None else None

@@ -266,13 +266,22 @@ class PodmanRuntime(DockerRuntime):
         )
 
     def _exec_args(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, token: str, *, stdin: bool
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        token: str,
+        *,
+        stdin: bool,
+        user: str | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         """``podman exec`` arguments and the client's environment: box variables by name only,
         their values in the client's environment (podman's own names, as ``NAME=VALUE``)."""
         assert self.container_id is not None
         client = self.podman_env()
         args = ["exec", *(["-i"] if stdin else []), "--workdir", cwd]
+        if user is not None:
+            args += ["--user", user]
         merged = {MARKER_ENV: self.box_id, "HOME": self.box_workdir, **self._network_env(),
                   **env, EXEC_ENV: token}  # fmt: skip
         for name, value in merged.items():
@@ -292,11 +301,14 @@ class PodmanRuntime(DockerRuntime):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
         self._require()
         token = uuid.uuid4().hex
         cwd = self.box_workdir if self._workdir_made else "/"
-        args, client_env = self._exec_args(argv, env or {}, cwd, token, stdin=stdin is not None)
+        args, client_env = self._exec_args(
+            argv, env or {}, cwd, token, stdin=stdin is not None, user=user
+        )
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             *self.command(),

@@ -11,7 +11,9 @@ throttle (:mod:`vfray.runtimes.launches`), and the box's processes die with thei
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 import signal
 import sys
@@ -38,6 +40,21 @@ from vfray.runtimes.processes import (
     start_live,
 )
 from vfray.runtimes.strays import stray_sweeper
+
+
+def is_node_user(user: str) -> bool:
+    """Whether ``user`` (``name``, ``uid``, either with ``:group``) is this process's own."""
+    name, _, group = user.partition(":")
+    me = pwd.getpwuid(os.getuid())
+    if name not in (me.pw_name, str(me.pw_uid)):
+        return False
+    if not group:
+        return True
+    try:
+        own_group = grp.getgrgid(os.getgid()).gr_name
+    except KeyError:
+        own_group = str(os.getgid())
+    return group in (own_group, str(os.getgid()))
 
 
 class SubprocessRuntime(Runtime):
@@ -108,8 +125,9 @@ class SubprocessRuntime(Runtime):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
-        return await self._run(argv, env, timeout=timeout, stdin=stdin)
+        return await self._run(argv, env, timeout=timeout, stdin=stdin, user=user)
 
     async def run_program(
         self,
@@ -128,9 +146,16 @@ class SubprocessRuntime(Runtime):
         env: Mapping[str, str] | None,
         cwd: str | None = None,
         serve: str | None = None,
+        user: str | None = None,
     ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         """How the host starts ``argv`` in this box: full argv, environment, host cwd, and
-        the child's pre-exec hook (limits). ``serve``: see :meth:`_serve_socket`."""
+        the child's pre-exec hook (limits). ``serve``: see :meth:`_serve_socket`. ``user``:
+        the node's own user only (this runtime cannot switch users)."""
+        if user is not None and not is_node_user(user):
+            raise SandboxError(
+                f"the {self.type} runtime runs programs as the node's user and cannot run one "
+                f"as {user!r}; use bwrap, docker or podman"
+            )
         workdir = self._require_workdir()
         return (
             list(argv),
@@ -153,8 +178,9 @@ class SubprocessRuntime(Runtime):
         timeout: float | None,
         stdin: bytes | None = None,
         launch: Launch | None = None,
+        user: str | None = None,
     ) -> ProgramResult:
-        command, penv, cwd, preexec = self._command(argv, env)
+        command, penv, cwd, preexec = self._command(argv, env, user=user)
         started: list[int] = []
 
         def on_start(pgid: int) -> None:

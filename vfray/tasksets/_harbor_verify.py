@@ -94,18 +94,26 @@ async def verify(
     label: str = "verifier",
 ) -> dict[str, float]:
     """Upload ``tests`` (later folders override earlier ones' files) to ``/tests`` and run
-    ``/tests/test.sh``; its rewards. A verifier past ``timeout`` is a
-    :class:`PhaseTimeoutError`; missing or unreadable rewards a :class:`TaskError`."""
-    await shell(runtime, f"rm -rf {TESTS} {VERIFIER_LOGS} && mkdir -p {TESTS} {VERIFIER_LOGS}")
+    ``/tests/test.sh`` as ``user`` (None: the box's user); its rewards. A verifier past
+    ``timeout`` is a :class:`PhaseTimeoutError`; missing or unreadable rewards a
+    :class:`TaskError`; a runtime that cannot run it as ``user`` a :class:`SandboxError`."""
+    # /logs/verifier open to any user, as Harbor's empty_dirs(chmod=True) leaves it: the
+    # verifier's user is often not the box's.
+    await shell(
+        runtime,
+        f"rm -rf {TESTS} {VERIFIER_LOGS} && mkdir -p {TESTS} {VERIFIER_LOGS} "
+        f"&& chmod 777 {VERIFIER_LOGS}",
+    )
     for folder in tests:
         if folder.is_dir():
             await upload_dir(runtime, folder, TESTS)
     argv = ["bash", f"{TESTS}/test.sh"]
-    if user not in (None, "root", "0"):
-        # The box runs with no capabilities, so only the engine could switch users: say so.
-        trace.notes.append(f"{label}: verifier user {user!r} not honoured; ran as the box's user")
-    done = await runtime.run(argv, dict(env), timeout=timeout)
-    log = f"$ {shlex.join(argv)} (exit {done.exit_code})\n{done.stdout}\n{done.stderr}"
+    try:
+        done = await runtime.run(argv, dict(env), timeout=timeout, user=user)
+    except SandboxError as exc:
+        raise SandboxError(f"{label}: {exc}") from exc
+    as_user = f" as {user}" if user is not None else ""
+    log = f"$ {shlex.join(argv)}{as_user} (exit {done.exit_code})\n{done.stdout}\n{done.stderr}"
     trace.artifacts.append(AgentArtifact.of_bytes(f"{label}/test.sh.log", log.encode()))
     if done.timed_out:
         raise PhaseTimeoutError(f"{label}: tests/test.sh exceeded its timeout of {timeout:g}s")
