@@ -41,6 +41,8 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -64,6 +66,11 @@ EGRESS_PORT = 3128
 interception listener never lands)."""
 APT_CONF = "apt.conf"
 """The apt configuration the box's ``APT_CONFIG`` names, in its bridge dir."""
+APT_LISTS = "/var/lib/apt/vfray-lists/"
+APT_ARCHIVES = "/var/cache/apt/vfray-archives/"
+"""Where apt in a box keeps its package lists and downloads (root's, not ``_apt``'s)."""
+NODE_CA = "node-extra-ca.pem"
+"""The node's ``NODE_EXTRA_CA_CERTS`` roots, copied into a box's bridge dir."""
 HEAD_TIMEOUT = 30.0
 """Seconds for a client to send its request head."""
 CONNECT_TIMEOUT = 30.0
@@ -157,6 +164,8 @@ class EgressGate(UnixBridge):
         self.box_dir = bridges.box_dir
         self.policy = network.setup or EgressPolicy("setup", ())
         self.refused: list[str] = []
+        self.node_ca = False
+        """Whether the box has the node's extra Node.js roots (:data:`NODE_CA`)."""
         """Why requests were refused (the last 100), for the box's owner to report."""
 
     @property
@@ -179,6 +188,7 @@ class EgressGate(UnixBridge):
             "npm_config_proxy": url,
             "npm_config_https_proxy": url,
             "APT_CONFIG": f"{self.box_dir}/{APT_CONF}",
+            **({"NODE_EXTRA_CA_CERTS": f"{self.box_dir}/{NODE_CA}"} if self.node_ca else {}),
         }
 
     async def enter_agent_phase(self) -> None:
@@ -316,7 +326,20 @@ async def open_gate(network: BoxNetwork, bridges: BridgeSet, where: str) -> Egre
         f'Acquire::http::Proxy "{gate.url}";\nAcquire::https::Proxy "{gate.url}";\n'
         # A container's root has no CAP_SETUID: apt cannot drop to its _apt user.
         'APT::Sandbox::User "root";\n'
+        # Nor CAP_DAC_OVERRIDE: the image's lists/partial and archives/partial are _apt's 0700
+        # dirs, which it cannot enter ("Problem unlinking ... Permission denied", then no
+        # Release file). Dirs of root's own instead (apt makes them under its state and cache
+        # dirs); an image's kept lists are not read, so setup runs `apt-get update` first.
+        f'Dir::State::Lists "{APT_LISTS}";\nDir::Cache::Archives "{APT_ARCHIVES}";\n'
     )
+    extra = os.environ.get("NODE_EXTRA_CA_CERTS")
+    if extra and os.path.isfile(extra):
+        # A node behind a TLS-inspecting proxy trusts its CA this way; a box going out through
+        # the gate meets the same proxy (npm failed SELF_SIGNED_CERT_IN_CHAIN here without it).
+        # Node's variable adds roots; the image's own trust store is left alone. A copy, never
+        # a link: the box may write in its bridge dir.
+        shutil.copyfile(extra, bridges.directory / NODE_CA)
+        gate.node_ca = True
     await bridges.attach(EGRESS_PORT, gate)
     proxy.gates.add(gate)
     return gate
