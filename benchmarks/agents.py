@@ -36,7 +36,7 @@ import vfray as vf
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import TOOLS_DIR_ENV
 
-HARNESSES = ("mini-swe-agent", "codex", "claude-code", "pi")
+HARNESSES = ("mini-swe-agent", "codex", "claude-code", "pi", "terminus-2")
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
     # Compaction after every tool step: three contexts (branches) and five calls a rollout.

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from vfray.models.scripted import agent, side_policies
+from vfray.models.scripted import agent, side_policies, terminus
 from vfray.models.scripted.conversation import (
     NAMESPACE_SEP,
     Conversation,
@@ -157,6 +157,8 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
             return Decision(text=command)
         return Decision(tool_call=("bash", {"command": command}))
     if policy == "agent":
+        if terminus.is_terminus(conv):
+            return terminus.decide(conv)
         return agent.decide_agent(conv)
     if policy in ("user", "judge"):
         return side_policies.decide(policy, conv)
