@@ -13,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from docker_engine import runtime_options
 
 import vfray as vf
 from vfray import harnesses
@@ -100,8 +99,11 @@ async def test_a_terminus_rollout_scores_in_bwrap() -> None:
 
 @pytest.mark.slow
 @pytest.mark.docker
-async def test_a_terminus_rollout_scores_in_docker(docker_url: str) -> None:
-    trace = await _rollout("docker", runtime_options=runtime_options(docker_url))
+async def test_a_terminus_rollout_scores_in_docker(docker_url: str, debian_in_docker: str) -> None:
+    """On the Debian minbase image (python3 and git, no tmux, no libevent, nothing of the
+    host's mounted): tmux runs from the node's tool dir, with its own libraries."""
+    options = {"base_url": docker_url, "default_image": debian_in_docker}
+    trace = await _rollout("docker", runtime_options=options)
     _check_solved(trace)
 
 
