@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from vfray.models.scripted import agent, side_policies, terminus
+from vfray.models.scripted import agent, browser, side_policies, terminus
 from vfray.models.scripted.conversation import (
     NAMESPACE_SEP,
     Conversation,
@@ -159,6 +159,8 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
     if policy == "agent":
         if terminus.is_terminus(conv):
             return terminus.decide(conv)
+        if browser.is_browser_use(conv):
+            return browser.decide_browser(conv)
         return agent.decide_agent(conv)
     if policy in ("user", "judge"):
         return side_policies.decide(policy, conv)
