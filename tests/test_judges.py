@@ -101,7 +101,9 @@ async def test_a_judge_whose_answer_does_not_parse_leaves_none_and_a_judge_error
     assert record.error.startswith("JudgeError: judge 'correct' got no usable answer in 3 attempts")
     assert "neither 'CORRECT' nor 'WRONG'" in record.error
     assert trace.rewards["replied"].value == 1.0  # the other rewards stand
-    assert trace.ok and trace.stop_condition is vf.StopCondition.COMPLETED
+    # The rollout ran to the end but its reward is incomplete: an error, not a silent None.
+    assert trace.stop_condition is vf.StopCondition.COMPLETED
+    assert [(e.type, e.phase) for e in trace.errors] == [("JudgeError", "scoring")]
     assert any("reward 'correct'" in note and "JudgeError" in note for note in trace.notes)
     # Every attempt was billed and is on the trace, with why it was not used.
     assert [c.reply for c in trace.side_calls] == ["yes", "yes", "yes"]

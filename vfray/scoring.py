@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 
 from vfray._hook_calls import run_levels
 from vfray._plugins import load_object
-from vfray.errors import ConfigError, PhaseTimeoutError
+from vfray.errors import ConfigError, PhaseTimeoutError, RolloutError, TaskError
 from vfray.task import Task
 from vfray.trace import RewardRecord, StopCondition, Trace
 
@@ -332,6 +332,17 @@ def store_score(
         trace.notes.append(f"{hook.spec.kind.value} {key!r} ({hook.name}) has no value: {error}")
 
 
+def _record_raise(trace: Trace, hook: ScoringHook, exc: BaseException) -> None:
+    """A hook that raised is an error on the trace (phase ``scoring``), not only a note: a rollout
+    whose reward is None because its code broke must not count as ok. A value that is merely
+    unscorable (a string, NaN) stays a note and the key's error: the hook did run."""
+    if isinstance(exc, RolloutError):  # a JudgeError keeps its own type
+        trace.add_error(exc, "scoring")
+    else:
+        message = f"{hook.spec.kind.value} {hook.name} raised: {_describe(exc)}"
+        trace.add_error(TaskError(message), "scoring")
+
+
 def _skip(trace: Trace, hook: ScoringHook) -> None:
     # Offline re-scoring keeps a value recorded while the runtime was alive rather than erase it.
     reason = "skipped: needs a runtime and scoring ran without one"
@@ -369,6 +380,8 @@ async def score_rollout(
         for hook, result in level:
             if isinstance(result, PhaseTimeoutError):
                 late.append(hook.name)
+            elif isinstance(result, BaseException):
+                _record_raise(trace, hook, result)
             for key, raw in spread_keys(hook, result).items():
                 store_score(trace, hook, key, *to_score(raw))
     if late:
