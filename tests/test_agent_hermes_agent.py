@@ -1,0 +1,90 @@
+"""The ``hermes-agent`` harness: Hermes Agent from PyPI in the node's tool dir, driven by the
+scripted ``agent`` model through the interception, in a bwrap box and in a docker container;
+a refused call ends it. Skipped with the reason when PyPI (or the box) is not there."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from agent_tools import need_registry
+from docker_engine import runtime_options
+from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
+
+import vfray as vf
+from vfray.harnesses import make_harness
+from vfray.harnesses.hermes_agent import (
+    HermesAgentConfig,
+    HermesAgentHarness,
+    config_yaml,
+    update_check,
+)
+from vfray.interception import Limits
+from vfray.rollout import Timeouts
+
+HARNESS = "hermes-agent"
+
+
+def test_the_config_names_the_interception_and_leaves_nothing_to_look_up() -> None:
+    harness = make_harness(HARNESS, {"toolsets": ["terminal"], "context_length": 4096})
+    assert isinstance(harness, HermesAgentHarness) and harness.EXECUTES_CODE
+    assert isinstance(harness.config, HermesAgentConfig)
+    config = json.loads(config_yaml("m", "http://127.0.0.1:9/v1", "sk-x", harness.config))
+    assert config["model"] == {
+        "provider": "custom",
+        "base_url": "http://127.0.0.1:9/v1",
+        "api_key": "sk-x",
+        "default": "m",
+        "context_length": 4096,
+    }
+    cached = json.loads(update_check("0.19.0"))
+    assert cached["ver"] == "0.19.0" and cached["behind"] == 0
+    assert abs(cached["ts"] - time.time()) < 60
+    argv = harness.argv("hermes", "do it", "m")
+    assert argv[argv.index("-t") + 1] == "terminal" and "--yolo" in argv
+
+
+async def _rollout(runtime: str, **options: object) -> vf.Trace:
+    need_registry("pypi")
+    _timed_install(HARNESS)
+    data = vf.TaskData(prompt=PROMPT, workdir="/box" if runtime == "bwrap" else None)
+    return await vf.run_rollout(
+        WriteFile(data), model="scripted:agent", harness=HARNESS, runtime=runtime, **options
+    )
+
+
+def _check_hermes_solved(trace: vf.Trace) -> None:
+    # write, cat, final answer: three model calls, each offering Hermes's terminal tool.
+    _check_solved(trace, calls=3)
+    assert all("terminal" in [t["function"]["name"] for t in c.tools or []] for c in trace.calls)
+    (artifact,) = trace.artifacts
+    assert artifact.name == "hermes-output.txt" and "hello agent" in artifact.content
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_hermes_agent_rollout_in_bwrap() -> None:
+    """The tool dir is bound read-only; the box has no network but the interception's bridge,
+    so a start that reached out (pypi.org, openrouter.ai, github.com) would stall or fail."""
+    _check_hermes_solved(await _rollout("bwrap"))
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_hermes_agent_rollout_in_docker(docker_url: str) -> None:
+    _check_hermes_solved(await _rollout("docker", runtime_options=runtime_options(docker_url)))
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_refused_call_ends_hermes_agent() -> None:
+    """After the interception refuses the second call (max_turns=1) Hermes is ended within the
+    stop grace, not left retrying for the agent budget."""
+    trace = await _rollout("bwrap", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90))
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"{HARNESS}: ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, not a performance bound
