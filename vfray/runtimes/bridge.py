@@ -20,9 +20,11 @@ from urllib.parse import urlsplit
 from vfray.errors import SandboxError
 
 BOX_FORWARDER = r"""
-import os, signal, socket, subprocess, sys, threading
+# Only what the interpreter has loaded anyway and C modules: every run of a box with a bridge
+# starts here, and socket/subprocess/threading took ~25 ms of each to import in a box.
+import os, sys, _signal, _socket, _thread
 # A stop's SIGTERM reaches the program itself; the forwarder must outlive its cleanup.
-signal.signal(signal.SIGTERM, lambda *_: None)
+_signal.signal(_signal.SIGTERM, lambda *_: None)
 def pipe(a, b):
     try:
         while True:
@@ -35,20 +37,22 @@ def pipe(a, b):
     finally:
         for s in (a, b):
             try:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(_socket.SHUT_RDWR)
             except OSError:
                 pass
+def accept(listener):
+    return _socket.socket(fileno=listener._accept()[0])
 def serve(listener, path):
     while True:
-        conn, _ = listener.accept()
-        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = accept(listener)
+        up = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             up.connect(path)
         except OSError:
             conn.close()
             continue
-        threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
-        threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
+        _thread.start_new_thread(pipe, (conn, up))
+        _thread.start_new_thread(pipe, (up, conn))
 def connect_in(conn):
     head = b""
     try:
@@ -57,7 +61,10 @@ def connect_in(conn):
             if not data:
                 break
             head += data
-        up = socket.create_connection(("127.0.0.1", int(head)), 5)
+        up = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        up.settimeout(5)
+        up.connect(("127.0.0.1", int(head)))
+        up.settimeout(None)
     except (OSError, ValueError):
         try:
             conn.sendall(b"-")
@@ -66,45 +73,47 @@ def connect_in(conn):
         conn.close()
         return
     conn.sendall(b"+")
-    threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
+    _thread.start_new_thread(pipe, (conn, up))
     pipe(up, conn)
 def expose(listener):
     while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=connect_in, args=(conn,), daemon=True).start()
+        _thread.start_new_thread(connect_in, (accept(listener),))
 sep = sys.argv.index("--")
 for spec in sys.argv[1:sep]:
     if spec.startswith("@"):
         # Listening before it appears under its name: a host that sees it can connect.
-        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         ls.bind(spec[1:] + ".new")
         os.chmod(spec[1:] + ".new", 0o777)
         ls.listen(256)
         os.rename(spec[1:] + ".new", spec[1:])
-        threading.Thread(target=expose, args=(ls,), daemon=True).start()
+        _thread.start_new_thread(expose, (ls,))
         continue
     port, path = spec.split("=", 1)
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    ls.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", int(port)))
     ls.listen(256)
-    threading.Thread(target=serve, args=(ls, path), daemon=True).start()
+    _thread.start_new_thread(serve, (ls, path))
 cmd = sys.argv[sep + 1:]
 if not cmd:
-    threading.Event().wait()
+    forever = _thread.allocate_lock()
+    forever.acquire()
+    forever.acquire()
 ready = os.environ.get("VFRAY_READY_FD", "")  # the launch throttle's fd: the program's
-ready_fds = (int(ready),) if ready.isdigit() else ()
 try:
-    proc = subprocess.Popen(cmd, pass_fds=ready_fds)
+    # posix_spawn (vfork), the signals Python ignores back to their defaults as Popen does.
+    pid = os.posix_spawnp(cmd[0], cmd, os.environ,
+                          setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
 except OSError as exc:
     print(f"vfray: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
     sys.exit(127)
-for fd in ready_fds:
+if ready.isdigit():
     try:
-        os.close(fd)
+        os.close(int(ready))
     except OSError:
         pass
-rc = proc.wait()
+rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
 """Run as ``python -c BOX_FORWARDER PORT=SOCKET... [@SOCKET] -- argv``: listen, run argv, exit

@@ -300,22 +300,18 @@ class BwrapRuntime(SubprocessRuntime):
         )
 
     def _preexec(self) -> Callable[[], None] | None:
+        """The rlimits the cgroups do not cover (the cgroups are joined by :meth:`_launcher`'s
+        shell: a ``preexec_fn`` costs a full fork of the owner)."""
         cgroup = self.cgroup
-        limits = rlimit_setter(
+        return rlimit_setter(
             None if cgroup else self.spec.memory_gb,
             self.cpu_seconds,
             None if cgroup else self.spec.pids,
         )
-        if cgroup is None and limits is None:
-            return None
 
-        def apply() -> None:
-            if cgroup is not None:
-                cgroup.join()
-            if limits is not None:
-                limits()
-
-        return apply
+    def _launcher(self) -> list[str]:
+        """What starts ``bwrap`` itself: the box's cgroups joined first, when it has them."""
+        return self.cgroup.join_argv() if self.cgroup is not None else []
 
     def _command(
         self,
@@ -368,7 +364,7 @@ class BwrapRuntime(SubprocessRuntime):
         else:
             extra = {**image_env, **network_env(os.environ), **(env or {})}
         return (
-            [self._bwrap, *prefix, "--", *command],
+            [*self._launcher(), self._bwrap, *prefix, "--", *command],
             box_env(base_env, self.box_workdir, self.box_id, extra, owner=self.owner),
             str(workdir),
             self._preexec(),
