@@ -36,7 +36,15 @@ import vfray as vf
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import TOOLS_DIR_ENV
 
-HARNESSES = ("mini-swe-agent", "codex", "claude-code", "pi", "terminus-2", "hermes-agent")
+HARNESSES = (
+    "mini-swe-agent",
+    "codex",
+    "claude-code",
+    "pi",
+    "terminus-2",
+    "hermes-agent",
+    "kimi-code",
+)
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
     # Compaction after every tool step: three contexts (branches) and five calls a rollout.

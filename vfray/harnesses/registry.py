@@ -24,6 +24,7 @@ _BUILTIN: dict[str, str] = {
     "hermes-agent": "vfray.harnesses.hermes_agent:HermesAgentHarness",
     "terminus-2": "vfray.harnesses.terminus_2:Terminus2Harness",
     "pi": "vfray.harnesses.pi:PiHarness",
+    "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",
 }
 HARNESSES = Registry(
     "harness",

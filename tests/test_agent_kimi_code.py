@@ -1,0 +1,85 @@
+"""The ``kimi-code`` harness: Kimi Code (npm ``@moonshot-ai/kimi-code``) installed into the node's
+tool dir, one scored rollout against the scripted ``agent`` model through the interception in
+bwrap and in docker, and a refused call that ends the program. Skipped with the reason when npm
+(or the engine) is unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_tools import need_registry
+from docker_engine import runtime_options
+from test_agents import _check_solved, _rollout, _timed_install
+
+import vfray as vf
+from vfray.errors import ConfigError
+from vfray.harnesses import available_harnesses, make_harness
+from vfray.harnesses.kimi_code import KimiCodeConfig, KimiCodeHarness
+from vfray.interception import Limits
+from vfray.rollout import Timeouts
+
+
+def test_kimi_code_is_registered_with_a_typed_config() -> None:
+    assert "kimi-code" in available_harnesses()
+    kimi = make_harness("kimi-code", {"version": "2.0.2"})
+    assert isinstance(kimi, KimiCodeHarness) and isinstance(kimi.config, KimiCodeConfig)
+    assert kimi.tool_spec().requirement == "@moonshot-ai/kimi-code@2.0.2"
+    assert kimi.EXECUTES_CODE and not kimi.NEEDS_CONTAINER
+    with pytest.raises(ConfigError, match="kimi-code"):
+        make_harness("kimi-code", {"no_such_option": 1})
+
+
+def _check_events(trace: vf.Trace) -> None:
+    (artifact,) = trace.artifacts
+    events = [json.loads(line) for line in artifact.content.splitlines() if line.strip()]
+    commands = [
+        json.loads(call["function"]["arguments"])["command"]
+        for e in events
+        if e.get("role") == "assistant"
+        for call in e.get("tool_calls") or []
+    ]
+    assert commands == ["printf '%s\\n' 'hello agent' > out.txt", "cat out.txt"]
+    assert events[-1]["type"] == "session.resume_hint"  # written once the prompt is done
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_kimi_code_rollout_in_bwrap() -> None:
+    need_registry("npm")
+    _timed_install("kimi-code")
+    trace = await _rollout("kimi-code", runtime="bwrap")
+    # write, cat, final answer: three chat-completions calls.
+    _check_solved(trace, calls=3)
+    _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_kimi_code_rollout_in_docker(docker_url: str) -> None:
+    need_registry("npm")
+    _timed_install("kimi-code")
+    trace = await _rollout(
+        "kimi-code", runtime="docker", runtime_options=runtime_options(docker_url)
+    )
+    _check_solved(trace, calls=3)
+    _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_refused_call_ends_kimi_code() -> None:
+    """After the interception refuses a call (max_turns=1) Kimi Code is ended, not left
+    retrying: the rollout ends by its limit, before the agent budget."""
+    need_registry("npm")
+    _timed_install("kimi-code")
+    trace = await _rollout(
+        "kimi-code", runtime="bwrap", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
+    )
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"kimi-code: the agent phase ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, generous for a loaded machine

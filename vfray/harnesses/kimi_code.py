@@ -1,0 +1,95 @@
+"""The ``kimi-code`` harness: Moonshot's Kimi Code (npm ``@moonshot-ai/kimi-code``, with a
+Node.js 22 from npm in the same tool dir) run as ``kimi -p --output-format stream-json``
+in the chat-completions dialect against the interception, its model given by Kimi Code's
+``KIMI_MODEL_*`` variables; its stream-json transcript is kept on the trace.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from vfray.harnesses.base import HarnessConfig, LaunchContext
+from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.provisioned import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
+
+KIMI_HOME = f"{AGENT_DIR}/kimi-home"
+EVENTS_PATH = f"{AGENT_DIR}/kimi-events.jsonl"
+
+OPT_OUTS = {
+    "KIMI_DISABLE_TELEMETRY": "1",
+    "KIMI_CODE_NO_AUTO_UPDATE": "1",
+    "KIMI_CLI_NO_AUTO_UPDATE": "1",
+    "KIMI_CODE_MODEL_CATALOG_REFRESH_ON_START": "0",
+    "KIMI_DISABLE_CRON": "1",
+}
+"""Telemetry, update checks, the model catalog refresh and the scheduler off: the program's only
+connections are the model calls, to the interception."""
+
+
+class KimiCodeConfig(AgentHarnessConfig):
+    """Options of the kimi-code harness."""
+
+    version: str = "2.1.0"
+    node_version: str = "22"
+    """The npm ``node`` package installed beside it."""
+
+
+class KimiCodeHarness(ProvisionedHarness):
+    """Kimi Code in prompt mode (which runs its tools without asking)."""
+
+    id = "kimi-code"
+    config_type: ClassVar[type[HarnessConfig]] = KimiCodeConfig
+    config: KimiCodeConfig
+    ARTIFACTS = (EVENTS_PATH,)
+    APPENDS_SYSTEM_PROMPT = False
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="kimi-code",
+            kind="npm",
+            package="@moonshot-ai/kimi-code",
+            version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
+        )
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        tool = await self.box_tool(runtime)
+        # Its home must exist before the stdout redirect into the same folder.
+        await runtime.write(f"{KIMI_HOME}/.keep", b"")
+        c = self.config
+        argv = [
+            tool.executable("kimi"),
+            "--prompt",
+            prompt_text(self.resolve_prompt(ctx.data)),
+            "--output-format",
+            "stream-json",
+            *c.extra_args,
+        ]
+        env = {
+            # The tool dir's bin holds its own node, which kimi's #!/usr/bin/env node finds.
+            "PATH": tool.path_env(),
+            "HOME": KIMI_HOME,
+            "KIMI_CODE_HOME": KIMI_HOME,
+            "KIMI_MODEL_NAME": ctx.model,
+            "KIMI_MODEL_API_KEY": ctx.secret,
+            "KIMI_MODEL_BASE_URL": openai_base_url(ctx.endpoint),
+            "KIMI_MODEL_PROVIDER_TYPE": "openai",
+            "KIMI_LOOP_MAX_STEPS_PER_TURN": str(c.max_steps),
+            **OPT_OUTS,
+            **c.env,
+        }
+        return await self.run_logged(
+            runtime,
+            argv,
+            env,
+            stdout_path=EVENTS_PATH,
+            timeout=ctx.timeout,
+            box_paths=("HOME", "KIMI_CODE_HOME"),
+        )
