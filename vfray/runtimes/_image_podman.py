@@ -25,6 +25,8 @@ from vfray.runtimes._image_ref import ImageRef, content_key
 
 IMAGE_REPOSITORY = "localhost/vfray-image"
 _FLIGHTS = SingleFlight()
+_WORKDIRS: dict[tuple[str, str], str] = {}
+"""(store, image name) -> the image's ``WORKDIR``, for names of ours (content-keyed)."""
 PULL_TIMEOUT_S = 3600.0
 
 
@@ -69,6 +71,26 @@ async def podman_image(
 def forget_podman_image(store: str, name: str) -> None:
     """Drop what this process remembers of ``name`` in ``store`` (the image was removed)."""
     _FLIGHTS.forget(f"{store}\0{name}")
+    _WORKDIRS.pop((store, name), None)
+
+
+async def podman_image_workdir(
+    name: str, podman: Sequence[str], env: Mapping[str, str], *, store: str
+) -> str:
+    """The ``WORKDIR`` of image ``name`` in the store (``""`` when it has none, or when the
+    store cannot say: ``podman run`` then reports the image). Asked once per process for the
+    store's content-keyed names; a registry name is asked each time (its tag may move)."""
+    key = (store, name)
+    if key in _WORKDIRS:
+        return _WORKDIRS[key]
+    done = await blocking(
+        _podman, list(podman), dict(env),
+        ["image", "inspect", "--format", "{{.Config.WorkingDir}}", name], 60,
+    )  # fmt: skip
+    found = done.stdout.strip() if done.returncode == 0 else ""
+    if done.returncode == 0 and name.startswith(f"{IMAGE_REPOSITORY}:"):
+        _WORKDIRS[key] = found
+    return found
 
 
 def _podman(

@@ -9,9 +9,11 @@ the blocked ones, the agent its ``network_allow`` hosts, through the node's egre
 exec'd process tree from the host, so the engine must be local. Containers carry their owner's
 token as a label, so the owner's lifeline removes them if it dies (:mod:`vfray.runtimes.lifeline`).
 Containers run with every capability dropped and ``no-new-privileges``, as the image's ``USER``
-or the ``user`` option. A task's image (any reference :func:`vfray.runtimes.images.parse_image`
-reads: a registry image, an archive, an OCI layout, a Dockerfile) is made present in the engine
-through the node's image store, once per node and content.
+or the ``user`` option, in the task's ``workdir``, else the image's ``WORKDIR`` (as ``docker
+run`` starts there), else ``/work``. A task's image (any reference
+:func:`vfray.runtimes.images.parse_image` reads: a registry image, an archive, an OCI layout, a
+Dockerfile) is made present in the engine through the node's image store, once per node and
+content.
 """
 
 from __future__ import annotations
@@ -203,6 +205,7 @@ class DockerRuntime(ContainerBox):
                 name = self._image_ready
             else:
                 name = await self._image_name()
+            await self._take_image_workdir(name)
             try:
                 self.container = await blocking(
                     self.client.containers.run, name, **self.container_options()
@@ -247,6 +250,18 @@ class DockerRuntime(ContainerBox):
                 )
             raise SandboxError(f"cannot create {self.box_workdir} in the container: {said}")
         await self._open_egress()
+
+    async def _take_image_workdir(self, name: str) -> None:
+        """With no ``workdir`` named, the box works where ``docker run`` would start: the
+        image's ``WORKDIR`` (vfray's ``/work`` when the image has none, or ``/``)."""
+        if self.spec.workdir is not None:
+            return
+        try:
+            image = await blocking(self.client.images.get, name)
+        except Exception:
+            return  # not in the engine: containers.run says why
+        found = str((image.attrs.get("Config") or {}).get("WorkingDir") or "")
+        self.box_workdir = found if found not in ("", "/") else "/work"
 
     def _remove_unstarted(self) -> None:
         for container in self.client.containers.list(

@@ -4,13 +4,13 @@ rootless.
 
 The box is the docker runtime's (:class:`~vfray.runtimes.docker.DockerRuntime`, whose bridging,
 egress gate, forwarders and limit reading it inherits): network ``none`` with host endpoints
-through unix sockets bind-mounted in and an in-container forwarder, the network policy's setup
-and agent phases, every capability dropped, ``no-new-privileges``, the task's cpus, memory (no
-swap past it) and pids, its ``workdir``, the image's ``USER`` or the ``user`` option. Only the
-transport differs: the CLI (``run -d``, ``exec``, ``cp`` with tar streams, ``rm -f``), not an
-engine API. Environment values reach ``podman exec`` through its own environment (``--env
-NAME``), never its argv, so secrets are not in the host's process list. A task's image comes
-through the node's podman store (:mod:`vfray.runtimes._image_podman`): ``oci:``,
+through unix sockets bind-mounted in and an in-container forwarder, the network policy's setup and
+agent phases, every capability dropped, ``no-new-privileges``, the task's cpus, memory (no swap
+past it) and pids, its ``workdir`` (else the image's ``WORKDIR``), the image's ``USER`` or the
+``user`` option. Only the transport differs: the CLI (``run -d``, ``exec``, ``cp`` with tar
+streams, ``rm -f``), not an engine API. Environment values reach ``podman exec`` through its own
+environment (``--env NAME``), never its argv, so secrets are not in the host's process list. A
+task's image comes through the node's podman store (:mod:`vfray.runtimes._image_podman`): ``oci:``,
 ``oci-archive:`` and ``docker-archive:`` read by podman itself, once per store and content.
 
 Containers carry their owner's token as a label; the owner's lifeline reaps them with ``podman
@@ -53,7 +53,11 @@ from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._docker_exec import EXEC_ENV
 from vfray.runtimes._exec_wait import wait_exec
 from vfray.runtimes._executor import blocking
-from vfray.runtimes._image_podman import forget_podman_image, podman_image
+from vfray.runtimes._image_podman import (
+    forget_podman_image,
+    podman_image,
+    podman_image_workdir,
+)
 from vfray.runtimes._podman_cli import (
     PODMAN_ENV,
     PodmanExecProcess,
@@ -210,6 +214,7 @@ class PodmanRuntime(DockerRuntime):
         await self._make_base(root)
         for attempt in range(2):
             image = await self._image_name()
+            await self._take_image_workdir(image)
             try:
                 code, out, err = await self._podman(self.run_args(image), timeout=600)
             except FileNotFoundError as exc:
@@ -244,6 +249,13 @@ class PodmanRuntime(DockerRuntime):
             raise SandboxError(f"cannot create {self.box_workdir} in the container: {said}")
         self._workdir_made = True
         await self._open_egress()
+
+    async def _take_image_workdir(self, name: str) -> None:
+        if self.spec.workdir is None:
+            found = await podman_image_workdir(
+                name, self.command(), self.podman_env(), store=self.engine_url()
+            )
+            self.box_workdir = found if found not in ("", "/") else "/work"
 
     async def _make_workdir(self) -> ProgramResult:
         path = PurePosixPath(self.box_workdir)
