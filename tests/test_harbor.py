@@ -16,6 +16,8 @@ from vfray.harnesses.registry import harness_class
 from vfray.runtimes.subprocess import SubprocessRuntime
 from vfray.tasksets import harbor, load_taskset
 from vfray.tasksets._harbor_compose import Sidecar, start_sidecars
+from vfray.tasksets._harbor_steps import below_min_reward, task_rewards
+from vfray.tasksets._harbor_toml import read_config
 from vfray.tasksets._harbor_verify import parse_rewards
 from vfray.tasksets.harbor_tasks import HarborData, HarborTaskset, strip_canary
 
@@ -206,3 +208,53 @@ def test_only_multi_step_tasks_need_a_harness_that_resumes() -> None:
     with pytest.raises(ConfigError, match="cannot resume"):
         spec.check_task_type(stepped.task_type, 1)
     assert HarborTaskset(str(FIXTURES)).task_type is type(next(iter(stepped.load())))
+
+
+def test_a_step_s_own_settings_are_read(tmp_path: Path) -> None:
+    (task,) = HarborTaskset(str(FIXTURES / "multi-step")).load()
+    first, second = task.data.steps
+    assert first.min_reward == 1.0 and second.min_reward is None
+    assert second.verifier_env == {"STEP_MARK": "second"} and first.verifier_env == {}
+    assert second.workdir_dir is not None and second.workdir_dir.endswith("02-extend/workdir")
+    assert first.workdir_dir is None
+    path = _task(
+        tmp_path / "t",
+        'schema_version = "1.4"\n[verifier]\nuser = "grader"\nenv = { A = "1", B = "1" }\n'
+        '[[steps]]\nname = "a"\nmin_reward = { reward = 1, style = 0.5 }\n'
+        'healthcheck = { command = "true" }\n'
+        '[steps.agent]\nuser = "dev"\n[steps.verifier]\nuser = 1001\nenv = { B = "2" }\n'
+        '[[steps]]\nname = "b"\n',
+    )
+    (path / "steps" / "a").mkdir(parents=True)
+    (path / "steps" / "a" / "instruction.md").write_text("a\n")
+    (path / "steps" / "b").mkdir(parents=True)
+    (path / "steps" / "b" / "instruction.md").write_text("b\n")
+    data = _data(path)
+    a, b = data.steps
+    assert a.min_reward == {"reward": 1.0, "style": 0.5}
+    assert (a.verifier_user, a.agent_user, a.verifier_env) == ("1001", "dev", {"A": "1", "B": "2"})
+    assert (b.verifier_user, b.agent_user, b.verifier_env) == ("grader", None, {"A": "1", "B": "1"})
+    assert any("step 'a' healthcheck: not run" in n for n in data.notes)
+    assert any("[agent] user 'dev'" in n for n in data.notes)
+
+
+def test_a_bad_min_reward_is_one_line(tmp_path: Path) -> None:
+    path = _task(tmp_path / "t", '[[steps]]\nname = "a"\nmin_reward = "high"\n')
+    with pytest.raises(TasksetError) as caught:
+        read_config(path / "task.toml")
+    assert "step 'a'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_steps_end_early_and_add_up_as_harbor_s_do() -> None:
+    assert below_min_reward({"reward": 1.0}, 1.0) is None
+    assert below_min_reward({"reward": 0.5}, 1.0) == "reward=0.5 below min_reward 1"
+    assert below_min_reward({"reward": 1.0}, {"style": 0.5}) == "style=-inf below min_reward 0.5"
+    assert below_min_reward({"reward": 0.0}, None) is None
+    assert below_min_reward(None, None) == "was not verified"
+    # mean: per named value, over the steps verified only (a step not verified is left out;
+    # a value a step lacks counts 0); final: the last step run's, verified or not.
+    run = {"a": {"reward": 1.0, "style": 0.5}, "b": None, "c": {"reward": 0.0}}
+    assert task_rewards(run, "mean") == {"reward": 0.5, "style": 0.25}
+    assert task_rewards(run, "final") == {"reward": 0.0}
+    assert task_rewards({"a": {"reward": 1.0}, "b": None}, "final") is None
+    assert task_rewards({"a": None}, "mean") is None and task_rewards({}, "mean") is None

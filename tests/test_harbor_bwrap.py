@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
-SOLVABLE = ("edit-file", "python-bug", "verifier-user")
+SOLVABLE = ("edit-file", "python-bug", "verifier-user", "multi-step")
 
 
 def _tasks(*names: str) -> list[HarborTask]:
@@ -51,7 +51,8 @@ def test_the_oracle_solves_harbor_tasks_in_their_images_on_bwrap(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "store"))
     traces = asyncio.run(_run(_tasks(*SOLVABLE, "broken-dockerfile"), docker_url))
-    for key in SOLVABLE:
+    for name in SOLVABLE:
+        key = "vfray/multi-step" if name == "multi-step" else name
         trace = traces[key]
         assert trace.errors == [], (key, trace.errors)
         assert trace.reward == 1.0, (key, trace.rewards, trace.notes)
@@ -62,6 +63,15 @@ def test_the_oracle_solves_harbor_tasks_in_their_images_on_bwrap(
     edit = traces["edit-file"]  # the task's /logs/agent, kept from the image's box
     assert next(a.content for a in edit.artifacts if a.name == "agent/notes.txt") == (
         "edited greeting.txt\n"
+    )
+    # Between steps the box was reset as Harbor resets it: step 02's setup.sh ran as its
+    # verifier checks, and its agent found no /tests of step 01's verifier.
+    steps = traces["vfray/multi-step"]
+    assert {k: r.value for k, r in steps.rewards.items()} == {
+        "reward": 1.0, "01-create": 1.0, "02-extend": 1.0
+    }  # fmt: skip
+    assert next(a.content for a in steps.artifacts if a.name == "agent/step2-tests.txt") == (
+        "absent\n"
     )
     # One unpacked root per image built.
     assert len(list((tmp_path / "store" / "rootfs").iterdir())) == len(SOLVABLE)

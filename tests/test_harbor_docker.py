@@ -111,6 +111,9 @@ def test_the_oracle_solves_every_solvable_task(options: dict[str, Any]) -> None:
     assert {"verifier/01-create/test.sh.log", "verifier/02-extend/test.sh.log"} <= {
         a.name for a in steps.artifacts
     }
+    # Step 02's workdir/setup.sh ran before its agent (its verifier needs it, with its own
+    # env), and that agent found no /tests nor reward of step 01's verifier.
+    assert _artifact(steps, "agent/step2-tests.txt") == "absent\n"
     edit = traces["edit-file"]
     assert _artifact(edit, "agent/notes.txt") == "edited greeting.txt\n"  # /logs/agent kept
     assert any("build_timeout_sec" in note for note in edit.notes)
@@ -123,12 +126,13 @@ def test_a_do_nothing_agent_scores_zero(options: dict[str, Any]) -> None:
         assert trace.errors == [], (key, trace.errors)
         assert trace.reward == 0.0, (key, trace.rewards)
         assert trace.calls, key  # the model was asked, and said nothing useful
-    # Both steps were given to the agent, each verified (and failed) in turn.
+    # Step 01 was verified (and failed) below its min_reward: step 02 was never given.
     steps = traces["vfray/multi-step"]
-    assert len(steps.segments) == 2
+    assert len(steps.segments) == 1
     assert {k: r.value for k, r in steps.rewards.items()} == {
         "reward": 0.0, "01-create": 0.0, "02-extend": 0.0
     }  # fmt: skip
+    assert any("below min_reward 1" in note for note in steps.notes), steps.notes
 
 
 def _vfray(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -60,7 +60,7 @@ _KNOWN: dict[str, frozenset[str]] = {
             "env",
         ]
     ),
-    "steps": frozenset({"name", "agent", "verifier"}),
+    "steps": frozenset({"name", "agent", "verifier", "min_reward", "healthcheck", "artifacts"}),
 }
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -68,13 +68,19 @@ _UNIT_MB = {"": 1 / 2**20, "b": 1 / 2**20, "k": 1 / 1024, "m": 1.0, "g": 1024.0,
 
 
 class StepConfig(BaseModel):
-    """One ``[[steps]]`` entry: its folder name and its own timeouts (None: the task's)."""
+    """One ``[[steps]]`` entry: its folder name, its own timeouts and users (None: the
+    task's), its verifier's env (over the task's), and ``min_reward``: below it (a number:
+    the ``reward`` value; a table: each named value) the remaining steps are not run."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     agent_timeout: float | None = None
     verifier_timeout: float | None = None
+    agent_user: str | None = None
+    verifier_user: str | None = None
+    verifier_env: dict[str, str] = Field(default_factory=dict)
+    min_reward: float | dict[str, float] | None = None
 
 
 class HarborConfig(BaseModel):
@@ -136,6 +142,34 @@ def _str_map(value: object, where: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def _user(table: dict[str, Any]) -> str | None:
+    return None if table.get("user") is None else str(table["user"])
+
+
+def _step(step: dict[str, Any], path: Path, unhonoured: list[str]) -> StepConfig:
+    """One ``[[steps]]`` table; what vfray does not run of it noted in ``unhonoured``."""
+    where = f"{path}: step {step['name']!r}"
+    s_agent, s_verifier = step.get("agent", {}), step.get("verifier", {})
+    if not isinstance(s_agent, dict) or not isinstance(s_verifier, dict):
+        raise TasksetError(f"{where}: its agent and verifier must be tables")
+    for key in ("healthcheck", "artifacts"):
+        if step.get(key):
+            unhonoured.append(f"step {step['name']!r} {key}: not run by vfray")
+    try:
+        return StepConfig(
+            name=step["name"],
+            agent_timeout=s_agent.get("timeout_sec"),
+            verifier_timeout=s_verifier.get("timeout_sec"),
+            agent_user=_user(s_agent),
+            verifier_user=_user(s_verifier),
+            verifier_env=_str_map(s_verifier.get("env", {}), f"{where}: verifier env"),
+            min_reward=step.get("min_reward"),
+        )
+    except (ValueError, TypeError) as exc:
+        first = str(exc).splitlines()
+        raise TasksetError(f"{where}: {' '.join(first[:3])}") from exc
+
+
 def read_config(path: Path) -> HarborConfig:
     """Read ``path`` (a ``task.toml``). Raises :class:`TasksetError` in one line for a file
     that is not TOML or a value of the wrong kind."""
@@ -183,16 +217,7 @@ def read_config(path: Path) -> HarborConfig:
         if not isinstance(step, dict) or not isinstance(step.get("name"), str):
             raise TasksetError(f"{path}: [[steps]] entry {index} needs a name")
         warnings += _unknown("steps", step)
-        s_agent, s_verifier = step.get("agent", {}), step.get("verifier", {})
-        steps.append(
-            StepConfig(
-                name=step["name"],
-                agent_timeout=s_agent.get("timeout_sec") if isinstance(s_agent, dict) else None,
-                verifier_timeout=(
-                    s_verifier.get("timeout_sec") if isinstance(s_verifier, dict) else None
-                ),
-            )
-        )
+        steps.append(_step(step, path, unhonoured))
     strategy = str(raw.get("multi_step_reward_strategy", "mean"))
     if strategy not in ("mean", "final"):
         raise TasksetError(f"{path}: multi_step_reward_strategy must be 'mean' or 'final'")
@@ -204,8 +229,8 @@ def read_config(path: Path) -> HarborConfig:
             agent_timeout=float(agent.get("timeout_sec", DEFAULT_AGENT_TIMEOUT)),
             verifier_timeout=float(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT)),
             verifier_env=_str_map(verifier.get("env", {}), f"{path}: [verifier] env"),
-            verifier_user=None if verifier.get("user") is None else str(verifier["user"]),
-            agent_user=None if agent.get("user") is None else str(agent["user"]),
+            verifier_user=_user(verifier),
+            agent_user=_user(agent),
             solution_env=_str_map(solution.get("env", {}), f"{path}: [solution] env"),
             build_timeout=env.get("build_timeout_sec"),
             cpus=env.get("cpus"),

@@ -43,11 +43,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfray import scoring
-from vfray.errors import RolloutError, TasksetError
+from vfray.errors import RolloutError, TaskError, TasksetError
 from vfray.runtimes.base import Runtime
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
 from vfray.tasksets._harbor_compose import Sidecar, read_environment, start_sidecars
+from vfray.tasksets._harbor_steps import (
+    StepRewards,
+    below_min_reward,
+    prepare_step,
+    reset_verifier_dirs,
+    task_rewards,
+)
 from vfray.tasksets._harbor_toml import HarborConfig, read_config
 from vfray.tasksets._harbor_verify import (
     AGENT_LOGS,
@@ -78,6 +85,14 @@ class HarborStep(BaseModel):
     verifier_timeout: float
     tests_dir: str | None = None
     solution_dir: str | None = None
+    workdir_dir: str | None = None
+    """``steps/<name>/workdir/``: uploaded into the box's work dir before the step's agent,
+    its ``setup.sh`` run there."""
+    verifier_env: dict[str, str] = Field(default_factory=dict)
+    """The task's verifier env with the step's over it."""
+    verifier_user: str | None = None
+    agent_user: str | None = None
+    min_reward: float | dict[str, float] | None = None
 
 
 class HarborData(TaskData):
@@ -142,6 +157,11 @@ def read_task(folder: Path, key: str | None = None) -> HarborTask:
             verifier_timeout=step.verifier_timeout or config.verifier_timeout,
             tests_dir=_dir(folder / "steps" / step.name / "tests"),
             solution_dir=_solution(folder / "steps" / step.name / "solution"),
+            workdir_dir=_dir(folder / "steps" / step.name / "workdir"),
+            verifier_env={**config.verifier_env, **step.verifier_env},
+            verifier_user=step.verifier_user or config.verifier_user,
+            agent_user=step.agent_user or config.agent_user,
+            min_reward=step.min_reward,
         )
         for step in config.steps
     ]
@@ -157,6 +177,10 @@ def read_task(folder: Path, key: str | None = None) -> HarborTask:
     notes = list(config.unhonoured)
     if steps:
         notes.append("steps: one agent budget for all steps (the sum of theirs)")
+    agent_users = {u for u in [config.agent_user, *(s.agent_user for s in steps)] if u}
+    if agent_users:
+        # The harness's program runs as the box's user; a step's setup.sh honours it.
+        notes.append(f"[agent] user {sorted(agent_users)[0]!r}: the agent runs as the box's user")
     gb = 1024.0
     data = HarborData(
         prompt=prompt,
@@ -200,80 +224,109 @@ class HarborTask(Task[HarborData]):
     def __init__(self, data: HarborData, key: str | None = None) -> None:
         super().__init__(data, key)
         self._live: dict[str, dict[str, Any]] = {}
-        """Per rollout of a multi-step task (by trace id): its box, the step it is on, and the
-        steps' rewards (kept here, not in the box, where a later step's agent could write)."""
+        """Per rollout of a multi-step task (by trace id): its box, the step it is on, the
+        steps' rewards in the order run (kept here, not in the box, where a later step's
+        agent could write), and whether no further step runs."""
+        self._unverified: set[str] = set()
+        """Rollouts (trace ids) whose verifier failed: its error is the trace's one error,
+        and the reward hooks give no value rather than a second error."""
 
     async def setup(self, trace: Trace, runtime: Runtime) -> None:
         trace.notes.extend(self.data.notes)
         await shell(runtime, f"mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} && rm -rf /tests /solution")
         await start_sidecars(runtime, tuple(self.data.sidecars), self.data.name)
         if self.data.steps:
-            self._live[trace.trace_id] = {"runtime": runtime, "step": 0, "rewards": {}}
+            first = self.data.steps[0]
+            # A first step whose setup.sh fails leaves nothing to run: the rollout's error.
+            await prepare_step(runtime, first.name, first.workdir_dir, first.agent_user)
+            self._live[trace.trace_id] = {
+                "runtime": runtime, "step": 0, "results": {}, "done": False
+            }  # fmt: skip
 
     def _tests(self, step: HarborStep | None) -> list[Path]:
         found = [self.data.tests_dir] + ([step.tests_dir] if step is not None else [])
         return [Path(p) for p in found if p]
 
-    async def _verify_step(self, trace: Trace, state: dict[str, Any]) -> None:
+    async def _verify_step(self, trace: Trace, state: dict[str, Any]) -> str | None:
+        """Verify the step the agent just did; why no further step runs, or None."""
         step: HarborStep = self.data.steps[state["step"]]
-        state["step"] += 1
+        rewards: StepRewards = None
         try:
-            state["rewards"][step.name] = await verify(
+            rewards = await verify(
                 state["runtime"],
                 self._tests(step),
                 timeout=step.verifier_timeout,
-                env=self.data.verifier_env,
-                user=self.data.verifier_user,
+                env=step.verifier_env,
+                user=step.verifier_user,
                 trace=trace,
                 label=f"verifier/{step.name}",
             )
         except RolloutError as exc:
-            state["rewards"][step.name] = None
             trace.notes.append(f"step {step.name!r}: {type(exc).__name__}: {exc}")
+        state["results"][step.name] = rewards
+        stop = below_min_reward(rewards, step.min_reward)
+        if stop is None and state["step"] + 1 >= len(self.data.steps):
+            stop = "was the last"
+        if stop is not None:
+            state["done"] = True
+        return stop
 
     async def finalize(self, trace: Trace, runtime: Runtime) -> None:
         await keep_agent_logs(runtime, trace)
         state = self._live.get(trace.trace_id)
         if state is not None:
-            if state["step"] < len(self.data.steps):
+            if not state["done"]:
                 await self._verify_step(trace, state)  # the agent stopped inside this step
+            state.pop("runtime", None)  # nothing more runs in the box: let it go
             return
-        await verify(
-            runtime,
-            self._tests(None),
-            timeout=self.data.verifier_timeout,
-            env=self.data.verifier_env,
-            user=self.data.verifier_user,
-            trace=trace,
-        )
+        try:
+            await verify(
+                runtime,
+                self._tests(None),
+                timeout=self.data.verifier_timeout,
+                env=self.data.verifier_env,
+                user=self.data.verifier_user,
+                trace=trace,
+            )
+        except RolloutError:
+            self._unverified.add(trace.trace_id)
+            raise
 
-    async def _rewards(self, trace: Trace, runtime: Runtime) -> dict[str, float]:
+    async def _rewards(self, trace: Trace, runtime: Runtime) -> dict[str, float] | None:
         state = self._live.get(trace.trace_id)
+        if trace.trace_id in self._unverified:
+            return None
         if state is None:
             return parse_rewards(
                 await _read(runtime, f"{VERIFIER_LOGS}/reward.txt"),
                 await _read(runtime, f"{VERIFIER_LOGS}/reward.json"),
             )
-        steps: dict[str, float] = {
-            s.name: 0.0 if state["rewards"].get(s.name) is None else primary(
-                state["rewards"][s.name]
-            )
+        results: dict[str, StepRewards] = state["results"]
+        total = task_rewards(results, self.data.reward_strategy)
+        if total is None:
+            raise TaskError(f"no reward: no step was verified (steps run: {', '.join(results)})")
+        # Each step's reward under its name; 0 for one not verified or not reached (left out
+        # of the task's mean, as Harbor leaves it).
+        steps = {
+            s.name: 0.0 if results.get(s.name) is None else primary(results[s.name] or {})
             for s in self.data.steps
-        }  # fmt: skip
-        values = list(steps.values())
-        total = values[-1] if self.data.reward_strategy == "final" else sum(values) / len(values)
-        return {"reward": total, **steps}
+        }
+        return {"reward": primary(total), **steps}
 
     @scoring.reward
-    async def reward(self, trace: Trace, runtime: Runtime) -> float:
-        """The verifier's reward (a multi-step task's: the steps' mean, or the final one's)."""
-        return primary(await self._rewards(trace, runtime))
+    async def reward(self, trace: Trace, runtime: Runtime) -> float | None:
+        """The verifier's reward (a multi-step task's: from its steps', as Harbor derives it:
+        the mean over the steps verified, or the final step's); None when the verifier
+        failed (its error is on the trace)."""
+        rewards = await self._rewards(trace, runtime)
+        return None if rewards is None else primary(rewards)
 
     @scoring.reward(weight=0.0)
     async def verifier_rewards(self, trace: Trace, runtime: Runtime) -> dict[str, float] | None:
         """Every other named value of ``reward.json`` (a multi-step task's: each step's
         reward), each a reward of its own; None when the verifier wrote just one number."""
-        named = {k: v for k, v in (await self._rewards(trace, runtime)).items() if k != "reward"}
+        rewards = await self._rewards(trace, runtime) or {}
+        named = {k: v for k, v in rewards.items() if k != "reward"}
         return named or None
 
 
@@ -283,14 +336,29 @@ class HarborStepsTask(HarborTask):
     up-front check reads ``next_message`` off the class)."""
 
     async def next_message(self, trace: Trace) -> str | None:
-        """Verify the step just done, then give the next step's instruction."""
+        """Verify the step just done; then, unless it ends the task (not verified, below its
+        ``min_reward``, the last), set up the next step and give its instruction."""
         state = self._live.get(trace.trace_id)
-        if state is None or state["step"] >= len(self.data.steps):
+        if state is None or state["done"]:
             return None
-        await self._verify_step(trace, state)
-        if state["step"] < len(self.data.steps):
-            return str(self.data.steps[state["step"]].instruction)
-        return None
+        done = self.data.steps[state["step"]].name
+        stop = await self._verify_step(trace, state)
+        if stop is not None:
+            if stop != "was the last":
+                trace.notes.append(f"step {done!r} {stop}: the remaining steps were not run")
+            return None
+        state["step"] += 1
+        step: HarborStep = self.data.steps[state["step"]]
+        runtime: Runtime = state["runtime"]
+        try:
+            await reset_verifier_dirs(runtime)
+            await prepare_step(runtime, step.name, step.workdir_dir, step.agent_user)
+        except RolloutError as exc:
+            state["results"][step.name] = None
+            state["done"] = True
+            trace.notes.append(f"{exc}: the remaining steps were not run")
+            return None
+        return str(step.instruction)
 
 
 async def _read(runtime: Runtime, path: str) -> bytes | None:
