@@ -44,6 +44,7 @@ HARNESSES = (
     "terminus-2",
     "hermes-agent",
     "kimi-code",
+    "goose",
 )
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {

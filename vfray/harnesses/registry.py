@@ -25,6 +25,7 @@ _BUILTIN: dict[str, str] = {
     "terminus-2": "vfray.harnesses.terminus_2:Terminus2Harness",
     "pi": "vfray.harnesses.pi:PiHarness",
     "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",
+    "goose": "vfray.harnesses.goose:GooseHarness",
 }
 HARNESSES = Registry(
     "harness",
