@@ -21,6 +21,7 @@ _BUILTIN: dict[str, str] = {
     "claude-code-acp": "vfray.harnesses.acp.claude_code:ClaudeCodeAcpHarness",
     "codex-acp": "vfray.harnesses.acp.codex:CodexAcpHarness",
     "browser-use": "vfray.harnesses.browser_use:BrowserUseHarness",
+    "pool": "vfray.harnesses.pool:PoolHarness",
     "hermes-agent": "vfray.harnesses.hermes_agent:HermesAgentHarness",
     "terminus-2": "vfray.harnesses.terminus_2:Terminus2Harness",
     "pi": "vfray.harnesses.pi:PiHarness",
