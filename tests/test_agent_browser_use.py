@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
+from docker_engine import runtime_options
 
 import vfray as vf
 from vfray.errors import ConfigError
@@ -147,6 +148,23 @@ async def test_browser_use_finds_the_answer_in_bwrap(
     (artifact,) = trace.artifacts
     summary = json.loads(artifact.content)
     assert summary["final_result"] == "KIWI-42" and summary["is_successful"]
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_browser_use_finds_the_answer_in_docker(
+    browser_use_installed: None, page_url: str, docker_url: str
+) -> None:
+    """The test engine's image mounts the host's /usr: Debian's Chromium included."""
+    trace = await vf.run_rollout(
+        _task(page_url),
+        model="scripted:agent",
+        harness="browser-use",
+        runtime="docker",
+        runtime_options=runtime_options(docker_url),
+    )
+    assert trace.errors == [], trace.errors
+    assert trace.reward == 1.0 and len(trace.calls) == 2
 
 
 @pytest.mark.slow
