@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 import vfray as vf
 from vfray._plugins import load_object
 from vfray.run.results import RunResult
+from vfray.trace import RewardRecord
 from vfray.traces.episodes import EPISODE_SCHEMA
 from vfray.traces.io import read_parquet
 
@@ -62,6 +64,30 @@ def test_group_rewards_and_episode_figures_are_per_seat(tmp_path: Path) -> None:
          "num_ok": 2},
     ]  # fmt: skip
     assert row["mean_reward"] == 0.5 and row["n"] == 4  # the pooled figures, as before
+    # pass@k over seats x rollouts would read "pass@4": it is per seat only.
+    assert row["pass_at_1"] is None and row["pass_at_n"] is None
+    summary = result.summary()
+    assert {k: v for k, v in summary.items() if k.startswith("pass@")} == {
+        "pass@1 (seat alice)": 1.0,
+        "pass@2 (seat alice)": 1.0,
+        "pass@1 (seat bob)": 0.0,
+        "pass@2 (seat bob)": 0.0,
+    }
+
+
+def test_an_errored_rollout_never_passes_whatever_its_reward() -> None:
+    task = vf.Task(vf.TaskData(prompt="hi"))
+    traces = []
+    for index in range(3):
+        trace = vf.Trace(task=task.record(), rollout_index=index)
+        trace.rewards["solved"] = RewardRecord(value=1.0)
+        traces.append(trace)
+    traces[0].add_error(vf.HarnessError("the agent crashed after writing the file"), "agent")
+    traces[1].add_error(vf.HarnessError("so did this one"), "agent")
+    episode = vf.Episode(task=task.record(), traces=traces)
+    assert episode.rewards == [1.0, 1.0, 1.0]  # the rewards stay as scored
+    assert episode.pass_at_k(1) == pytest.approx(1 / 3)  # was 1.0: all three counted
+    assert episode.pass_at_k(2) == pytest.approx(2 / 3)
 
 
 def test_episode_rows_without_seats_read_as_before(tmp_path: Path) -> None:

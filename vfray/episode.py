@@ -181,9 +181,10 @@ class Episode(BaseModel):
     def pass_at_k(self, k: int, threshold: float = 1.0) -> float:
         """Unbiased pass@k (Chen et al., 2021): ``1 - C(n-c, k) / C(n, k)``.
 
-        A trace passes when its reward is at least ``threshold``.
+        A trace passes when it is ok and its reward is at least ``threshold``: an errored
+        rollout is a failure whatever reward it was left with.
         """
-        return _pass_at_k(self.rewards, k, threshold)
+        return _pass_at_k(_passing(self.traces), k, threshold)
 
     def seat_figures(self) -> list[SeatFigures]:
         """A multi-agent episode's reward figures per seat (in seating order of first
@@ -192,8 +193,8 @@ class Episode(BaseModel):
         out = []
         for seat in seats:
             own = [t for t in self.traces if t.seat == seat]
-            rewards = [t.reward for t in own]
-            scored = [r for r in rewards if r is not None]
+            scored = [t.reward for t in own if t.reward is not None]
+            rewards = _passing(own)
             out.append(
                 SeatFigures(
                     seat=seat,
@@ -216,6 +217,11 @@ class SeatFigures(BaseModel):
     pass_at_1: float
     pass_at_n: float
     num_ok: int
+
+
+def _passing(traces: Sequence[Trace]) -> list[float | None]:
+    """Each trace's reward for pass@k, None for an errored one."""
+    return [t.reward if t.ok else None for t in traces]
 
 
 def _pass_at_k(rewards: Sequence[float | None], k: int, threshold: float = 1.0) -> float:

@@ -39,6 +39,9 @@ def results_table(summary: dict[str, Any], title: str = "results") -> Table:
     if summary.get("attempts", 0) != summary.get("rollouts"):
         table.add_row("attempts (incl. retried)", _fmt(summary.get("attempts")))
     table.add_row(REWARD_LABEL, reward)
+    if summary.get("ok") != summary.get("rollouts") and summary.get("reward_mean_ok") != mean:
+        # Errored rollouts can keep a reward: say what the ok ones scored beside it.
+        table.add_row("reward (ok rollouts only)", _fmt(summary.get("reward_mean_ok")))
     counted = summary.get("reward_mean_counted")
     if counted is not None and counted != mean:
         # Rollouts that failed for infrastructure reasons carry no policy signal.

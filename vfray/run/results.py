@@ -73,7 +73,30 @@ def _pass_at_k(episodes: pa.Table) -> dict[str, float]:
         out["pass@1"] = sum(p1) / len(p1)
     if pn and len(ns) == 1 and next(iter(ns)) > 1:
         out[f"pass@{next(iter(ns))}"] = sum(pn) / len(pn)
+    # A multi-agent run: pass@k per seat, over that seat's rollouts (not seats x rollouts).
+    per_seat: dict[str, tuple[list[float], list[float], set[int]]] = {}
+    if "seats" in episodes.column_names:
+        for figures in episodes.column("seats").to_pylist():
+            for seat in figures or []:
+                p1s, pns, sizes = per_seat.setdefault(seat["seat"], ([], [], set()))
+                p1s.append(seat["pass_at_1"])
+                pns.append(seat["pass_at_n"])
+                sizes.add(seat["n"])
+    for seat, (p1s, pns, sizes) in sorted(per_seat.items()):
+        out[f"pass@1 (seat {seat})"] = sum(p1s) / len(p1s)
+        if len(sizes) == 1 and (size := next(iter(sizes))) > 1:
+            out[f"pass@{size} (seat {seat})"] = sum(pns) / len(pns)
     return out
+
+
+def _ok_rewards(final: pa.Table) -> list[float]:
+    return [
+        reward
+        for reward, ok in zip(
+            final.column("reward").to_pylist(), final.column("ok").to_pylist(), strict=True
+        )
+        if reward is not None and ok
+    ]
 
 
 def _counted_rewards(final: pa.Table) -> list[float]:
@@ -135,6 +158,9 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
         "ok": int(sum(1 for v in final.column("ok").to_pylist() if v)) if rows else 0,
         "reward_mean": mean,
         "reward_stderr": stderr,
+        # Over the ok rollouts only: with errors, the mean above keeps what the errored ones
+        # were left with, and "0 of 6 ok, reward 1" must not read as a success.
+        "reward_mean_ok": _mean_stderr(_ok_rewards(final) if rows else [])[0],
         "reward_mean_counted": counted_mean,
         "reward_stderr_counted": counted_stderr,
         # Only a run with groups of 2 or more rollouts has this key.

@@ -67,6 +67,7 @@ def episodes_to_table(episodes: Iterable[Episode], run_id: str | None = None) ->
     rows = []
     for episode in episodes:
         n = len(episode.traces)
+        figures = episode.seat_figures()
         rows.append(
             {
                 "schema_version": TRACE_SCHEMA_VERSION,
@@ -83,13 +84,13 @@ def episodes_to_table(episodes: Iterable[Episode], run_id: str | None = None) ->
                     {"key": k, "values": v} for k, v in sorted(episode.group_rewards.items())
                 ],
                 "mean_reward": episode.mean_reward,
-                "pass_at_1": episode.pass_at_k(1) if n else None,
-                "pass_at_n": episode.pass_at_k(n) if n else None,
+                # A multi-agent episode's traces are seats x rollouts: pass@k is per seat, in
+                # ``seats``; over all of them it would mix a proposer's rows with a solver's.
+                "pass_at_1": episode.pass_at_k(1) if n and not figures else None,
+                "pass_at_n": episode.pass_at_k(n) if n and not figures else None,
                 "num_ok": sum(1 for t in episode.traces if t.ok),
                 "created_at": time.time(),
-                "seats": [f.model_dump() for f in figures]
-                if (figures := episode.seat_figures())
-                else None,
+                "seats": [f.model_dump() for f in figures] if figures else None,
             }
         )
     return pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA)
