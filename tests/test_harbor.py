@@ -220,6 +220,7 @@ def test_a_step_s_own_settings_are_read(tmp_path: Path) -> None:
     path = _task(
         tmp_path / "t",
         'schema_version = "1.4"\n[verifier]\nuser = "grader"\nenv = { A = "1", B = "1" }\n'
+        'environment_mode = "separate"\n'
         '[[steps]]\nname = "a"\nmin_reward = { reward = 1, style = 0.5 }\n'
         'healthcheck = { command = "true" }\n'
         '[steps.agent]\nuser = "dev"\n[steps.verifier]\nuser = 1001\nenv = { B = "2" }\n'
@@ -236,6 +237,7 @@ def test_a_step_s_own_settings_are_read(tmp_path: Path) -> None:
     assert (b.verifier_user, b.agent_user, b.verifier_env) == ("grader", None, {"A": "1", "B": "1"})
     assert any("step 'a' healthcheck: not run" in n for n in data.notes)
     assert any("[agent] user 'dev'" in n for n in data.notes)
+    assert any("runs the verifier in the agent's box" in n for n in data.notes)
 
 
 def test_a_bad_min_reward_is_one_line(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ _KNOWN: dict[str, frozenset[str]] = {
     ),
     "task": frozenset({"name", "description", "authors", "keywords"}),
     "agent": frozenset({"timeout_sec", "user"}),
-    "verifier": frozenset({"timeout_sec", "env", "user"}),
+    "verifier": frozenset({"timeout_sec", "env", "user", "environment_mode", "environment"}),
     "solution": frozenset({"env"}),
     "environment": frozenset(
         [
@@ -209,6 +209,10 @@ def read_config(path: Path) -> HarborConfig:
         )
     if "env" in env:
         unhonoured.append("[environment] env: set it in the Dockerfile (ENV); vfray passes none")
+    if verifier.get("environment_mode") == "separate" or "environment" in verifier:
+        unhonoured.append(
+            "[verifier] a separate verifier environment: vfray runs the verifier in the agent's box"
+        )
     steps: list[StepConfig] = []
     raw_steps = raw.get("steps", [])
     if not isinstance(raw_steps, list):
