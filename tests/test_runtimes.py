@@ -16,7 +16,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from vfray.endpoints.serving import serve_in_loop
-from vfray.errors import ConfigError, MissingExtraError
+from vfray.errors import ConfigError, MissingExtraError, SandboxError
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime, shares_network
 from vfray.runtimes.processes import box_env, is_secret
@@ -109,6 +109,36 @@ async def test_uv_script_without_dependencies(kind: str) -> None:
         result = await rt.run_uv_script(script, ["ok"], timeout=120)
     assert result.ok, result.stderr
     assert result.stdout.strip() == "uv ok"
+
+
+async def test_a_prepared_uv_script_runs_with_no_index() -> None:
+    # v1's gsm8k: setup installs the scorer's dependency while the box has network, the reward
+    # runs it after the network is cut. The script comes as bytes, as v1 passes it.
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed (pip install uv)")
+    script = (
+        b"# /// script\n# dependencies = ['six==1.16.0']\n# ///\n"
+        b"import sys, six\nprint('six', six.__version__, sys.argv[1])\n"
+    )
+    async with make_runtime("subprocess") as rt:
+        await rt.prepare_uv_script(script, timeout=300)
+        result = await rt.run_uv_script(script, ["ok"], env={"UV_OFFLINE": "1"}, timeout=120)
+        assert result.ok, result.stderr
+        assert result.stdout.strip() == "six 1.16.0 ok"
+        # Not prepared: offline, uv cannot get the other version, and says so.
+        other = script.replace(b"1.16.0", b"1.15.0")
+        missed = await rt.run_uv_script(other, ["ok"], env={"UV_OFFLINE": "1"}, timeout=120)
+        assert not missed.ok
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_preparing_a_uv_script_in_a_box_without_network_is_one_line() -> None:
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed (pip install uv)")
+    script = "# /// script\n# dependencies = ['six==1.16.0']\n# ///\nimport six\n"
+    async with make_runtime("bwrap") as rt:
+        with pytest.raises(SandboxError, match="uv could not install the script's dependencies: "):
+            await rt.prepare_uv_script(script, timeout=120)
 
 
 async def test_subprocess_scrubs_and_keeps_env() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import uuid
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +32,13 @@ __all__ = [
 UV_CACHE_DIR = ".vfray/uv-cache"
 """uv's cache for :meth:`Runtime.run_uv_script`, relative to the box's work dir (always
 writable, removed with the box)."""
+
+
+def _uv_env(*, offline: bool) -> dict[str, str]:
+    env = {"UV_CACHE_DIR": UV_CACHE_DIR, "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"}
+    if offline:
+        env["UV_OFFLINE"] = "1"
+    return env
 
 
 class ProgramResult(BaseModel):
@@ -264,7 +271,7 @@ class Runtime(abc.ABC):
 
     async def run_uv_script(
         self,
-        script: str,
+        script: str | bytes,
         args: Sequence[str] = (),
         *,
         env: Mapping[str, str] | None = None,
@@ -275,23 +282,42 @@ class Runtime(abc.ABC):
         uv installs the script's dependencies inside the box, so scorer dependencies never touch
         the farm process. uv must be on the box's PATH; its cache lives in the box's work dir. A
         box without network (bwrap/docker default-deny) can only run scripts whose dependencies
-        are none or already in that cache: ``UV_OFFLINE`` is set there so uv fails fast instead
-        of retrying."""
-        name = f".vfray/scripts/{uuid.uuid4().hex[:12]}.py"
-        await self.write(name, script.encode(), mode=0o755)
-        uv_env = {
-            "UV_CACHE_DIR": UV_CACHE_DIR,
-            "UV_NO_PROGRESS": "1",
-            "UV_PYTHON_DOWNLOADS": "never",
-        }
-        if self.isolates_network:
-            uv_env["UV_OFFLINE"] = "1"
+        are none or already in that cache (:meth:`prepare_uv_script`, called while the box has
+        network): ``UV_OFFLINE`` is set there so uv fails fast instead of retrying."""
+        name = await self._write_uv_script(script)
+        uv_env = _uv_env(offline=self.isolates_network)
         uv_env.update(env or {})
         return await self.run(
             ["uv", "run", "--quiet", "--no-project", "--script", name, *args],
             uv_env,
             timeout=timeout,
         )
+
+    async def prepare_uv_script(
+        self, script: str | bytes, *, timeout: float | None = None
+    ) -> None:
+        """Install a PEP 723 script's dependencies into the box's uv cache now (``uv sync
+        --script``), so a later :meth:`run_uv_script` of the same script needs no network: a
+        task's setup calls it while the box can still reach the index, its reward runs the
+        script after the agent's network is cut (v1's ``prepare_uv_script``). A failure is a
+        :class:`~vfray.errors.SandboxError` with uv's last line."""
+        from vfray.errors import SandboxError
+
+        name = await self._write_uv_script(script)
+        result = await self.run(
+            ["uv", "sync", "--quiet", "--script", name], _uv_env(offline=False), timeout=timeout
+        )
+        if not result.ok:
+            said = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            why = said[-1] if said else f"exit code {result.exit_code}"
+            raise SandboxError(f"uv could not install the script's dependencies: {why}")
+
+    async def _write_uv_script(self, script: str | bytes) -> str:
+        # Named by content: the script prepared in setup is the one run in scoring.
+        data = script if isinstance(script, bytes) else script.encode()
+        name = f".vfray/scripts/{hashlib.sha256(data).hexdigest()[:16]}.py"
+        await self.write(name, data, mode=0o755)
+        return name
 
     async def __aenter__(self) -> Runtime:
         await self.start()

@@ -89,9 +89,15 @@ class RuntimeView:
         return await self._runtime.run(list(argv), env)
 
     async def run_uv_script(
-        self, script: str, args: Sequence[str] | None = None, env: dict[str, str] | None = None
+        self,
+        script: str | bytes,
+        args: Sequence[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> ProgramResult:
         return await self._runtime.run_uv_script(script, list(args or ()), env=env)
+
+    async def prepare_uv_script(self, script: str | bytes) -> None:
+        await self._runtime.prepare_uv_script(script)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         data = await self._runtime.read(path)
