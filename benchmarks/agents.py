@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import http.server
 import logging
 import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,8 +46,10 @@ HARNESSES = (
     "pi",
     "terminus-2",
     "hermes-agent",
+    "aider",
     "kimi-code",
     "goose",
+    "browser-use",
 )
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -65,13 +70,52 @@ class WriteFile(vf.Task[vf.TaskData]):
         return (await runtime.read("out.txt")) == b"hello agent\n"
 
 
+PAGE = b"""<!doctype html><title>Vault</title><h1>The vault</h1><button
+onclick="document.getElementById('out').textContent='The code is KIWI-'+(6*7)">Reveal</button>
+<p id="out"></p>"""
+
+
+@functools.cache
+def page_url() -> str:
+    """browser-use's page, served by a thread of this process on 127.0.0.1: its code shows only
+    after a click runs its JavaScript."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(PAGE)))
+            self.end_headers()
+            self.wfile.write(PAGE)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+class FindCode(WriteFile):
+    """browser-use's task: solved when its final answer is the code the page reveals."""
+
+    async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
+        await runtime.host_url(page_url())  # the host's page, at the same URL in the box
+
+    @vf.reward
+    async def wrote_it(self, trace: vf.Trace) -> bool:  # type: ignore[override]
+        return '"text": "KIWI-42"' in (trace.last_reply or "")
+
+
 def tasks(count: int, runtime: str, harness: str = "") -> list[WriteFile]:
     # Not bwrap's default /work: a host venv under /work (this machine's) would be hidden.
     workdir = "/box" if runtime == "bwrap" else None
     prompt = SETUPS.get(harness, (PROMPT, {}))[0]
+    if harness == "browser-use":
+        prompt = f"open: {page_url()}\nclick: Reveal\nanswer: The code is (\\S+)"
+    kind = FindCode if harness == "browser-use" else WriteFile
     return [
-        WriteFile(vf.TaskData(prompt=prompt, workdir=workdir), key=f"write-{i}")
-        for i in range(count)
+        kind(vf.TaskData(prompt=prompt, workdir=workdir), key=f"write-{i}") for i in range(count)
     ]
 
 
