@@ -1,11 +1,12 @@
 """The podman CLI as the podman runtime drives it: podman's own environment, its calls with
-their output, the ``--ulimit`` every container and build gets, and a live ``podman exec -i``
-stopped through its processes in the container."""
+their output, the ``--ulimit`` every container and build gets, a box's limits (rootless on
+cgroup v1 too), and a live ``podman exec -i`` stopped through its processes in the container."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 from vfray.runtimes._docker_exec import signal_exec
 from vfray.runtimes._executor import blocking
+from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.live import LocalProcess
 
 PODMAN_ENV = (
@@ -27,6 +29,8 @@ NOFILE_CAP = 1048576
 NPROC_CAP = 32768
 """Podman 4.3 (root) lowers its own RLIMIT_NPROC to this before starting containers."""
 _STOP_KILL_TRIES = 30
+_WARNED_V1 = False
+log = logging.getLogger(__name__)
 
 
 def ulimit_args() -> list[str]:
@@ -41,6 +45,39 @@ def ulimit_args() -> list[str]:
         value = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
         args += ["--ulimit", f"{name}={value}:{value}"]
     return args
+
+
+def rootless_v1() -> bool:
+    """Whether podman runs rootless (this process is not root) on cgroup v1, where it ignores
+    ``--cpus``, ``--memory`` and ``--pids-limit`` (measured with podman 4.3: the container
+    starts, with no limit in its cgroup): a rootless user may own no v1 cgroup."""
+    return os.geteuid() != 0 and not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+def limit_args(spec: RuntimeSpec) -> list[str]:
+    """The box's cpus, memory (no swap past it) and pids as ``podman run`` arguments.
+
+    Rootless on cgroup v1, where podman drops cgroup limits, memory becomes each program's data
+    limit (RLIMIT_DATA: its writable private memory; podman's ``--ulimit`` has no ``as``, and
+    address space would count what V8 and Go only reserve); cpus and pids stay advisory
+    (RLIMIT_NPROC would count every box of the user: one user namespace holds them all)."""
+    global _WARNED_V1
+    if not rootless_v1():
+        args = ["--cpus", f"{spec.cpu:g}"] if spec.cpu > 0 else []
+        if spec.memory_gb is not None:
+            megabytes = f"{int(spec.memory_gb * 1024)}m"
+            args += ["--memory", megabytes, "--memory-swap", megabytes]
+        return args + (["--pids-limit", str(spec.pids)] if spec.pids is not None else [])
+    if not _WARNED_V1 and (spec.cpu > 0 or spec.pids is not None):
+        _WARNED_V1 = True
+        log.warning(
+            "podman runtime: rootless on cgroup v1 cannot limit a box's cpus or pids (advisory "
+            "here); memory is a per-program data limit (RLIMIT_DATA)"
+        )
+    if spec.memory_gb is None:
+        return []
+    limit = int(spec.memory_gb * 1024**3)
+    return ["--ulimit", f"data={limit}:{limit}"]
 
 
 class PodmanExecProcess(LocalProcess):

@@ -23,8 +23,10 @@ are lower (this VM: 20000 and 96362) and it lacks CAP_SYS_RESOURCE, ``podman run
 process's hard limits, capped at 1048576 and 32768.
 
 Not here: a disk cap (``--storage-opt size`` needs overlay on xfs with quotas; advisory, as on
-docker's ext4), GPUs (podman needs CDI specs; refused in one line). Rootless: written for it
-(the user's own store, no root paths), verified here as root only.
+docker's ext4), GPUs (podman needs CDI specs; refused in one line). Rootless: the user's own store,
+no root paths; on cgroup v1, where rootless podman drops cgroup limits, memory is a per-program
+data limit and cpus and pids are advisory (:func:`vfray.runtimes._podman_cli.limit_args`);
+verified here as root and as a user (docs/runtimes/podman.md).
 
 Measured here (benchmarks/podman_start.py, one run, 8 boxes each, 2 shared cores, the offline
 Debian image already in each store): start to first command p50 1397 ms vs docker's 716 ms
@@ -62,6 +64,7 @@ from vfray.runtimes._podman_cli import (
     PODMAN_ENV,
     PodmanExecProcess,
     client_env,
+    limit_args,
     podman_call,
     ulimit_args,
 )
@@ -180,13 +183,7 @@ class PodmanRuntime(DockerRuntime):
         tools = str(tools_root())
         if os.path.isdir(tools) and tools not in mounted:
             args += ["--volume", f"{tools}:{tools}:ro"]
-        if self.spec.cpu > 0:
-            args += ["--cpus", f"{self.spec.cpu:g}"]
-        if self.spec.memory_gb is not None:
-            megabytes = f"{int(self.spec.memory_gb * 1024)}m"
-            args += ["--memory", megabytes, "--memory-swap", megabytes]
-        if self.spec.pids is not None:
-            args += ["--pids-limit", str(self.spec.pids)]
+        args += limit_args(self.spec)
         args += ulimit_args()
         args += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         if self.user is not None:
