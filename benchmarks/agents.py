@@ -47,6 +47,7 @@ HARNESSES = (
     "terminus-2",
     "hermes-agent",
     "aider",
+    "aider",
     "kimi-code",
     "goose",
     "browser-use",

@@ -23,6 +23,7 @@ _BUILTIN: dict[str, str] = {
     "browser-use": "vfray.harnesses.browser_use:BrowserUseHarness",
     "pool": "vfray.harnesses.pool:PoolHarness",
     "hermes-agent": "vfray.harnesses.hermes_agent:HermesAgentHarness",
+    "aider": "vfray.harnesses.aider:AiderHarness",
     "terminus-2": "vfray.harnesses.terminus_2:Terminus2Harness",
     "pi": "vfray.harnesses.pi:PiHarness",
     "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from vfray.models.scripted import agent, browser, side_policies, terminus
+from vfray.models.scripted import agent, aider, browser, side_policies, terminus
 from vfray.models.scripted.conversation import (
     NAMESPACE_SEP,
     Conversation,
@@ -161,6 +161,8 @@ def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -
             return terminus.decide(conv)
         if browser.is_browser_use(conv):
             return browser.decide_browser(conv)
+        if aider.is_aider(conv):
+            return aider.decide(conv)
         return agent.decide_agent(conv)
     if policy in ("user", "judge"):
         return side_policies.decide(policy, conv)

@@ -1,0 +1,118 @@
+"""The ``aider`` harness: Aider from PyPI in the node's tool dir, driven by the scripted ``agent``
+model (which answers in Aider's edit-block formats) through the interception, in a bwrap box and
+in a docker container; a refused call ends it. Skipped with the reason when PyPI (or the box)
+is not there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_tools import need_registry
+from docker_engine import runtime_options
+from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
+
+import vfray as vf
+from vfray.harnesses import make_harness
+from vfray.harnesses.aider import AiderConfig, AiderHarness, model_metadata
+from vfray.interception import Limits
+from vfray.models.scripted import aider as policy
+from vfray.models.scripted.conversation import Conversation
+from vfray.rollout import Timeouts
+
+HARNESS = "aider"
+
+
+def test_the_command_line_opts_out_of_everything_but_the_interception() -> None:
+    harness = make_harness(HARNESS, {"edit_format": "diff"})
+    assert isinstance(harness, AiderHarness) and isinstance(harness.config, AiderConfig)
+    argv = harness.argv("aider", "do it", "m")
+    assert argv[argv.index("--model") + 1] == "openai/m"
+    assert argv[argv.index("--edit-format") + 1] == "diff"
+    for flag in ("--no-git", "--no-auto-commits", "--analytics-disable", "--no-check-update"):
+        assert flag in argv
+    assert "--git" in make_harness(HARNESS, {"git": True}).argv("aider", "x", "m")  # type: ignore[attr-defined]
+    entry = json.loads(model_metadata("m", 4096))["openai/m"]
+    assert entry["max_input_tokens"] == 4096 and entry["input_cost_per_token"] == 0.0
+
+
+def _conversation(system: str, user: str) -> Conversation:
+    return Conversation(
+        texts=(system, user), last_user=user, tool_names=frozenset(), tool_output=None,
+        user_texts=(user,), system=system,
+    )  # fmt: skip
+
+
+def test_the_policy_answers_in_aiders_edit_formats() -> None:
+    task = 'Write "hi there" to a/b.txt\nrun: ls'
+    whole = _conversation("You MUST use this *file listing* format:", task)
+    assert policy.is_aider(whole)
+    assert policy.decide(whole).text.endswith("a/b.txt\n```\nhi there\n```\n\n```bash\nls\n```\n")
+    diff = _conversation("Every *SEARCH/REPLACE block* must use this format:", task)
+    assert "a/b.txt\n```\n<<<<<<< SEARCH\n=======\nhi there\n>>>>>>> REPLACE\n```" in (
+        policy.decide(diff).text
+    )
+    assert not policy.is_aider(_conversation("You are a helpful assistant.", task))
+    assert "```" not in policy.decide(_conversation(whole.system, "No filename provided")).text
+
+
+class Anything(vf.Task[vf.TaskData]):
+    """Any outcome scores: the stop test's task, whose file Aider never writes."""
+
+    @vf.reward
+    async def ran(self) -> bool:
+        return True
+
+
+async def _rollout(
+    runtime: str,
+    task: type[vf.Task[vf.TaskData]] = WriteFile,
+    prompt: str = PROMPT,
+    **options: object,
+) -> vf.Trace:
+    need_registry("pypi")
+    _timed_install(HARNESS)
+    data = vf.TaskData(prompt=prompt, workdir="/box" if runtime == "bwrap" else None)
+    return await vf.run_rollout(
+        task(data), model="scripted:agent", harness=HARNESS, runtime=runtime, **options
+    )
+
+
+def _check_aider_solved(trace: vf.Trace) -> None:
+    # One call: the reply's file listing writes the file; Aider then ends.
+    _check_solved(trace, calls=1)
+    assert trace.calls[0].tools in (None, [])
+    history = next(a for a in trace.artifacts if a.name == "aider.chat.history.md")
+    assert "Applied edit to out.txt" in history.content
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_aider_rollout_in_bwrap() -> None:
+    """The tool dir is bound read-only; the box has no network but the interception's bridge,
+    so a start that reached out (litellm's model list on raw.githubusercontent.com, the update
+    check, analytics) would fail or stall."""
+    _check_aider_solved(await _rollout("bwrap"))
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_aider_rollout_in_docker(docker_url: str) -> None:
+    _check_aider_solved(await _rollout("docker", runtime_options=runtime_options(docker_url)))
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_refused_call_ends_aider() -> None:
+    """A suggested shell command is a file listing with no name to Aider's whole format, so it
+    asks again; the interception refuses that second call (max_turns=1) and Aider, which would
+    retry for a minute, is ended within the stop grace."""
+    trace = await _rollout(
+        "bwrap", Anything, "run: echo hi", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
+    )
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"{HARNESS}: ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, not a performance bound
