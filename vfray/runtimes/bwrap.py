@@ -3,9 +3,12 @@
 Every ``run`` spawns ``bwrap --unshare-all --die-with-parent --new-session`` (~6 ms) over the
 box's persistent private dirs (work dir at ``spec.workdir`` or ``/work``, ``/tmp``), so files
 persist between runs while processes never outlive their run. Network: the box has only its
-own loopback; the hosts its policy admits (:mod:`vfray.runtimes.network_policy`: setup reaches
-any host, the agent only ``network_allow``, ``network_block`` never) are reached through the
-node's egress proxy (:mod:`vfray.runtimes.egress`), and :meth:`host_url` endpoints through
+own loopback, in one namespace per box as root (:mod:`vfray.runtimes._box_netns`: the owner
+serves the bridges inside it, so no forwarder starts before a command), else one per run with
+the in-box forwarder in front; the hosts its policy admits
+(:mod:`vfray.runtimes.network_policy`: setup reaches any host, the agent only
+``network_allow``, ``network_block`` never) are reached through the node's egress proxy
+(:mod:`vfray.runtimes.egress`), and :meth:`host_url` endpoints through
 :mod:`vfray.runtimes.bridge` at the same URL. ``share_network=True`` with no host named or
 blocked shares the host network instead.
 Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capability dropped,
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vfray.errors import ConfigError, SandboxError
+from vfray.runtimes._box_netns import BoxNetns
 from vfray.runtimes._bwrap_args import (
     BOX_UID,
     BRIDGE_DIR,
@@ -144,6 +148,8 @@ class BwrapRuntime(SubprocessRuntime):
         self.bridges: BridgeSet | None = None
         self.egress: EgressGate | None = None
         """The box's way out through the node's egress proxy (closed with its bridges)."""
+        self.netns: BoxNetns | None = None
+        """The box's own network namespace, its bridges served inside it (root only)."""
         self._executing = False
         self._bwrap = ""
         self._prefix: list[str] = []
@@ -176,7 +182,18 @@ class BwrapRuntime(SubprocessRuntime):
             self.cgroup = CgroupV1(f"vfray-{self.owner or 'x'}-{self.box_id}", self.spec)
             if not self.cgroup.dirs:
                 self.cgroup = None
+        if not shares_network(self.spec, self.share_network):
+            self.netns = await blocking(BoxNetns.make)
+            await self._serve_bridges()
         self._prefix = self._mounts()
+
+    async def _serve_bridges(self) -> None:
+        """Each bridge listening in the box's namespace: a connection there is the bridge's."""
+        if self.netns is None or self.bridges is None:
+            return
+        for port, bridge in self.bridges.bridges.items():
+            # The bridge's own connection handler, as if it came through its unix socket.
+            await self.netns.listen(port, bridge._handle)
 
     @classmethod
     def preflight(cls, options: dict[str, Any]) -> None:
@@ -310,8 +327,14 @@ class BwrapRuntime(SubprocessRuntime):
         )
 
     def _launcher(self) -> list[str]:
-        """What starts ``bwrap`` itself: the box's cgroups joined first, when it has them."""
-        return self.cgroup.join_argv() if self.cgroup is not None else []
+        """What starts ``bwrap`` itself: the box's cgroups joined first, when it has them, and
+        the box's network namespace entered, when its programs run in it."""
+        joins = self.cgroup.join_argv() if self.cgroup is not None else []
+        enter = self.netns.enter_argv() if self.netns is not None and self._isolated() else []
+        return joins + enter
+
+    def _in_netns(self) -> bool:
+        return self.netns is not None and self._isolated()
 
     def _command(
         self,
@@ -326,7 +349,7 @@ class BwrapRuntime(SubprocessRuntime):
         prefix = list(self._prefix)
         if user is not None:
             prefix = with_ids(prefix, *self._user_ids(user))
-        if not self._isolated():
+        if not self._isolated() or self._in_netns():
             prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
         if cwd:
             # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
@@ -343,13 +366,15 @@ class BwrapRuntime(SubprocessRuntime):
             path = image_env.pop("PATH")
             command = self.program_argv(argv, env)
             forwarder = self.node.argv(forwarder, {})
-        if self._isolated() and (self.bridges.bridges or serve):
+        # In the box's own namespace the bridges listen already: the forwarder only for a way in.
+        bridged = self.bridges.bridges and not self._in_netns()
+        if self._isolated() and (bridged or serve):
             ways_in = [f"@{BRIDGE_DIR}/{serve}"] if serve else []
             command = [
                 *forwarder,
                 *("-I", "-S", "-c"),
                 BOX_FORWARDER,
-                *self.bridges.forwarder_args(),
+                *(self.bridges.forwarder_args() if bridged else []),
                 *ways_in,
                 "--",
                 *command,
@@ -435,6 +460,7 @@ class BwrapRuntime(SubprocessRuntime):
         self._require_workdir()
         assert self.bridges is not None
         await self.bridges.add(url)
+        await self._serve_bridges()
         return url
 
     async def prepare_execution(self, routes: Sequence[str]) -> None:
@@ -464,6 +490,9 @@ class BwrapRuntime(SubprocessRuntime):
             self.cgroup = None
         if self.bridges is not None:
             await self.bridges.close()
+        if self.netns is not None:
+            await self.netns.close()
+            self.netns = None
         for exposed in self._exposed.values():
             await exposed.close()
         self._exposed.clear()

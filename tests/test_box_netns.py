@@ -1,0 +1,88 @@
+"""A bwrap box's own network namespace (vfray/runtimes/_box_netns.py, as root): every command of
+the box runs in it with no in-box forwarder in front, its bridges (the egress gate's port
+included) listen inside it, a host URL bridged later is reached there too, and ``stop`` leaves
+nothing holding it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.bridge import BOX_FORWARDER
+from vfray.runtimes.bwrap import BwrapRuntime
+from vfray.runtimes.egress import EGRESS_PORT
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None or shutil.which("nsenter") is None or os.geteuid() != 0,
+        reason="needs bwrap, nsenter and root",
+    ),
+]
+
+
+def _netns_fds() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("net:"):
+            found.add(target)
+    return found
+
+
+async def _serve_hello() -> tuple[asyncio.AbstractServer, int]:
+    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_box_runs_every_command_in_one_namespace_of_its_own() -> None:
+    before = _netns_fds()
+    server, port = await _serve_hello()
+    rt = BwrapRuntime(RuntimeSpec())
+    await rt.start()
+    try:
+        assert rt.netns is not None
+        assert BOX_FORWARDER not in rt._command(["true"], None)[0]  # no Python before a command
+        read_ns = ["readlink", "/proc/self/ns/net"]
+        first, second = (await rt.run(read_ns)).stdout, (await rt.run(read_ns)).stdout
+        assert first == second and first.strip() != os.readlink("/proc/self/ns/net"), first
+        # The gate's port listens inside; a host URL bridged after start is reached too.
+        url = f"http://127.0.0.1:{port}/"
+        assert await rt.host_url(url) == url
+        listening = await rt.run(["cat", "/proc/net/tcp"])
+        assert f":{EGRESS_PORT:04X} " in listening.stdout, listening.stdout
+        got = await rt.run(
+            [
+                rt.python,
+                "-I",
+                "-S",
+                "-c",
+                f"import urllib.request as u; print(u.urlopen({url!r},"
+                " timeout=10).read().decode())",
+            ],
+            env={"NO_PROXY": "127.0.0.1"},
+        )
+        assert got.stdout.strip() == "hello", got
+        # Nothing else listens there: the gate and the bridge only.
+        tcp = (await rt.run(["cat", "/proc/net/tcp"])).stdout.splitlines()[1:]
+        assert sum(line.split()[3] == "0A" for line in tcp) == 2, tcp
+        box_dir = rt.base
+    finally:
+        await rt.stop()
+        server.close()
+    assert rt.netns is None and _netns_fds() == before  # nothing holds the namespace
+    assert box_dir is not None and not Path(box_dir).exists()

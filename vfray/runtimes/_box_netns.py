@@ -1,0 +1,154 @@
+"""A bwrap box's own network namespace, made and served by the box's owner (as root).
+
+Without it each ``run`` of a box with a bridge (every box: its egress gate is one) gets a fresh
+network namespace from ``bwrap --unshare-net`` and starts through the in-box forwarder
+(:data:`vfray.runtimes.bridge.BOX_FORWARDER`), a Python that listens on the bridged ports first:
+~13 ms of interpreter start per command even with nothing imported. Here the owner makes one
+namespace per box instead (``unshare(CLONE_NEWNET)`` in a thread of its own that then returns to
+the owner's namespace), brings its loopback up, and listens on the bridged ports *inside* it
+from its own event loop: a socket stays in the namespace it was made in. The box's programs
+join it with ``nsenter --net`` before ``bwrap --share-net``, so a command starts with no Python in
+front of it; a connection to a bridged port is served by the bridge itself, with no in-box hop.
+
+All the box's programs share the namespace, as a container's do. Nothing outlives the box: the
+namespace is held only by this process's descriptor and the box's processes, and :meth:`close`
+closes both listeners and descriptor. Needs ``CAP_SYS_ADMIN`` (root); :meth:`BoxNetns.make`
+returns None elsewhere and the box keeps the forwarder per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import os
+import shutil
+import socket
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+
+CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _run_in_thread(work: Callable[[], object]) -> object:
+    """``work`` in a thread of its own: a thread in another namespace never serves anyone else."""
+    result: list[object] = []
+    error: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=main, name="vfray-box-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+class BoxNetns:
+    """One box's network namespace: a descriptor that holds it and listeners inside it."""
+
+    def __init__(self, fd: int, nsenter: str) -> None:
+        self.fd = fd
+        self.nsenter = nsenter
+        self._servers: dict[int, asyncio.AbstractServer] = {}
+
+    @classmethod
+    def make(cls) -> BoxNetns | None:
+        """A new namespace with its loopback up, or None where this process may not make one
+        (not root, a seccomp profile, no ``nsenter``)."""
+        nsenter = shutil.which("nsenter")
+        if nsenter is None or os.geteuid() != 0:
+            return None
+
+        def make_it() -> int:
+            libc = _libc()
+            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+                try:
+                    fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                        ifreq = struct.pack("16sH22x", b"lo", 0)
+                        flags = struct.unpack(
+                            "16sH22x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq)
+                        )[1]
+                        ifreq = struct.pack("16sH22x", b"lo", flags | _IFF_UP)
+                        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, ifreq)
+                    return fd
+                finally:
+                    # Back home even though the thread ends: nothing else may run in the box's.
+                    _check(libc.setns(home, CLONE_NEWNET), "setns back")
+            finally:
+                os.close(home)
+
+        try:
+            fd = _run_in_thread(make_it)
+        except OSError:
+            return None
+        assert isinstance(fd, int)
+        return cls(fd, nsenter)
+
+    def enter_argv(self) -> list[str]:
+        """An argv prefix that runs the rest in this namespace (``bwrap --share-net`` then keeps
+        it); the descriptor is read through this process's ``/proc`` entry."""
+        return [self.nsenter, f"--net=/proc/{os.getpid()}/fd/{self.fd}", "--"]
+
+    def listening(self) -> set[int]:
+        return set(self._servers)
+
+    async def listen(self, port: int, handler: Handler) -> None:
+        """Serve box port ``port`` (on the namespace's 127.0.0.1) with ``handler``."""
+        if port in self._servers:
+            return
+
+        def bind() -> socket.socket:
+            libc = _libc()
+            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _check(libc.setns(self.fd, CLONE_NEWNET), "setns into the box's namespace")
+                try:
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind(("127.0.0.1", port))
+                    sock.listen(256)
+                    sock.setblocking(False)
+                    return sock
+                finally:
+                    _check(libc.setns(home, CLONE_NEWNET), "setns back")
+            finally:
+                os.close(home)
+
+        sock = _run_in_thread(bind)
+        assert isinstance(sock, socket.socket)
+        self._servers[port] = await asyncio.start_server(handler, sock=sock)
+
+    async def close(self) -> None:
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
