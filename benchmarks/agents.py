@@ -44,6 +44,8 @@ HARNESSES = (
     "codex",
     "claude-code",
     "pi",
+    "qwen-code",
+    "opencode",
     "terminus-2",
     "hermes-agent",
     "aider",

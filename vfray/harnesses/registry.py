@@ -26,6 +26,8 @@ _BUILTIN: dict[str, str] = {
     "aider": "vfray.harnesses.aider:AiderHarness",
     "terminus-2": "vfray.harnesses.terminus_2:Terminus2Harness",
     "pi": "vfray.harnesses.pi:PiHarness",
+    "qwen-code": "vfray.harnesses.qwen_code:QwenCodeHarness",
+    "opencode": "vfray.harnesses.opencode:OpencodeHarness",
     "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",
     "goose": "vfray.harnesses.goose:GooseHarness",
 }

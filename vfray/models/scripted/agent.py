@@ -158,12 +158,15 @@ def decide_agent(conv: Conversation) -> Decision:
 
 def find_tool(conv: Conversation, name: str) -> str | None:
     """The offered tool called ``name``: exactly, or as an MCP tool an agent prefixed with its
-    server (Claude Code's ``mcp__server__name``; Codex offers them in a Responses namespace)."""
+    server (Claude Code's ``mcp__server__name``; Codex offers them in a Responses namespace;
+    opencode's ``server_name``)."""
     if name in conv.tool_names:
         return name
     matches = sorted(
         t for t in conv.tool_names if t.endswith((f"__{name}", f"{NAMESPACE_SEP}{name}"))
     )
+    # opencode joins server and tool with one underscore (``scratchpad_read_note``).
+    matches = matches or sorted(t for t in conv.tool_names if t.endswith(f"_{name}"))
     return matches[0] if matches else None
 
 
