@@ -172,7 +172,7 @@ class Worker:
 
 async def _run_command(runtime: Runtime, command: str, c: PoolConfig) -> str:
     try:
-        result = await runtime.run(["bash", "-c", command], {}, timeout=c.command_timeout)
+        result = await runtime.run(["bash", "-c", command], dict(c.env), timeout=c.command_timeout)
     except Exception as exc:  # the box's failure is this command's output, as in the chat loop
         return f"error: {type(exc).__name__}: {exc}"
     output = result.stdout + result.stderr
