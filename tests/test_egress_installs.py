@@ -48,9 +48,11 @@ def npm_dir() -> Iterator[str]:
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _apt(*packages: str) -> list[str]:
-    install = "apt-get install -y -q --no-install-recommends " + " ".join(packages)
-    return ["sh", "-c", f"{'apt-get update -q && ' if packages == ('tree',) else ''}{install}"]
+def _apt(package: str, *, update: bool) -> list[str]:
+    install = f"apt-get install -y -q --no-install-recommends {package}"
+    # No translations: an update fetches 9.4 MB instead of 15.8 (measured here).
+    first = "apt-get update -q -o Acquire::Languages=none && " if update else ""
+    return ["sh", "-c", first + install]
 
 
 class Installs(vf.Task[vf.TaskData]):
@@ -65,7 +67,7 @@ class Installs(vf.Task[vf.TaskData]):
                 "--no-fund", "--fetch-retries=0", "--cache", "/tmp/npm-cache", package]  # fmt: skip
 
     async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
-        apt = await runtime.run(_apt("tree"), timeout=600)
+        apt = await runtime.run(_apt("tree", update=True), timeout=600)
         npm = await runtime.run(self._npm("is-number@7.0.0", "/tmp/setup-npm"), timeout=300)
         for what, done in (("apt", apt), ("npm", npm)):
             if not done.ok:
@@ -75,7 +77,7 @@ class Installs(vf.Task[vf.TaskData]):
     async def offline_after_setup(self, trace: vf.Trace, runtime: Runtime) -> float:
         tree = await runtime.run(["tree", "--version"], timeout=60)
         kept = await runtime.read("/tmp/setup-npm/node_modules/is-number/package.json")
-        apt = await runtime.run(_apt("jq"), timeout=300)
+        apt = await runtime.run(_apt("jq", update=False), timeout=300)
         npm = await runtime.run(self._npm("is-odd@3.0.1", "/tmp/agent-npm"), timeout=300)
         refused = list(getattr(runtime, "egress").refused)  # noqa: B009 - every runtime here
         self.said.extend([tree.stdout, apt.stdout + apt.stderr, npm.stdout + npm.stderr])
@@ -120,7 +122,7 @@ def box(request: pytest.FixtureRequest, npm_dir: str) -> tuple[str, str, dict[st
     return runtime, image.oci, {"volumes": volumes}
 
 
-@pytest.mark.slow  # ~35 s a runtime: apt-get update fetches ~16 MB of lists
+@pytest.mark.slow  # 10-35 s a runtime: apt-get update fetches ~9 MB of lists
 @pytest.mark.docker
 @pytest.mark.bwrap
 async def test_setup_installs_with_apt_and_npm_and_the_agent_phase_cannot(
