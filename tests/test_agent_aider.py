@@ -31,7 +31,8 @@ def test_the_command_line_opts_out_of_everything_but_the_interception() -> None:
     assert argv[argv.index("--edit-format") + 1] == "diff"
     for flag in ("--no-git", "--no-auto-commits", "--analytics-disable", "--no-check-update"):
         assert flag in argv
-    assert "--git" in make_harness(HARNESS, {"git": True}).argv("aider", "x", "m")  # type: ignore[attr-defined]
+    with_git = make_harness(HARNESS, {"git": True})
+    assert isinstance(with_git, AiderHarness) and "--git" in with_git.argv("aider", "x", "m")
     entry = json.loads(model_metadata("m", 4096))["openai/m"]
     assert entry["max_input_tokens"] == 4096 and entry["input_cost_per_token"] == 0.0
 
