@@ -53,6 +53,7 @@ HARNESSES = (
     "kimi-code",
     "goose",
     "browser-use",
+    "openclaw",
 )
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {

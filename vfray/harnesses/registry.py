@@ -29,6 +29,7 @@ _BUILTIN: dict[str, str] = {
     "qwen-code": "vfray.harnesses.qwen_code:QwenCodeHarness",
     "opencode": "vfray.harnesses.opencode:OpencodeHarness",
     "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",
+    "openclaw": "vfray.harnesses.openclaw:OpenClawHarness",
     "goose": "vfray.harnesses.goose:GooseHarness",
 }
 HARNESSES = Registry(

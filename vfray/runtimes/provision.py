@@ -250,8 +250,20 @@ def _image_python(spec: ToolSpec) -> str:
 
 def _install(spec: ToolSpec, dest: Path, cache: Path, final: Path) -> None:
     if spec.kind == "npm":
-        argv = _npm_argv(_which("npm", spec), spec, str(dest))
-        _run(spec, argv, {"npm_config_cache": str(cache / "npm"), "NO_UPDATE_NOTIFIER": "1"})
+        npm = _which("npm", spec)
+        env = {"npm_config_cache": str(cache / "npm"), "NO_UPDATE_NOTIFIER": "1"}
+        node = [p for p in spec.packages if p.startswith("node@")]
+        if node:
+            # The agent's install scripts run on the Node.js it will run on, not this host's
+            # (OpenClaw's refuses Node < 24.16): that Node first, in a folder of its own (the
+            # main install moves its own node_modules about), then on PATH for the install.
+            own = dest / ".install-node"
+            quiet = ["--no-audit", "--no-fund", "--no-save", "--loglevel=error"]
+            _run(spec, [npm, "install", "--prefix", str(own), *quiet, *node], env)
+            env["PATH"] = f"{own / 'node_modules' / '.bin'}:{os.environ.get('PATH', '')}"
+        _run(spec, _npm_argv(npm, spec, str(dest)), env)
+        if node:
+            _remove(own)
         return
     uv = _which("uv", spec)
     env = {"UV_CACHE_DIR": str(cache / "uv"), "UV_NO_PROGRESS": "1"}

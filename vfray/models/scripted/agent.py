@@ -28,9 +28,10 @@ SHELL_TOOLS = (
     "run_shell_command",
     "execute_command",
     "terminal",
+    "exec",
 )
 """Tool names taken for a shell, most preferred first (Codex offers both ``exec_command`` and,
-in some versions, ``shell``)."""
+in some versions, ``shell``; OpenClaw's is ``exec``)."""
 _ARGUMENTS = ("command", "cmd", "script")
 
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

@@ -1,0 +1,83 @@
+"""The ``openclaw`` harness: OpenClaw (npm ``openclaw``, 836 MiB with its Node.js 24) installed
+into the node's tool dir, one scored rollout against the scripted ``agent`` model through the
+interception in bwrap and in docker, and a refused call that ends the program. Skipped with the
+reason when npm (or the engine) is unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_tools import need_registry
+from docker_engine import runtime_options
+from test_agents import _check_solved, _rollout, _timed_install
+
+import vfray as vf
+from vfray.errors import ConfigError
+from vfray.harnesses import available_harnesses, make_harness
+from vfray.harnesses.openclaw import OpenClawConfig, OpenClawHarness
+from vfray.interception import Limits
+from vfray.rollout import Timeouts
+
+
+def test_openclaw_is_registered_with_a_typed_config() -> None:
+    assert "openclaw" in available_harnesses()
+    oc = make_harness("openclaw", {"version": "2026.9.5"})
+    assert isinstance(oc, OpenClawHarness) and isinstance(oc.config, OpenClawConfig)
+    assert oc.tool_spec().requirement == "openclaw@2026.9.5"
+    assert oc.tool_spec().packages == ("node@24",)
+    assert oc.EXECUTES_CODE and not oc.NEEDS_CONTAINER
+    with pytest.raises(ConfigError, match="openclaw"):
+        make_harness("openclaw", {"no_such_option": 1})
+
+
+def _check_result(trace: vf.Trace) -> None:
+    (artifact,) = trace.artifacts
+    result = json.loads(artifact.content)
+    assert result["ok"] and result["status"] == "ok", result
+    assert (result["provider"], result["model"]) == ("vfray", "scripted:agent")
+    # write and cat through its shell tool, then the answer: three turns.
+    assert result["toolSummary"]["tools"] == ["exec"] and result["toolSummary"]["calls"] == 2
+    assert result["assistantTurns"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_openclaw_rollout_in_bwrap() -> None:
+    need_registry("npm")
+    _timed_install("openclaw")
+    trace = await _rollout("openclaw", runtime="bwrap")
+    # write, cat, final answer: three chat-completions calls.
+    _check_solved(trace, calls=3)
+    _check_result(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_openclaw_rollout_in_docker(docker_url: str) -> None:
+    need_registry("npm")
+    _timed_install("openclaw")
+    trace = await _rollout(
+        "openclaw", runtime="docker", runtime_options=runtime_options(docker_url)
+    )
+    _check_solved(trace, calls=3)
+    _check_result(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_refused_call_ends_openclaw() -> None:
+    """After the interception refuses a call (max_turns=1) OpenClaw is ended, not left
+    retrying: the rollout ends by its limit, before the agent budget."""
+    need_registry("npm")
+    _timed_install("openclaw")
+    trace = await _rollout(
+        "openclaw", runtime="bwrap", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
+    )
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"openclaw: the agent phase ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, generous for a loaded machine

@@ -1,0 +1,147 @@
+"""The ``openclaw`` harness: OpenClaw (npm ``openclaw``, with a Node.js 24 from npm in the same
+tool dir, as it needs Node >= 24.16) run as ``openclaw agent exec``, its embedded one-shot agent
+with no Gateway, in the chat-completions dialect against the interception through a pinned
+config naming the interception as its only provider; its JSON result envelope is kept on the
+trace.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from vfray.harnesses.base import HarnessConfig, LaunchContext
+from vfray.harnesses.chat import openai_base_url
+from vfray.harnesses.provisioned import (
+    AGENT_DIR,
+    AgentHarnessConfig,
+    ProvisionedHarness,
+    prompt_text,
+)
+from vfray.runtimes.base import ProgramResult, Runtime
+from vfray.runtimes.provision import ToolSpec
+
+STATE_DIR = f"{AGENT_DIR}/openclaw-state"
+CONFIG_PATH = f"{AGENT_DIR}/openclaw.json"
+PROMPT_PATH = f"{AGENT_DIR}/openclaw-task.md"
+RESULT_PATH = f"{AGENT_DIR}/openclaw-result.json"
+KEY_VAR = "VFRAY_API_KEY"
+PROVIDER = "vfray"
+
+OPT_OUTS = {
+    "OPENCLAW_NO_AUTO_UPDATE": "1",
+    "OPENCLAW_DISABLE_BONJOUR": "1",
+    "OPENCLAW_SKIP_CHANNELS": "1",
+    "OPENCLAW_SKIP_CRON": "1",
+    "OPENCLAW_HIDE_BANNER": "1",
+    "OPENCLAW_SUPPRESS_NOTES": "1",
+    "NO_COLOR": "1",
+}
+"""No update check, mDNS, chat channels or scheduler: with the config's own opt-outs the program
+connects only to the interception."""
+
+
+class OpenClawConfig(AgentHarnessConfig):
+    """Options of the openclaw harness."""
+
+    version: str = "2026.9.6"
+    node_version: str = "24"
+    """The npm ``node`` package installed beside it (OpenClaw needs Node >= 24.16)."""
+    disabled_tools: tuple[str, ...] = ()
+    """Tools the agent must not get, as OpenClaw names them (``exec``, ``write``…): its
+    ``tools.deny``."""
+
+
+def openclaw_config(model: str, base_url: str, disabled_tools: tuple[str, ...] = ()) -> str:
+    """OpenClaw's pinned config: the interception as the only provider (its key read from the
+    environment), ``model`` the primary with no fallback, the coding tool profile, and update
+    checks, telemetry, diagnostics and the background recap model off."""
+    config: dict[str, Any] = {
+        "agents": {
+            "defaults": {
+                "model": {"primary": f"{PROVIDER}/{model}"},
+                "skipBootstrap": True,
+                "heartbeat": {"every": "0m"},
+                "sandbox": {"mode": "off"},
+                "utilityModel": "",
+            }
+        },
+        "models": {
+            "providers": {
+                PROVIDER: {
+                    "baseUrl": base_url,
+                    "apiKey": f"${{{KEY_VAR}}}",
+                    "api": "openai-completions",
+                    "models": [{"id": model, "name": model, "reasoning": False, "input": ["text"]}],
+                }
+            }
+        },
+        "tools": {"profile": "coding", "deny": list(disabled_tools)},
+        "update": {"checkOnStart": False},
+        "telemetry": {"enabled": False},
+        "diagnostics": {"enabled": False},
+    }
+    return json.dumps(config, indent=2)
+
+
+class OpenClawHarness(ProvisionedHarness):
+    """OpenClaw's ``agent exec``: one embedded turn, its state kept in the box's agent dir."""
+
+    id = "openclaw"
+    config_type: ClassVar[type[HarnessConfig]] = OpenClawConfig
+    config: OpenClawConfig
+    ARTIFACTS = (RESULT_PATH,)
+    APPENDS_SYSTEM_PROMPT = False
+
+    def tool_spec(self) -> ToolSpec:
+        return ToolSpec(
+            name="openclaw",
+            kind="npm",
+            package="openclaw",
+            version=self.config.version,
+            packages=(f"node@{self.config.node_version}",),
+        )
+
+    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
+        tool = await self.box_tool(runtime)
+        c = self.config
+        config = openclaw_config(ctx.model, openai_base_url(ctx.endpoint), c.disabled_tools)
+        await runtime.write(CONFIG_PATH, config.encode())
+        # --state-dir must exist; the task goes in a file (a prompt may start with a dash).
+        await runtime.write(f"{STATE_DIR}/.keep", b"")
+        await runtime.write(PROMPT_PATH, prompt_text(self.resolve_prompt(ctx.data)).encode())
+        argv = [
+            tool.executable("openclaw"),
+            "agent",
+            "exec",
+            "--config",
+            CONFIG_PATH,
+            "--state-dir",
+            STATE_DIR,
+            "--message-file",
+            PROMPT_PATH,
+            "--model",
+            f"{PROVIDER}/{ctx.model}",
+            "--json",
+            # vfray's agent budget is the deadline.
+            "--timeout",
+            "0",
+            *c.extra_args,
+        ]
+        env = {
+            # The tool dir's bin holds its own node, which openclaw's #!/usr/bin/env node finds.
+            "PATH": tool.path_env(),
+            "HOME": STATE_DIR,
+            "OPENCLAW_HOME": STATE_DIR,
+            KEY_VAR: ctx.secret,
+            **OPT_OUTS,
+            **c.env,
+        }
+        return await self.run_logged(
+            runtime,
+            argv,
+            env,
+            stdout_path=RESULT_PATH,
+            timeout=ctx.timeout,
+            box_paths=("HOME", "OPENCLAW_HOME"),
+        )
