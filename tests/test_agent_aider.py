@@ -106,8 +106,8 @@ async def test_aider_rollout_in_docker(docker_url: str) -> None:
 @pytest.mark.bwrap
 async def test_a_refused_call_ends_aider() -> None:
     """A suggested shell command is a file listing with no name to Aider's whole format, so it
-    asks again; the interception refuses that second call (max_turns=1) and Aider, which would
-    retry for a minute, is ended within the stop grace."""
+    asks again; the interception refuses that second call (max_turns=1) and Aider, which retries
+    a failed call with backoff, is ended within the stop grace."""
     trace = await _rollout(
         "bwrap", Anything, "run: echo hi", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
     )
