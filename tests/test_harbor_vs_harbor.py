@@ -1,12 +1,13 @@
 """The same 10 Harbor tasks (benchmarks/vs_harbor/tasks, built FROM the offline Debian base) run
 by Harbor 0.26.0 itself (PyPI, in a Python 3.12 virtualenv of its own; ``harbor run`` on its
-docker environment) and by ``vfray eval harbor:PATH`` on docker, with the ``oracle`` and with
-Codex against the scripted ``agent`` model: the rewards must be the same, task by task, every
-named value of ``reward.json`` included. Two of the tasks' plans are wrong on purpose (0.0 and
-0.5 for the agent), so agreement is not all ones.
+docker environment) and by ``vfray eval harbor:PATH`` on docker, with the ``oracle``, with
+Codex and with Claude Code against the scripted ``agent`` model: the rewards must be the same,
+task by task, every named value of ``reward.json`` included. Two of the tasks' plans are wrong
+on purpose (0.0 and 0.5 for the agent), so agreement is not all ones.
 
-Harbor's codex agent would install itself with nvm and npm from the internet; offline it finds
-the native codex binary already in the tasks' base image and skips its install (see
+Harbor's codex and claude-code agents would install themselves from the internet; offline they
+find the native codex and claude binaries already in the tasks' base image and skip their
+install (see
 benchmarks/vs_harbor/common.py). Each pair runs at the same time (Harbor in a subprocess, vfray
 in this process). Skipped without Python 3.12+, without an engine or the base image, and when
 Harbor's venv is not cached and PyPI is unreachable.
@@ -49,7 +50,8 @@ def harbor() -> InstalledTool:
 def engine(docker_url: str, debian_in_docker: str) -> str:
     try:
         common.codex_binary()
-    except Exception:  # not provisioned yet: it comes from npm
+        common.claude_binary()
+    except Exception:  # not provisioned yet: they come from npm
         need_registry("npm")
     common.build_bench_image(docker_url)
     return docker_url
@@ -70,13 +72,13 @@ def _vfray_rewards(out: Path) -> dict[str, dict[str, float]]:
 def _both(
     harbor: InstalledTool, engine: str, agent: str, tmp: Path
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """Harbor's and vfray's rewards per task for ``agent`` ('oracle' or 'codex')."""
+    """Harbor's and vfray's rewards per task for ``agent`` (one of ``common.AGENTS``)."""
     options = json.dumps({"base_url": engine, "build_network": "host"})
     config = common.docker_config(harbor)
     with scripted_server("agent") as url:
         argv = common.harbor_run_argv(
             harbor, common.TASKS, agent, tmp / "harbor", concurrent=4,
-            base_url=url if agent == "codex" else None,
+            base_url=None if agent == "oracle" else url,
         )  # fmt: skip
         theirs = subprocess.Popen(
             argv,
@@ -86,7 +88,7 @@ def _both(
             text=True,
         )
         try:
-            model = "scripted:agent" if agent == "codex" else "scripted:echo"
+            model = "scripted:echo" if agent == "oracle" else "scripted:agent"
             ours = main(
                 [
                     "eval", f"harbor:{common.TASKS}", "--harness", agent, "-m", model,
@@ -105,7 +107,7 @@ def _both(
     return common.harbor_rewards(tmp / "harbor"), _vfray_rewards(tmp / "vfray")
 
 
-@pytest.mark.parametrize("agent", ["oracle", "codex"])
+@pytest.mark.parametrize("agent", common.AGENTS)
 def test_harbor_and_vfray_score_the_same(
     harbor: InstalledTool, engine: str, agent: str, tmp_path: Path
 ) -> None:

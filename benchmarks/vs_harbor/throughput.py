@@ -3,21 +3,21 @@ against ``vfray eval harbor:PATH`` on docker, on the same machine, engine and ta
 (benchmarks/vs_harbor/tasks: 10 tasks FROM the offline Debian base image).
 
     python benchmarks/vs_harbor/throughput.py [--attempts 2] [--concurrent 4] \
-        [--agents oracle,codex]
+        [--agents oracle,codex,claude-code]
 
 Each side runs the 10 tasks ``--attempts`` times (Harbor ``-k``, vfray ``-r``) at
 ``--concurrent`` trials at once, as a CLI subprocess: wall time from start to exit (its start-up
 included), CPU = the CLI's process tree (user+system of every process it started and reaped:
 Harbor's ``docker compose`` calls; vfray's own process), and the engine's CPU (dockerd and
-containerd, with what they reaped) over the same interval, reported apart. Harbor runs twice:
-as it comes (``--delete``: each trial's image removed after it, so the next trial of that task
+containerd, with what they reaped) over the same interval, reported apart. Harbor runs twice: as
+it comes (``--delete``: each trial's image removed after it, so the next trial of that task
 builds its ``RUN`` layers again) and with ``--no-delete`` (images kept, as vfray's image store
-keeps them). One untimed run of each side first builds what both cache. The agent ``codex``
-talks to the scripted ``agent`` model (a server in this process for Harbor; vfray's embedded
-one, whose CPU is counted against vfray). A private dockerd (tests/docker_engine.py) is
-started and stopped here (``--docker-url`` uses a running one). ``--bwrap`` adds vfray on the
-bwrap runtime, each box's root the task's image unpacked once by the node's image store (built
-in the same engine).
+keeps them). One untimed run of each side first builds what both cache. The agents ``codex`` and
+``claude-code`` talk to the scripted ``agent`` model (a server in this process for Harbor;
+vfray's embedded one, whose CPU is counted against vfray). A private dockerd
+(tests/docker_engine.py) is started and stopped here (``--docker-url`` uses a running one).
+``--bwrap`` adds vfray on the bwrap runtime, each box's root the task's image unpacked once by
+the node's image store (built in the same engine).
 
 Prints one JSON object per measurement and writes them all to ``--out`` (default
 benchmarks/vs_harbor/results.json).
@@ -81,7 +81,7 @@ def vfray_side(engine: str, agent: str, args: argparse.Namespace, runtime: str) 
         {"base_url": engine, "build_network": "host"} if runtime == "docker"
         else {"docker_url": engine}
     )  # fmt: skip
-    model = "scripted:agent" if agent == "codex" else "scripted:echo"
+    model = "scripted:echo" if agent == "oracle" else "scripted:agent"
     with tempfile.TemporaryDirectory(prefix="vfray-vs-harbor-") as tmp:
         argv = [
             sys.executable, "-m", "vfray", "eval", f"harbor:{common.TASKS}", "--harness", agent,
@@ -154,7 +154,7 @@ def main() -> None:
         for runtime in runtimes:  # builds (docker) or unpacks (bwrap) the task images once
             vfray_side(engine, "oracle", warm, runtime)
         for agent in args.agents.split(","):
-            model_url = url if agent == "codex" else None
+            model_url = None if agent == "oracle" else url
             # Harbor's task images kept from an untimed run, as vfray's image store keeps its.
             harbor_side(harbor, engine, "oracle", None, warm, delete=False)
             plan: list[tuple[str, Any]] = [("harbor", False), ("harbor", True)]
