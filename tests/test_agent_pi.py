@@ -13,9 +13,10 @@ from docker_engine import runtime_options
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.errors import ConfigError
 from vfray.harnesses import available_harnesses, make_harness
-from vfray.harnesses.pi import PiConfig, PiHarness, models_json
+from vfray.harnesses.pi import PiConfig, PiHarness, mcp_json, models_json
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
 
@@ -43,6 +44,13 @@ def test_pi_models_json_names_the_interception_as_its_only_provider() -> None:
                 "models": [{"id": "scripted:agent", "reasoning": False, "input": ["text"]}],
             }
         }
+    }
+
+
+def test_pi_mcp_json_declares_the_tasks_servers_directly() -> None:
+    config = json.loads(mcp_json({"pad": "http://127.0.0.1:9/mcp/t"}))
+    assert config == {
+        "mcpServers": {"pad": {"url": "http://127.0.0.1:9/mcp/t", "exposure": "direct"}}
     }
 
 
@@ -79,6 +87,22 @@ async def test_pi_rollout_in_docker(docker_url: str) -> None:
     trace = await _rollout("pi", runtime="docker", runtime_options=runtime_options(docker_url))
     _check_solved(trace, calls=3)
     _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_pi_calls_the_scratchpad_over_mcp() -> None:
+    """Pi connects to the server its mcp.json names and offers its tools as
+    ``mcp__SERVER__TOOL``; the scripted model calls them by name."""
+    need_registry("npm")
+    _timed_install("pi")
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="pi", runtime="bwrap")
+    assert trace.errors == [], trace.errors
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.rewards["remembered"].value == 1.0
+    offered = {t.get("function", t).get("name") for t in trace.calls[0].tools or []}
+    assert {"mcp__scratchpad__write_note", "mcp__scratchpad__read_note"} <= offered
 
 
 @pytest.mark.slow

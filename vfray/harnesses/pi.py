@@ -46,6 +46,13 @@ class PiConfig(AgentHarnessConfig):
     """Tools Pi must not offer (``bash``, ``edit``…): passed as ``--exclude-tools``."""
 
 
+def mcp_json(servers: dict[str, str]) -> str:
+    """Pi's ``mcp.json``: the task's MCP servers (streamable HTTP), their tools declared to the
+    model directly (``direct``; Pi's default hides them behind its code mode)."""
+    entries = {name: {"url": url, "exposure": "direct"} for name, url in servers.items()}
+    return json.dumps({"mcpServers": entries}, indent=2)
+
+
 def models_json(model: str, base_url: str) -> str:
     """Pi's ``models.json``: one provider, the interception, serving ``model`` in the
     chat-completions dialect, its key read from the environment at request time."""
@@ -66,6 +73,7 @@ class PiHarness(ProvisionedHarness):
     config: PiConfig
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -81,6 +89,8 @@ class PiHarness(ProvisionedHarness):
         await runtime.write(
             f"{PI_DIR}/models.json", models_json(ctx.model, openai_base_url(ctx.endpoint)).encode()
         )
+        if ctx.mcp_servers:
+            await runtime.write(f"{PI_DIR}/mcp.json", mcp_json(ctx.mcp_servers).encode())
         c = self.config
         argv = [
             tool.executable("pi"),
