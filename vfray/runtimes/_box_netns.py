@@ -10,10 +10,11 @@ from its own event loop: a socket stays in the namespace it was made in. The box
 join it with ``nsenter --net`` before ``bwrap --share-net``, so a command starts with no Python in
 front of it; a connection to a bridged port is served by the bridge itself, with no in-box hop.
 
-All the box's programs share the namespace, as a container's do. Nothing outlives the box: the
-namespace is held only by this process's descriptor and the box's processes, and :meth:`close`
-closes both listeners and descriptor. Needs ``CAP_SYS_ADMIN`` (root); :meth:`BoxNetns.make`
-returns None elsewhere and the box keeps the forwarder per run.
+One namespace is made ahead (the kernel takes ~5 ms to make one), so a box's start takes it
+ready. All the box's programs share the namespace, as a container's do. Nothing outlives the
+box: the namespace is held only by this process's descriptor and the box's processes, and
+:meth:`BoxNetns.close` closes both listeners and descriptor. Needs ``CAP_SYS_ADMIN`` (root);
+:meth:`BoxNetns.make` returns None elsewhere and the box keeps the forwarder per run.
 """
 
 from __future__ import annotations
@@ -66,6 +67,76 @@ def _check(rc: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
+def _new_netns() -> int:
+    """A descriptor of a new namespace with its loopback up (in a throwaway thread: it goes
+    there and back)."""
+    libc = _libc()
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        try:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                ifreq = struct.pack("16sH22x", b"lo", 0)
+                flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq))[1]
+                fcntl.ioctl(
+                    s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP)
+                )
+            return fd
+        finally:
+            # Back home even though the thread ends: nothing else may run in the box's.
+            _check(libc.setns(home, CLONE_NEWNET), "setns back")
+    finally:
+        os.close(home)
+
+
+# One namespace made ahead, off any box's start: the kernel takes ~5 ms to make one (all its
+# per-namespace state), which was most of a box's start. It is only a descriptor of this
+# process (gone with it); a box takes it and a thread makes the next.
+_spares: list[int] = []
+_spare_lock = threading.Lock()
+_refilling = False
+
+
+def _take() -> int:
+    with _spare_lock:
+        fd = _spares.pop() if _spares else -1
+    if fd < 0:
+        made = _run_in_thread(_new_netns)
+        assert isinstance(made, int)
+        fd = made
+    _refill()
+    return fd
+
+
+def _refill() -> None:
+    global _refilling
+    with _spare_lock:
+        if _refilling or _spares:
+            return
+        _refilling = True
+
+    def make_one() -> None:
+        global _refilling
+        try:
+            fd = _new_netns()
+            with _spare_lock:
+                _spares.append(fd)
+        except OSError:
+            pass
+        finally:
+            with _spare_lock:
+                _refilling = False
+
+    threading.Thread(target=make_one, name="vfray-netns-spare", daemon=True).start()
+
+
+def spare_fds() -> list[int]:
+    """The descriptors of the namespaces made ahead (none held by a box)."""
+    with _spare_lock:
+        return list(_spares)
+
+
 class BoxNetns:
     """One box's network namespace: a descriptor that holds it and listeners inside it."""
 
@@ -81,34 +152,10 @@ class BoxNetns:
         nsenter = shutil.which("nsenter")
         if nsenter is None or os.geteuid() != 0:
             return None
-
-        def make_it() -> int:
-            libc = _libc()
-            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-                try:
-                    fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                        ifreq = struct.pack("16sH22x", b"lo", 0)
-                        flags = struct.unpack(
-                            "16sH22x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq)
-                        )[1]
-                        ifreq = struct.pack("16sH22x", b"lo", flags | _IFF_UP)
-                        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, ifreq)
-                    return fd
-                finally:
-                    # Back home even though the thread ends: nothing else may run in the box's.
-                    _check(libc.setns(home, CLONE_NEWNET), "setns back")
-            finally:
-                os.close(home)
-
         try:
-            fd = _run_in_thread(make_it)
+            return cls(_take(), nsenter)
         except OSError:
             return None
-        assert isinstance(fd, int)
-        return cls(fd, nsenter)
 
     def enter_argv(self) -> list[str]:
         """An argv prefix that runs the rest in this namespace (``bwrap --share-net`` then keeps
