@@ -13,6 +13,7 @@ from docker_engine import runtime_options
 from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.harnesses import make_harness
 from vfray.harnesses.hermes_agent import (
     HermesAgentConfig,
@@ -43,6 +44,14 @@ def test_the_config_names_the_interception_and_leaves_nothing_to_look_up() -> No
     assert abs(cached["ts"] - time.time()) < 60
     argv = harness.argv("hermes", "do it", "m")
     assert argv[argv.index("-t") + 1] == "terminal" and "--yolo" in argv
+    assert "mcp_servers" not in config and harness.SUPPORTS_MCP
+    servers = {"notes": "http://127.0.0.1:9/mcp"}
+    config = json.loads(config_yaml("m", "http://127.0.0.1:9/v1", "k", harness.config, servers))
+    assert config["mcp_servers"] == {"notes": {"url": "http://127.0.0.1:9/mcp"}}
+    assert config["mcp_discovery_timeout"] == 60.0
+    # A server's tools are its own toolset, under its name, offered beside the options' ones.
+    argv = harness.argv("hermes", "do it", "m", ("notes",))
+    assert argv[argv.index("-t") + 1] == "terminal,notes"
 
 
 async def _rollout(runtime: str, **options: object) -> vf.Trace:
@@ -88,3 +97,17 @@ async def test_a_refused_call_ends_hermes_agent() -> None:
     after = trace.timing["agent"].end - trace.calls[-1].ended_at
     print(f"{HARNESS}: ended {after:.1f}s after the refused call")
     assert after < 30, after  # a hang check, not a performance bound
+
+
+@pytest.mark.slow
+async def test_hermes_agent_calls_the_scratchpad_over_mcp() -> None:
+    """The task's MCP server, named in Hermes's config, is offered to the model (as
+    ``mcp__scratchpad__NAME``) and called."""
+    need_registry("pypi")
+    _timed_install(HARNESS)
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness=HARNESS)
+    assert trace.errors == [], trace.errors
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.tool_calls[1].result == "water plants"
+    assert trace.rewards["remembered"].value == 1.0

@@ -36,17 +36,27 @@ class HermesAgentConfig(AgentHarnessConfig):
     like would reach out of the box."""
     context_length: int = Field(131072, gt=0)
     """The model's context window as Hermes is told it: without one it asks openrouter.ai."""
+    mcp_timeout: float = Field(60.0, gt=0)
+    """Seconds Hermes waits at start for the task's MCP servers to list their tools (its
+    ``mcp_discovery_timeout``, 1.5 s by default: on a loaded node the tools missed it)."""
 
 
 OPT_OUTS = {"TIRITH_ENABLED": "false"}
 """Hermes would download its tirith command scanner from github.com at start."""
 
 
-def config_yaml(model: str, base_url: str, key: str, config: HermesAgentConfig) -> str:
+def config_yaml(
+    model: str,
+    base_url: str,
+    key: str,
+    config: HermesAgentConfig,
+    mcp_servers: dict[str, str] | None = None,
+) -> str:
     """Hermes's ``config.yaml`` (as JSON, which YAML reads): the interception as the ``custom``
     provider with the rollout's key. Hermes reads a custom endpoint's URL and key only from its
     config (it ignores ``OPENAI_BASE_URL`` and, for a loopback URL, ``OPENAI_API_KEY``), and
-    asks openrouter.ai for a context window the config does not give."""
+    asks openrouter.ai for a context window the config does not give. The task's MCP servers
+    (streamable HTTP) go under ``mcp_servers``."""
     model_entry = {
         "provider": "custom",
         "base_url": base_url,
@@ -54,7 +64,11 @@ def config_yaml(model: str, base_url: str, key: str, config: HermesAgentConfig) 
         "default": model,
         "context_length": config.context_length,
     }
-    return json.dumps({"model": model_entry, "agent": {"max_turns": config.max_steps}}, indent=1)
+    servers = {name: {"url": url} for name, url in (mcp_servers or {}).items()}
+    document = {"model": model_entry, "agent": {"max_turns": config.max_steps}}
+    if servers:
+        document |= {"mcp_servers": servers, "mcp_discovery_timeout": config.mcp_timeout}
+    return json.dumps(document, indent=1)
 
 
 def update_check(version: str) -> str:
@@ -70,13 +84,22 @@ class HermesAgentHarness(ProvisionedHarness):
     config_type: ClassVar[type[HarnessConfig]] = HermesAgentConfig
     config: HermesAgentConfig
     ARTIFACTS = (OUTPUT_PATH,)
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
+        version = self.config.version
         return ToolSpec(
-            name="hermes-agent", kind="pypi", package="hermes-agent", version=self.config.version
+            name="hermes-agent",
+            kind="pypi",
+            package="hermes-agent",
+            version=version,
+            # Its MCP client (the ``mcp`` extra's pins), for a task's MCP servers.
+            packages=(f"hermes-agent[mcp]=={version}",),
         )
 
-    def argv(self, hermes: str, task: str, model: str) -> list[str]:
+    def argv(self, hermes: str, task: str, model: str, mcp: tuple[str, ...] = ()) -> list[str]:
+        """The command line; ``mcp`` names the task's MCP servers, whose toolsets (one per
+        server, under its name) are offered beside ``toolsets``."""
         c = self.config
         return [
             hermes,
@@ -90,7 +113,7 @@ class HermesAgentHarness(ProvisionedHarness):
             "-m",
             model,
             "-t",
-            ",".join(c.toolsets),
+            ",".join((*c.toolsets, *mcp)),
             "--max-turns",
             str(c.max_steps),
             "--ignore-rules",
@@ -110,14 +133,15 @@ class HermesAgentHarness(ProvisionedHarness):
 
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
         tool = await self.box_tool(runtime)
-        yaml = config_yaml(ctx.model, openai_base_url(ctx.endpoint), ctx.secret, self.config)
+        yaml = config_yaml(
+            ctx.model, openai_base_url(ctx.endpoint), ctx.secret, self.config, ctx.mcp_servers
+        )
         await runtime.write(f"{HERMES_HOME}/config.yaml", yaml.encode())
         await runtime.write(
             f"{HERMES_HOME}/.update_check", update_check(self.config.version).encode()
         )
-        argv = self.argv(
-            tool.executable("hermes"), prompt_text(self.resolve_prompt(ctx.data)), ctx.model
-        )
+        task = prompt_text(self.resolve_prompt(ctx.data))
+        argv = self.argv(tool.executable("hermes"), task, ctx.model, tuple(ctx.mcp_servers))
         return await self.run_logged(
             runtime,
             argv,
