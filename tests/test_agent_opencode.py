@@ -1,16 +1,18 @@
 """The ``opencode`` harness: opencode (npm) installed into the node's tool dir, one scored
 rollout against the scripted ``agent`` model through the interception in bwrap and in docker,
-a task's MCP tools called, and a refused call that ends the program. Skipped with the reason
-when npm (or the engine) is unavailable.
+a task's MCP tools and a skill offered, and a refused call that ends the program. Skipped with
+the reason when npm (or the engine) is unavailable.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
 from docker_engine import runtime_options
+from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
@@ -66,10 +68,14 @@ def _check_events(trace: vf.Trace) -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_opencode_rollout_in_bwrap() -> None:
+async def test_opencode_rollout_in_bwrap(tmp_path: Path) -> None:
+    """Also with a skill: its SKILL.md, installed into the agent's own skills folder, is
+    offered to the model in the first request."""
     need_registry("npm")
     _timed_install("opencode")
-    trace = await _rollout("opencode", runtime="bwrap")
+    skills = {"skills": [str(make_skill(tmp_path))]}
+    trace = await _rollout("opencode", runtime="bwrap", harness_options=skills)
+    assert DESCRIPTION in _request_text(trace)
     # write, cat, final answer: three chat-completions calls offering its bash tool.
     _check_solved(trace, calls=3)
     _check_events(trace)
