@@ -186,10 +186,12 @@ async def throughput(
             # Warm-up: the program's files in the page cache.
             await one(tasks(1, runtime, harness)[0])
             floor = tree_rss(psutil.Process())
+            cpu_before, loop_before = psutil.Process().cpu_times(), time.thread_time()
             with peak_tree_rss() as peak:
                 started = time.perf_counter()
                 traces = await asyncio.gather(*(one(t) for t in tasks(count, runtime, harness)))
                 elapsed = time.perf_counter() - started
+            cpu, loop_cpu = psutil.Process().cpu_times(), time.thread_time() - loop_before
     agent = [t.timing["agent"].duration or 0.0 for t in traces if "agent" in t.timing]
     return {
         "rollouts_per_s": count / elapsed,
@@ -199,6 +201,22 @@ async def throughput(
         "agent_s_mean": sum(agent) / max(1, len(agent)),
         "calls_mean": sum(len(t.calls) for t in traces) / max(1, len(traces)),
         "failed": failures(traces),
+        # This process (vfray: the rollouts, the interception, and the scripted model, which
+        # runs in it, and the RSS sampler's thread: an upper bound for vfray) against its reaped
+        # children (the agent programs with their boxes and commands: all have exited by now).
+        # The event loop's thread alone (no sampler, no worker threads) is the lower bound.
+        "loop_cpu_ms": loop_cpu * 1000 / count,
+        "vfray_cpu_ms": (cpu.user + cpu.system - cpu_before.user - cpu_before.system)
+        * 1000
+        / count,
+        "agent_cpu_ms": (
+            cpu.children_user
+            + cpu.children_system
+            - cpu_before.children_user
+            - cpu_before.children_system
+        )
+        * 1000
+        / count,
     }
 
 
@@ -251,6 +269,12 @@ async def main() -> None:
                 f"environment), "
                 f"agent phase mean {row['agent_s_mean']:.1f} s, "
                 f"{row['calls_mean']:.1f} model calls each {row['failed']}"
+            )
+            share = row["vfray_cpu_ms"] / max(row["agent_cpu_ms"], 1e-9)
+            print(
+                f"  c={level:<3} CPU per rollout: vfray {row['vfray_cpu_ms']:.0f} ms (its event "
+                f"loop {row['loop_cpu_ms']:.0f} ms), the agent {row['agent_cpu_ms']:.0f} ms: "
+                f"vfray's is {share:.1%} of the agent's at most (goal <= 5%)"
             )
         if len(levels) > 1:
             low, high = min(levels), max(levels)
