@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
 from docker_engine import runtime_options
+from test_agent_skills import DESCRIPTION, SeesSkill, _request_text, make_skill
 from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
 
 import vfray as vf
@@ -111,3 +113,25 @@ async def test_hermes_agent_calls_the_scratchpad_over_mcp() -> None:
     assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
     assert trace.tool_calls[1].result == "water plants"
     assert trace.rewards["remembered"].value == 1.0
+
+
+@pytest.mark.slow
+async def test_hermes_agent_lists_a_skill_from_its_home(tmp_path: Path) -> None:
+    """A skills folder goes into ``$HERMES_HOME/skills`` with its executable bits, and Hermes
+    (given its ``skills`` toolset) lists the skill, with its description, to the model."""
+    need_registry("pypi")
+    _timed_install(HARNESS)
+    skill = str(make_skill(tmp_path))
+    harness = make_harness(HARNESS, {"skills": [skill]})
+    assert isinstance(harness, HermesAgentHarness)
+    argv = harness.argv("hermes", "do it", "m")
+    assert argv[argv.index("-t") + 1] == "terminal,file,skills"
+    task = SeesSkill(vf.TaskData(prompt='Write "ok" to done.txt'))
+    task.skills_dir = HermesAgentHarness.SKILLS_DIR or ""
+    trace = await vf.run_rollout(
+        task, model="scripted:agent", harness=HARNESS, harness_options={"skills": [skill]}
+    )
+    assert trace.errors == [], trace.errors
+    assert trace.metrics["installed"] == 1.0
+    # Hermes's skill index cuts a description at 60 characters.
+    assert f"vowel-counter: {DESCRIPTION[:40]}" in _request_text(trace)

@@ -85,6 +85,8 @@ class HermesAgentHarness(ProvisionedHarness):
     config: HermesAgentConfig
     ARTIFACTS = (OUTPUT_PATH,)
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{HERMES_HOME}/skills"
 
     def tool_spec(self) -> ToolSpec:
         version = self.config.version
@@ -99,7 +101,8 @@ class HermesAgentHarness(ProvisionedHarness):
 
     def argv(self, hermes: str, task: str, model: str, mcp: tuple[str, ...] = ()) -> list[str]:
         """The command line; ``mcp`` names the task's MCP servers, whose toolsets (one per
-        server, under its name) are offered beside ``toolsets``."""
+        server, under its name) are offered beside ``toolsets``. With ``skills`` the ``skills``
+        toolset is added too: Hermes lists its skills to the model only beside those tools."""
         c = self.config
         return [
             hermes,
@@ -113,7 +116,7 @@ class HermesAgentHarness(ProvisionedHarness):
             "-m",
             model,
             "-t",
-            ",".join((*c.toolsets, *mcp)),
+            ",".join((*c.toolsets, *(["skills"] if c.skills else []), *mcp)),
             "--max-turns",
             str(c.max_steps),
             "--ignore-rules",
