@@ -7,10 +7,12 @@ bwrap and in docker, and a refused call that ends the program. Skipped with the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
 from docker_engine import runtime_options
+from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
@@ -46,10 +48,14 @@ def _check_events(trace: vf.Trace) -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_kimi_code_rollout_in_bwrap() -> None:
+async def test_kimi_code_rollout_in_bwrap(tmp_path: Path) -> None:
+    """Also with a skill: its SKILL.md, installed into the agent's own skills folder, is
+    offered to the model in the first request."""
     need_registry("npm")
     _timed_install("kimi-code")
-    trace = await _rollout("kimi-code", runtime="bwrap")
+    skills = {"skills": [str(make_skill(tmp_path))]}
+    trace = await _rollout("kimi-code", runtime="bwrap", harness_options=skills)
+    assert DESCRIPTION in _request_text(trace)
     # write, cat, final answer: three chat-completions calls.
     _check_solved(trace, calls=3)
     _check_events(trace)

@@ -49,6 +49,8 @@ class KimiCodeHarness(ProvisionedHarness):
     config: KimiCodeConfig
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{KIMI_HOME}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -70,6 +72,7 @@ class KimiCodeHarness(ProvisionedHarness):
             prompt_text(self.resolve_prompt(ctx.data)),
             "--output-format",
             "stream-json",
+            *(["--skills-dir", self.SKILLS_DIR] if c.skills else []),
             *c.extra_args,
         ]
         env = {

@@ -7,6 +7,7 @@ provider entry in its own ``models.json``; its JSON event stream is kept on the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import ClassVar
 
 from vfray.harnesses.base import HarnessConfig, LaunchContext
@@ -74,6 +75,8 @@ class PiHarness(ProvisionedHarness):
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{PI_DIR}/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -106,6 +109,9 @@ class PiHarness(ProvisionedHarness):
             "--model",
             ctx.model,
             *(["--exclude-tools", ",".join(c.disabled_tools)] if c.disabled_tools else []),
+            # Named one by one: --no-approve leaves project skills out, and naming them does not
+            # depend on where this Pi version discovers user skills.
+            *(a for f in c.skills for a in ("--skill", f"{self.SKILLS_DIR}/{Path(f).name}")),
             *c.extra_args,
             "--",
             prompt_text(self.resolve_prompt(ctx.data)),
