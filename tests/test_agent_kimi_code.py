@@ -16,9 +16,10 @@ from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.errors import ConfigError
 from vfray.harnesses import available_harnesses, make_harness
-from vfray.harnesses.kimi_code import KimiCodeConfig, KimiCodeHarness
+from vfray.harnesses.kimi_code import KimiCodeConfig, KimiCodeHarness, mcp_json
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
 
@@ -31,6 +32,11 @@ def test_kimi_code_is_registered_with_a_typed_config() -> None:
     assert kimi.EXECUTES_CODE and not kimi.NEEDS_CONTAINER
     with pytest.raises(ConfigError, match="kimi-code"):
         make_harness("kimi-code", {"no_such_option": 1})
+
+
+def test_kimi_code_mcp_json_names_the_tasks_servers() -> None:
+    config = json.loads(mcp_json({"pad": "http://127.0.0.1:9/mcp/t"}))
+    assert config == {"mcpServers": {"pad": {"url": "http://127.0.0.1:9/mcp/t"}}}
 
 
 def _check_events(trace: vf.Trace) -> None:
@@ -71,6 +77,22 @@ async def test_kimi_code_rollout_in_docker(docker_url: str) -> None:
     )
     _check_solved(trace, calls=3)
     _check_events(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_kimi_code_calls_the_scratchpad_over_mcp() -> None:
+    """Kimi Code connects to the servers of the mcp.json in its home and offers their tools as
+    ``mcp__SERVER__TOOL``; the scripted model calls them by name."""
+    need_registry("npm")
+    _timed_install("kimi-code")
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="kimi-code", runtime="bwrap")
+    assert trace.errors == [], trace.errors
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.rewards["remembered"].value == 1.0
+    offered = {t.get("function", t).get("name") for t in trace.calls[0].tools or []}
+    assert {"mcp__scratchpad__write_note", "mcp__scratchpad__read_note"} <= offered
 
 
 @pytest.mark.slow

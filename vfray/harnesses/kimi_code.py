@@ -6,6 +6,7 @@ in the chat-completions dialect against the interception, its model given by Kim
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from vfray.harnesses.base import HarnessConfig, LaunchContext
@@ -41,6 +42,11 @@ class KimiCodeConfig(AgentHarnessConfig):
     """The npm ``node`` package installed beside it."""
 
 
+def mcp_json(servers: dict[str, str]) -> str:
+    """Kimi Code's user-level ``mcp.json`` (in its home): the task's servers, streamable HTTP."""
+    return json.dumps({"mcpServers": {n: {"url": u} for n, u in servers.items()}}, indent=2)
+
+
 class KimiCodeHarness(ProvisionedHarness):
     """Kimi Code in prompt mode (which runs its tools without asking)."""
 
@@ -49,6 +55,7 @@ class KimiCodeHarness(ProvisionedHarness):
     config: KimiCodeConfig
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_MCP = True
     SUPPORTS_SKILLS = True
     SKILLS_DIR = f"{KIMI_HOME}/skills"
 
@@ -65,6 +72,8 @@ class KimiCodeHarness(ProvisionedHarness):
         tool = await self.box_tool(runtime)
         # Its home must exist before the stdout redirect into the same folder.
         await runtime.write(f"{KIMI_HOME}/.keep", b"")
+        if ctx.mcp_servers:
+            await runtime.write(f"{KIMI_HOME}/mcp.json", mcp_json(ctx.mcp_servers).encode())
         c = self.config
         argv = [
             tool.executable("kimi"),
