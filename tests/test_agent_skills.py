@@ -15,6 +15,8 @@ from agent_tools import need_registry
 import vfray as vf
 from vfray.errors import ConfigError
 from vfray.harnesses import make_harness
+from vfray.harnesses.base import SKILL_HARNESSES
+from vfray.harnesses.registry import available_harnesses, harness_class
 from vfray.runtimes.base import Runtime
 
 DESCRIPTION = "Counts the vowels of a word with the bundled script (a vfray test skill)."
@@ -51,10 +53,14 @@ def test_a_harness_without_skills_refuses_them_in_one_line(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as caught:
         make_harness("mini-swe-agent", {"skills": [str(skill)]})
     assert str(caught.value) == (
-        "harness 'mini-swe-agent' cannot load skills (no SUPPORTS_SKILLS); "
-        "use 'claude-code', 'claude-code-acp', 'codex' or 'codex-acp'"
+        "harness 'mini-swe-agent' cannot load skills (no SUPPORTS_SKILLS); use one of "
+        "claude-code, claude-code-acp, codex, codex-acp, hermes-agent, kimi-code, opencode, pi, "
+        "qwen-code"
     )
-    for harness_id in ("claude-code", "claude-code-acp", "codex", "codex-acp"):
+    # The refusal names exactly the built-ins that can: none missing, none extra.
+    can = [h for h in available_harnesses() if harness_class(h).SUPPORTS_SKILLS]
+    assert tuple(can) == SKILL_HARNESSES
+    for harness_id in SKILL_HARNESSES:
         assert make_harness(harness_id, {"skills": [str(skill)]}).SUPPORTS_SKILLS
 
 

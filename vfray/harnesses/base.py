@@ -100,6 +100,21 @@ class LaunchContext(BaseModel):
     harness keeps its per-rollout files there (a transcript) apart by it."""
 
 
+SKILL_HARNESSES = (
+    "claude-code",
+    "claude-code-acp",
+    "codex",
+    "codex-acp",
+    "hermes-agent",
+    "kimi-code",
+    "opencode",
+    "pi",
+    "qwen-code",
+)
+"""The built-in harnesses with ``SUPPORTS_SKILLS``, named in the refusal (the registry imports
+this module, so it cannot be asked here; tests/test_agent_skills.py keeps the two equal)."""
+
+
 class Harness(abc.ABC):
     """Base of every harness. Subclasses set ``id`` and the flags, and implement :meth:`launch`.
 
@@ -131,7 +146,7 @@ class Harness(abc.ABC):
         if self.config.skills and not self.SUPPORTS_SKILLS:
             raise ConfigError(
                 f"harness {self.id!r} cannot load skills (no SUPPORTS_SKILLS); "
-                "use 'claude-code', 'claude-code-acp', 'codex' or 'codex-acp'"
+                f"use one of {', '.join(SKILL_HARNESSES)}"
             )
         forwarded = self.config.forwarded()
         if forwarded:
