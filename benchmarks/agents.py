@@ -49,7 +49,6 @@ HARNESSES = (
     "terminus-2",
     "hermes-agent",
     "aider",
-    "aider",
     "kimi-code",
     "goose",
     "browser-use",
