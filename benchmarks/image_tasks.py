@@ -10,9 +10,10 @@
    counted from the engine's events (a ``RUN`` step creates a container; an export is an image
    ``save``) and the store's unpacked roots (new ones, or ones whose mtime changed).
 
-Run as root: ``python benchmarks/image_tasks.py [--boxes 30]``. It builds (or finds) the base
-image in /var/cache/vfray-ci/images, starts the tests' dockerd (tests/docker_engine.py) and uses
-a fresh image store in a temporary dir. Figures of one run: docs/guides/performance.md.
+Run as root: ``python benchmarks/image_tasks.py [--boxes 30] [--parts 123]`` (``--parts 1``:
+the first measurement only). It builds (or finds) the base image in /var/cache/vfray-ci/images,
+starts the tests' dockerd (tests/docker_engine.py) and uses a fresh image store in a temporary dir.
+Figures of one run: docs/guides/performance.md.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _p50(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-async def main(boxes: int) -> None:
+async def main(boxes: int, parts: str) -> None:
     import docker
     from docker_engine import docker_engine
 
@@ -172,59 +173,72 @@ async def main(boxes: int) -> None:
         in_engine = debian_image.import_into_docker(base, url)
         client = docker.DockerClient(base_url=url)
 
-        print("1. box start to first command (store warm), p50 over", boxes, "boxes")
-        await _first_command_ms(lambda: BwrapRuntime(RuntimeSpec(image=base.oci)), 1)  # unpack
-        _docker_run_ms(url, in_engine, 2)  # warm the engine
-        from vfray.runtimes.docker import DockerRuntime
-
-        # Interleaved, one box of each kind per round: the shared machine's load drifts.
-        times: dict[str, list[float]] = {"plain": [], "image": [], "run": [], "vfray": []}
-        for _ in range(boxes):
-            times["plain"] += await _first_command_ms(lambda: BwrapRuntime(RuntimeSpec()), 1)
-            times["image"] += await _first_command_ms(
-                lambda: BwrapRuntime(RuntimeSpec(image=base.oci)), 1
-            )
-            times["run"] += _docker_run_ms(url, in_engine, 1)
-            times["vfray"] += await _first_command_ms(
-                lambda: DockerRuntime(RuntimeSpec(image=in_engine), base_url=url), 1
-            )
-        plain, image, docker_run, vfray_docker = (_p50(times[k]) for k in times)
-        rows = [
-            ("plain bwrap box", plain, ""),
-            ("bwrap on the image", image, f"{image / plain:.2f}x plain bwrap"),
-            ("docker run --rm", docker_run, f"{docker_run / image:.1f}x bwrap-on-image"),
-            ("vfray docker runtime", vfray_docker, f"{vfray_docker / image:.1f}x bwrap-on-image"),
-        ]
-        for name, ms, ratio in rows:
-            print(f"   {name:22} {ms:8.1f} ms  {ratio}")
-
-        print("2. 64 image boxes at once")
-        errors, wall = await _concurrent(base.oci, 64)
-        print(f"   errors {errors}, wall {wall:.1f} s")
-
-        print(f"3. {TASKS} tasks over {IMAGES} Dockerfile images, two runs (fresh processes)")
-        contexts = []
-        for i in range(IMAGES):
-            context = Path(tmp) / f"ctx{i}"
-            context.mkdir()
-            (context / "Dockerfile").write_text(f"FROM {in_engine}\nRUN echo {i} > /etc/which\n")
-            contexts.append(str(context))
-        for run in ("first", "second"):
-            roots_before = _roots(store)
-            since = time.time()
-            result = _taskset_run(url, contexts)
-            work = _engine_work(client, since, time.time())
-            roots_after = _roots(store)
-            unpacked = sum(roots_before.get(k) != v for k, v in roots_after.items())
-            print(
-                f"   {run} run: {result['ok']}/{TASKS} ok in {result['wall_s']:.1f} s; image phase "
-                f"p50 {result['image_phase_p50_ms']:.1f} ms, max {result['image_phase_max_ms']:.0f}"
-                f" ms; engine: {work}; roots unpacked: {unpacked} (store holds {len(roots_after)})"
-            )
+        if "1" in parts:
+            await _start_to_first_command(base, in_engine, url, boxes)
+        if "2" in parts:
+            print("2. 64 image boxes at once")
+            errors, wall = await _concurrent(base.oci, 64)
+            print(f"   errors {errors}, wall {wall:.1f} s")
+        if "3" in parts:
+            await _second_run(base, in_engine, url, client, store, Path(tmp))
         client.close()
+
+
+async def _start_to_first_command(base: Any, in_engine: str, url: str, boxes: int) -> None:
+    print("1. box start to first command (store warm), p50 over", boxes, "boxes")
+    await _first_command_ms(lambda: BwrapRuntime(RuntimeSpec(image=base.oci)), 1)  # unpack
+    _docker_run_ms(url, in_engine, 2)  # warm the engine
+    from vfray.runtimes.docker import DockerRuntime
+
+    # Interleaved, one box of each kind per round: the shared machine's load drifts.
+    times: dict[str, list[float]] = {"plain": [], "image": [], "run": [], "vfray": []}
+    for _ in range(boxes):
+        times["plain"] += await _first_command_ms(lambda: BwrapRuntime(RuntimeSpec()), 1)
+        times["image"] += await _first_command_ms(
+            lambda: BwrapRuntime(RuntimeSpec(image=base.oci)), 1
+        )
+        times["run"] += _docker_run_ms(url, in_engine, 1)
+        times["vfray"] += await _first_command_ms(
+            lambda: DockerRuntime(RuntimeSpec(image=in_engine), base_url=url), 1
+        )
+    plain, image, docker_run, vfray_docker = (_p50(times[k]) for k in times)
+    rows = [
+        ("plain bwrap box", plain, ""),
+        ("bwrap on the image", image, f"{image / plain:.2f}x plain bwrap"),
+        ("docker run --rm", docker_run, f"{docker_run / image:.1f}x bwrap-on-image"),
+        ("vfray docker runtime", vfray_docker, f"{vfray_docker / image:.1f}x bwrap-on-image"),
+    ]
+    for name, ms, ratio in rows:
+        print(f"   {name:22} {ms:8.1f} ms  {ratio}")
+
+
+async def _second_run(
+    base: Any, in_engine: str, url: str, client: Any, store: Path, tmp: Path
+) -> None:
+    print(f"3. {TASKS} tasks over {IMAGES} Dockerfile images, two runs (fresh processes)")
+    contexts = []
+    for i in range(IMAGES):
+        context = tmp / f"ctx{i}"
+        context.mkdir()
+        (context / "Dockerfile").write_text(f"FROM {in_engine}\nRUN echo {i} > /etc/which\n")
+        contexts.append(str(context))
+    for run in ("first", "second"):
+        roots_before = _roots(store)
+        since = time.time()
+        result = _taskset_run(url, contexts)
+        work = _engine_work(client, since, time.time())
+        roots_after = _roots(store)
+        unpacked = sum(roots_before.get(k) != v for k, v in roots_after.items())
+        print(
+            f"   {run} run: {result['ok']}/{TASKS} ok in {result['wall_s']:.1f} s; image phase "
+            f"p50 {result['image_phase_p50_ms']:.1f} ms, max {result['image_phase_max_ms']:.0f}"
+            f" ms; engine: {work}; roots unpacked: {unpacked} (store holds {len(roots_after)})"
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--boxes", type=int, default=30)
-    asyncio.run(main(parser.parse_args().boxes))
+    parser.add_argument("--parts", default="123", help="which of the 3 measurements to run")
+    args = parser.parse_args()
+    asyncio.run(main(args.boxes, args.parts))
