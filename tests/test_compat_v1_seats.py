@@ -173,7 +173,34 @@ async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path:
     assert trace.seat == "agent" and trace.last_reply == "2"  # the first run played
     error = trace.error()
     assert error is not None and error.type == "TaskError" and "\n" not in error.message
-    assert "seat 'agent' already played: one rollout per seat here" in error.message
+    assert "agents.agent: a second run / interaction in one episode" in error.message
+
+
+async def test_a_seat_fanned_out_in_a_task_group_names_the_cause(tmp_path: Path) -> None:
+    # code_golf's shape: the attempts run concurrently in a TaskGroup; the error is the
+    # refusal itself, not "unhandled errors in a TaskGroup (1 sub-exception)".
+    pkg = tmp_path / "fanned"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import asyncio\n"
+        "import verifiers.v1 as vf\n"
+        "class Tasks(vf.Taskset):\n"
+        "    def load(self):\n"
+        "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
+        "class Fanned(vf.Env[vf.SingleAgentEnvConfig]):\n"
+        "    async def run(self, task, agents):\n"
+        "        async with asyncio.TaskGroup() as tg:\n"
+        "            for _ in range(2):\n"
+        "                tg.create_task(agents.agent.run(task))\n"
+        "__all__ = ['Tasks', 'Fanned']\n"
+    )
+    (trace,) = await run_game(
+        _first(loader.load(str(pkg))), model="scripted:arithmetic", harness="null"
+    )
+    error = trace.error()
+    assert error is not None and "\n" not in error.message
+    assert "TaskGroup" not in error.message
+    assert "agents.agent: a second run / interaction in one episode" in error.message
 
 
 _JUDGED = """

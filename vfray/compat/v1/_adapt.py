@@ -20,6 +20,7 @@ from vfray.compat.v1._judges import judge, plugged_judges
 from vfray.compat.v1._kinds import of
 from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
+from vfray.compat.v1._toolsets import is_genuine_toolset, serve
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
@@ -273,19 +274,20 @@ def _refuse_unsupported(task: V1Task[Any, Any, Any]) -> None:
     label = type(task).__qualname__
     ToolsetConfig = of(task).ToolsetConfig  # verifiers' own, when installed
     for toolset in type(task).toolsets(task.config):
-        if not isinstance(toolset, VfrayToolset):
-            where = "verifiers' own" if of(task).genuine else "not a verifiers.v1 Toolset with"
+        if is_genuine_toolset(toolset):
+            serve(toolset)  # refuses what it cannot serve, in one line
+        elif not isinstance(toolset, VfrayToolset):
             raise ConfigError(
-                f"v1 task {label}: toolset {type(toolset).__qualname__} is {where} Toolset "
-                "(vfray serves the Toolsets of its own verifiers.v1 layer, whose @tool methods "
-                "it hosts; verifiers' MCP servers are not bridged yet)"
+                f"v1 task {label}: toolset {type(toolset).__qualname__} is not a verifiers.v1 "
+                "Toolset (vfray hosts a Toolset's @tool methods)"
             )
         config = getattr(toolset, "config", None)
         if isinstance(config, ToolsetConfig):
+            # Compared as dumped: verifiers' own default runtime is a model, not a dict.
+            keys = {"colocated", "runtime", "url"}
+            default = ToolsetConfig().model_dump(include=keys)
             asked = [
-                f"{k}={v!r}"
-                for k, v in config.model_dump(include={"colocated", "runtime", "url"}).items()
-                if v != ToolsetConfig.model_fields[k].get_default(call_default_factory=True)
+                f"{k}={v!r}" for k, v in config.model_dump(include=keys).items() if v != default[k]
             ]
             if asked:
                 raise ConfigError(
@@ -351,7 +353,8 @@ def _adapted_class(
     if type(task).toolsets(task.config):
 
         def toolsets(self: AdaptedTask) -> list[Any]:
-            return list(type(self.v1).toolsets(self.v1.config))
+            made = type(self.v1).toolsets(self.v1.config)
+            return [serve(t) if is_genuine_toolset(t) else t for t in made]
 
         body["toolsets"] = toolsets
     env = None if env_blob is None else _load_env(env_blob)

@@ -29,6 +29,7 @@ class Kinds:
     SelectConfig: type[Any]
     ToolsetConfig: type[Any]
     TasksetConfig: type[Any]
+    AgentConfig: type[Any]
 
 
 def genuine() -> bool:
@@ -55,6 +56,7 @@ def _real() -> Kinds:
         SelectConfig=vf.SelectConfig,
         ToolsetConfig=vf.ToolsetConfig,
         TasksetConfig=vf.TasksetConfig,
+        AgentConfig=vf.AgentConfig,
     )
 
 
@@ -62,6 +64,7 @@ def _real() -> Kinds:
 def _layer() -> Kinds:
     from vfray.compat.v1._data import TasksetConfig
     from vfray.compat.v1._env import (
+        AgentConfig,
         BestOfNEnv,
         Env,
         EnvConfig,
@@ -82,6 +85,7 @@ def _layer() -> Kinds:
         SelectConfig=SelectConfig,
         ToolsetConfig=ToolsetConfig,
         TasksetConfig=TasksetConfig,
+        AgentConfig=AgentConfig,
     )
 
 

@@ -28,9 +28,27 @@ _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_toke
 
 def seat_configs(env: Env[Any]) -> dict[str, AgentConfig]:
     """The env's agents, by field name, in declaration order (v1's ``Agents`` scrape)."""
+    from vfray.compat.v1._kinds import of
+
     config = env.config
     found = {n: getattr(config, n) for n in type(config).model_fields}
-    return {n: c for n, c in found.items() if isinstance(c, AgentConfig)}
+    kind = of(env).AgentConfig  # verifiers' own, for its genuine envs
+    return {n: _as_layer(c) for n, c in found.items() if isinstance(c, kind)}
+
+
+def _as_layer(config: Any) -> AgentConfig:
+    """A seat's config as this layer's (what :func:`to_agent` maps): verifiers' own
+    ``AgentConfig`` gives the fields it sets, so what vfray cannot honour is refused alike."""
+    if isinstance(config, AgentConfig):
+        return config
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    data = {k: v for k, v in data.items() if v is not None}
+    for key in ("runtime", "client"):
+        # The union member's ``type`` is its own default, so the dump drops it.
+        if key in data:
+            kind = getattr(getattr(config, key), "type", None)
+            data[key] = {**({"type": kind} if kind is not None else {}), **data[key]}
+    return AgentConfig.model_validate(data)
 
 
 def to_agent(name: str, config: AgentConfig) -> Agent:
@@ -95,8 +113,14 @@ class Interaction:
         self._started = False
 
     @property
-    def trace(self) -> V1Trace | None:
-        return self._episode.views.get(self._seat)
+    def trace(self) -> V1Trace:
+        found = self._episode.views.get(self._seat)
+        if found is None:
+            # A seat opened but never asked (kuhn_poker's player 1 after player 0 forfeits):
+            # v1 gives it an empty trace the env records on; vfray ran no rollout for it, so
+            # the env writes on a detached one that no run keeps.
+            found = self._episode.views[self._seat] = _detached(self._seat, self._task)
+        return found
 
     async def turn(self, message: str | None = None) -> Segment:
         if message is None:
@@ -106,6 +130,17 @@ class Interaction:
         self._started = True
         reply = await self._episode.ask(Turn(seat=self._seat, message=message))
         return Segment(root_reply=reply)
+
+
+def _detached(seat: str, task: Any) -> V1Trace:
+    from vfray.compat.v1._trace import TraceTask
+    from vfray.trace import Trace
+    from vfray.trace.records import TaskRecord
+
+    data = task.data
+    kind = f"{type(data).__module__}:{type(data).__qualname__}"
+    record = TaskRecord(key=task.key, hash=task.hash, type=kind)
+    return V1Trace(Trace(seat=seat, task=record), TraceTask(kind, data, task.key, task.hash))
 
 
 class SeatAgent:
@@ -119,7 +154,11 @@ class SeatAgent:
     async def interaction(self, task: Any, **borrowed: Any) -> AsyncIterator[Interaction]:
         _refuse_borrowed(self.name, borrowed)
         if self.name in self._episode.tasks:
-            raise RuntimeError(f"seat {self.name!r} already played: one rollout per seat here")
+            raise ConfigError(
+                f"agents.{self.name}: a second run / interaction in one episode is not "
+                "supported by vfray yet (v1 fans a seat out into several rollouts; vfray plays "
+                "each seat once)"
+            )
         self._episode.tasks[self.name] = task
         yield Interaction(self._episode, self.name, task)
 
@@ -182,7 +221,10 @@ class EpisodeBridge:
             turn, self._pending = request.result()
             return turn
         request.cancel()
-        self._runner.result()  # the env's own failure ends the game with it
+        try:
+            self._runner.result()  # the env's own failure ends the game with it
+        except BaseExceptionGroup as group:
+            raise _first_leaf(group) from None  # its TaskGroup's cause, not "1 sub-exception"
         return None
 
     async def seat_ended(self, seat: str, view: V1Trace, game: Game) -> None:
@@ -203,6 +245,11 @@ class EpisodeBridge:
             else:
                 self._finalized.set_result(None)
         await asyncio.shield(self._finalized)
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 _EPISODES: weakref.WeakKeyDictionary[Game, EpisodeBridge] = weakref.WeakKeyDictionary()

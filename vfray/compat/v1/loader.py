@@ -141,9 +141,16 @@ def import_package(spec: str) -> V1Package | None:
     )
 
 
-def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) -> Env[Any] | None:
+def build_env(
+    package: V1Package,
+    env_id: str | None,
+    env_args: dict[str, Any],
+    taskset: dict[str, Any] | None = None,
+) -> Env[Any] | None:
     """The env a run uses: ``--env.id`` (``best-of-n``), else the package's own, else none
-    (single agent). Envs vfray cannot run yet are refused in one line."""
+    (single agent). Envs vfray cannot run yet are refused in one line. ``taskset`` is the
+    run's taskset config (``id`` and ``--env.taskset.*``): verifiers' own ``Env`` loads its
+    seed taskset from its config's ``taskset``, as vf-eval fills it from the positional id."""
     genuine = kinds().genuine
     if env_id in ("best-of-n", "best_of_n"):
         cls: type[Env[Any]] | None = kinds().BestOfNEnv
@@ -162,6 +169,8 @@ def build_env(package: V1Package, env_id: str | None, env_args: dict[str, Any]) 
             raise ConfigError(f"v1 options not supported by vfray: {_env_keys(env_args)} (no env)")
         return None
     config_type = _env_config_type(cls)
+    if genuine and taskset is not None and "taskset" in config_type.model_fields:
+        env_args = {**env_args, "taskset": {**taskset, **(env_args.get("taskset") or {})}}
     try:
         config = config_type.model_validate(env_args)
     except ValidationError as exc:
@@ -233,7 +242,7 @@ def load(
         )
     if select:
         taskset = taskset.select(kinds().SelectConfig.model_validate(select))
-    env = build_env(package, env_id, dict(env_args or {}))
+    env = build_env(package, env_id, dict(env_args or {}), {"id": target, **(config or {})})
     return HubGuarded(taskset, env, name=module_name(target))
 
 
