@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vfray.runtimes._box_netns import BoxNetns
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.bridge import BOX_FORWARDER
 from vfray.runtimes.bwrap import BwrapRuntime
@@ -24,6 +25,9 @@ pytestmark = [
         reason="needs bwrap, nsenter and root",
     ),
 ]
+
+
+_GET = "import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
 
 
 def _held(namespace: str) -> bool:
@@ -70,15 +74,7 @@ async def test_a_box_runs_every_command_in_one_namespace_of_its_own() -> None:
         listening = await rt.run(["cat", "/proc/net/tcp"])
         assert f":{EGRESS_PORT:04X} " in listening.stdout, listening.stdout
         got = await rt.run(
-            [
-                rt.python,
-                "-I",
-                "-S",
-                "-c",
-                f"import urllib.request as u; print(u.urlopen({url!r},"
-                " timeout=10).read().decode())",
-            ],
-            env={"NO_PROXY": "127.0.0.1"},
+            [rt.python, "-I", "-S", "-c", _GET.format(url=url)], env={"NO_PROXY": "127.0.0.1"}
         )
         assert got.stdout.strip() == "hello", got
         # Nothing else listens there: the gate and the bridge only.
@@ -90,3 +86,28 @@ async def test_a_box_runs_every_command_in_one_namespace_of_its_own() -> None:
         server.close()
     assert rt.netns is None and not _held(first.strip())  # nothing holds the namespace
     assert box_dir is not None and not Path(box_dir).exists()
+
+
+async def test_without_a_namespace_of_its_own_each_run_goes_through_the_forwarder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the owner may not make a namespace (rootless), a run gets one of its own and the
+    in-box forwarder listens on the bridged ports first: the bridge answers there too."""
+    monkeypatch.setattr(BoxNetns, "make", classmethod(lambda cls: None))
+    server, port = await _serve_hello()
+    rt = BwrapRuntime(RuntimeSpec())
+    await rt.start()
+    try:
+        assert rt.netns is None
+        url = f"http://127.0.0.1:{port}/"
+        await rt.host_url(url)
+        assert BOX_FORWARDER in rt._command(["true"], None)[0]
+        got = await rt.run(
+            [rt.python, "-I", "-S", "-c", _GET.format(url=url)], env={"NO_PROXY": "127.0.0.1"}
+        )
+        assert got.stdout.strip() == "hello", got
+        failed = await rt.run(["sh", "-c", "exit 7"])
+        assert failed.exit_code == 7, failed  # the forwarder passes the exit code on
+    finally:
+        await rt.stop()
+        server.close()
