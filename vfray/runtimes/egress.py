@@ -28,11 +28,12 @@ addresses, 4 iptables rules, ``ip netns del``), took 138-170 ms per box (~500x a
 root on the node (the proxy does not: rootless bwrap nodes keep it), cannot admit hosts by name
 (a CDN's addresses change under an address rule), and bubblewrap 0.8 cannot enter a namespace
 made for it (``--unshare-net`` only). The proxy admits by name and address and refuses with a
-403 that names the rule. Its costs: a few ms per request, and each ``run`` in a box with a gate
-starts through the bridge's forwarder (measured +57-70 ms per run at that load, as every run of
-the agent phase already did for the interception's bridge). Its limit: only HTTP(S) and what
-speaks ``CONNECT`` go out; raw TCP (ssh, a database driver) does not, and programs that ignore
-the proxy variables fail closed (the box has no route of its own).
+403 that names the rule. Its costs: a few ms per request; as root none per ``run`` (the gate
+listens in the box's own namespace, :mod:`vfray.runtimes._box_netns`), rootless each ``run``
+starts through the bridge's forwarder (+57-70 ms per run at that load before it was trimmed to
+C modules and ``posix_spawn``, about half since, as for the interception's bridge). Its
+limit: only HTTP(S) and what speaks ``CONNECT`` go out; raw TCP (ssh, a database driver) does
+not, and programs that ignore the proxy variables fail closed (the box has no route of its own).
 """
 
 from __future__ import annotations
