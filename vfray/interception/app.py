@@ -26,6 +26,7 @@ from vfray.interception._relay import respond
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
 from vfray.interception.count_tokens import TokenCounter
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedRequest
+from vfray.interception.dialects.gemini import GeminiDialect, gemini_method
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
 from vfray.interception.sessions import (
@@ -55,7 +56,13 @@ def _secret(request: Request) -> str | None:
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get("x-api-key") or None
+    # Gemini's SDK sends its key as x-goog-api-key (its REST API also takes ?key=).
+    return (
+        request.headers.get("x-api-key")
+        or request.headers.get("x-goog-api-key")
+        or request.query_params.get("key")
+        or None
+    )
 
 
 def _is_retry(request: Request) -> bool:
@@ -132,6 +139,11 @@ class InterceptionApp:
         self._routes[f"/v1{COUNT_TOKENS_PATH}"] = ("POST", self._count_tokens)
         self._routes["/v1/models"] = ("GET", self._models)
         self._routes["/health"] = ("GET", self._health)
+        # Gemini names the model and the method in the path: /v1beta/models/NAME:METHOD.
+        self._gemini = {
+            "generateContent": self._endpoint(GeminiDialect(stream=False)),
+            "streamGenerateContent": self._endpoint(GeminiDialect(stream=True)),
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -140,6 +152,8 @@ class InterceptionApp:
         if scope["type"] != "http":
             return
         route = self._routes.get(scope["path"])
+        if route is None and (method := gemini_method(scope["path"])) in self._gemini:
+            route = ("POST", self._gemini[method])
         if route is None:
             response: Response = _plain_error(404, f"no route {scope['path']}")
         elif scope["method"] != route[0] and not (route[0] == "GET" and scope["method"] == "HEAD"):

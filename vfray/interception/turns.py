@@ -204,7 +204,7 @@ async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: E
     error = ErrorInfo(type="ProviderError", message=call_error(response.status, text[:1000]))
     turn.record(None, error)
     exchange.start(response.status, headers)
-    exchange.push(data)
+    exchange.push(turn.dialect.client_error(response.status, data))
 
 
 async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
@@ -218,7 +218,7 @@ async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Ex
         raise UnreadableReply(f"{type(exc).__name__}: {exc}") from exc
     turn.record(reply)
     exchange.start(response.status, dict(JSON_HEADERS))
-    exchange.push(data)
+    exchange.push(turn.dialect.client_reply(data, reply, turn.model))
 
 
 async def _relay_stream(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
@@ -235,11 +235,11 @@ async def _relay_stream(turn: Turn, response: aiohttp.ClientResponse, exchange: 
             except Exception as exc:
                 raise UnreadableReply(f"stream event: {type(exc).__name__}: {exc}") from exc
             if action is Action.RELAY:
-                relay.append(block)
+                relay.append(accumulator.rewrite(block))
             elif action is Action.HOLD:
-                held.append(block)
+                held.append(accumulator.rewrite(block))
         exchange.push(b"".join(relay))
-    exchange.push(splitter.rest())
+    exchange.push(accumulator.rewrite(splitter.rest()))
     # The turn is on the trace before the client sees the final event, so a client that
     # exits on [DONE] / response.completed / message_stop cannot race scoring.
     turn.record(accumulator.result())

@@ -1,8 +1,11 @@
-"""Wire dialects the interception speaks: OpenAI chat completions, OpenAI Responses, Anthropic."""
+"""Wire dialects the interception speaks: OpenAI chat completions, OpenAI Responses, Anthropic,
+and Gemini (translated to chat completions upstream, routed by its own paths, so not in
+:data:`DIALECTS`)."""
 
 from vfray.interception.dialects.anthropic import AnthropicDialect
 from vfray.interception.dialects.base import Dialect, DialectError, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.chat import ChatDialect
+from vfray.interception.dialects.gemini import GeminiDialect
 from vfray.interception.dialects.responses import ResponsesDialect
 
 DIALECTS: dict[str, Dialect] = {
@@ -15,6 +18,7 @@ __all__ = [
     "ChatDialect",
     "Dialect",
     "DialectError",
+    "GeminiDialect",
     "ParsedRequest",
     "ParsedResponse",
     "ResponsesDialect",

@@ -117,6 +117,11 @@ class StreamAccumulator(ABC):
     @abstractmethod
     def result(self) -> ParsedResponse: ...
 
+    def rewrite(self, block: bytes) -> bytes:
+        """What the client gets for the event just fed (or for a stream's unfinished rest): the
+        upstream's bytes as they are, unless the dialect translates (Gemini)."""
+        return block
+
 
 class Dialect(ABC):
     """One wire format: OpenAI chat completions, OpenAI Responses or Anthropic Messages."""
@@ -149,6 +154,16 @@ class Dialect(ABC):
 
     @abstractmethod
     def error_body(self, status: int, message: str) -> JSON: ...
+
+    def client_reply(self, data: bytes, reply: ParsedResponse, model: str) -> bytes:
+        """The body the client gets for a 2xx JSON ``reply``: the upstream's own ``data``, unless
+        the dialect translates (Gemini, answered from a chat-completions upstream)."""
+        return data
+
+    def client_error(self, status: int, data: bytes) -> bytes:
+        """The body the client gets for an upstream error: relayed as it is, unless the dialect
+        translates."""
+        return data
 
     token_request: JSON = {"return_token_ids": True}
     """Fields that ask the endpoint for the prompt's and the completion's token ids and the
