@@ -396,6 +396,10 @@ def test_every_v1_harness_id_names_a_built_in_vfray_harness() -> None:
     from vfray.harnesses import available_harnesses
 
     assert set(v1config.HARNESSES.values()) <= set(available_harnesses())
+    # Every harness v1 ships (its seeds' list) but Poolside's pool agent has a vfray one.
+    v1_ids = {"claude_code", "codex", "kimi_code", "openclaw", "hermes_agent", "pi"}
+    v1_ids |= {"mini_swe_agent", "terminus_2", "bash", "null", "compact", "rlm", "browser_use"}
+    assert v1_ids <= set(v1config.HARNESSES)
     assert set(v1config.RUNTIMES.values()) <= {"subprocess", "docker", "modal", "bwrap"}
 
 

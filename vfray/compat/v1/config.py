@@ -26,8 +26,19 @@ HARNESSES = {
     "claude_code": "claude-code-acp",
     "claude-code": "claude-code-acp",
     "codex": "codex-acp",
+    "kimi_code": "kimi-code",
+    "openclaw": "openclaw",
+    "hermes_agent": "hermes-agent",
+    "pi": "pi",
+    "terminus_2": "terminus-2",
+    "compact": "compact",
+    "rlm": "rlm",
+    "browser_use": "browser-use",
 }
-"""v1 harness ids -> the vfray harness that plays the same part."""
+"""v1 harness ids -> the vfray harness that plays the same part. v1's ``pool`` is Poolside's
+own ACP agent (a GitHub-release binary), not vfray's ``pool`` of warm processes: not mapped.
+v1's ``browser_use`` is a chat loop over the ``browser-harness`` package; vfray's
+``browser-use`` runs the PyPI agent of that name, in the same part (a browser task)."""
 
 RUNTIMES = {"subprocess": "subprocess", "docker": "docker", "modal": "modal"}
 
