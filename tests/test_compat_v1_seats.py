@@ -177,8 +177,8 @@ async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path:
 
 
 async def test_a_seat_fanned_out_in_a_task_group_names_the_cause(tmp_path: Path) -> None:
-    # code_golf's shape: the attempts run concurrently in a TaskGroup; the error is the
-    # refusal itself, not "unhandled errors in a TaskGroup (1 sub-exception)".
+    # code_golf's shape (vf.Agents as an annotation is served): the attempts run concurrently
+    # in a TaskGroup; the error is the refusal itself, not "unhandled errors in a TaskGroup".
     pkg = tmp_path / "fanned"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
@@ -188,7 +188,7 @@ async def test_a_seat_fanned_out_in_a_task_group_names_the_cause(tmp_path: Path)
         "    def load(self):\n"
         "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
         "class Fanned(vf.Env[vf.SingleAgentEnvConfig]):\n"
-        "    async def run(self, task, agents):\n"
+        "    async def run(self, task: vf.Task, agents: vf.Agents) -> None:\n"
         "        async with asyncio.TaskGroup() as tg:\n"
         "            for _ in range(2):\n"
         "                tg.create_task(agents.agent.run(task))\n"

@@ -36,6 +36,7 @@ from vfray.compat.v1._env import (
     ToolsetConfig,
 )
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
+from vfray.compat.v1._seated import Agents
 from vfray.compat.v1._task import State, Task
 from vfray.compat.v1._taskset import SelectConfig, TaskMatchConfig, Taskset
 from vfray.compat.v1._trace import Trace, TraceTask
@@ -62,6 +63,7 @@ __all__ = [
     "AdaptedTask",
     "AdaptedTaskset",
     "AgentConfig",
+    "Agents",
     "Artifact",
     "AssistantMessage",
     "BestOfNEnv",

@@ -178,6 +178,9 @@ def _refuse_borrowed(seat: str, borrowed: dict[str, Any]) -> None:
 
 
 class Agents:
+    """What a v1 env's ``run(task, agents)`` gets: ``agents.<seat>`` per seat (also served as
+    ``vf.Agents``, which envs name in annotations)."""
+
     def __init__(self, episode: EpisodeBridge, names: list[str]) -> None:
         for name in names:
             setattr(self, name, SeatAgent(episode, name))
