@@ -30,6 +30,7 @@ _BUILTIN: dict[str, str] = {
     "opencode": "vfray.harnesses.opencode:OpencodeHarness",
     "kimi-code": "vfray.harnesses.kimi_code:KimiCodeHarness",
     "openclaw": "vfray.harnesses.openclaw:OpenClawHarness",
+    "gemini-cli": "vfray.harnesses.gemini_cli:GeminiCliHarness",
     "goose": "vfray.harnesses.goose:GooseHarness",
 }
 HARNESSES = Registry(
