@@ -14,9 +14,10 @@ from docker_engine import runtime_options
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.errors import ConfigError
 from vfray.harnesses import available_harnesses, make_harness
-from vfray.harnesses.openclaw import OpenClawConfig, OpenClawHarness
+from vfray.harnesses.openclaw import OpenClawConfig, OpenClawHarness, openclaw_config
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
 
@@ -30,6 +31,21 @@ def test_openclaw_is_registered_with_a_typed_config() -> None:
     assert oc.EXECUTES_CODE and not oc.NEEDS_CONTAINER
     with pytest.raises(ConfigError, match="openclaw"):
         make_harness("openclaw", {"no_such_option": 1})
+
+
+def test_openclaw_config_names_the_interception_and_the_tasks_servers() -> None:
+    plain = json.loads(openclaw_config("scripted:agent", "http://127.0.0.1:9/v1", ("browser",)))
+    provider = plain["models"]["providers"]["vfray"]
+    assert (
+        provider["baseUrl"] == "http://127.0.0.1:9/v1" and provider["apiKey"] == "${VFRAY_API_KEY}"
+    )
+    assert plain["agents"]["defaults"]["model"] == {"primary": "vfray/scripted:agent"}
+    assert plain["tools"] == {"profile": "coding", "deny": ["browser"]}
+    assert plain["update"] == {"checkOnStart": False} and plain["mcp"] == {"servers": {}}
+    pad = {"pad": "http://127.0.0.1:9/mcp/t"}
+    tools = json.loads(openclaw_config("m", "http://x/v1", mcp_servers=pad))
+    assert tools["mcp"]["servers"]["pad"] == {"url": pad["pad"], "transport": "streamable-http"}
+    assert tools["tools"]["toolSearch"] is False
 
 
 def _check_result(trace: vf.Trace) -> None:
@@ -63,6 +79,22 @@ async def test_openclaw_rollout_in_docker(docker_url: str) -> None:
     )
     _check_solved(trace, calls=3)
     _check_result(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_openclaw_calls_the_scratchpad_over_mcp() -> None:
+    """OpenClaw connects to the servers its config names and declares their tools as
+    ``SERVER__TOOL``; the scripted model calls them by name."""
+    need_registry("npm")
+    _timed_install("openclaw")
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="openclaw", runtime="bwrap")
+    assert trace.errors == [], trace.errors
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.rewards["remembered"].value == 1.0
+    offered = {t.get("function", t).get("name") for t in trace.calls[0].tools or []}
+    assert {"scratchpad__write_note", "scratchpad__read_note"} <= offered
 
 
 @pytest.mark.slow

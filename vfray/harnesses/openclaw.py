@@ -52,10 +52,16 @@ class OpenClawConfig(AgentHarnessConfig):
     ``tools.deny``."""
 
 
-def openclaw_config(model: str, base_url: str, disabled_tools: tuple[str, ...] = ()) -> str:
+def openclaw_config(
+    model: str,
+    base_url: str,
+    disabled_tools: tuple[str, ...] = (),
+    mcp_servers: dict[str, str] | None = None,
+) -> str:
     """OpenClaw's pinned config: the interception as the only provider (its key read from the
     environment), ``model`` the primary with no fallback, the coding tool profile, and update
-    checks, telemetry, diagnostics and the background recap model off."""
+    checks, telemetry, diagnostics and the background recap model off, and the task's MCP
+    servers (streamable HTTP) under ``mcp.servers``."""
     config: dict[str, Any] = {
         "agents": {
             "defaults": {
@@ -76,10 +82,22 @@ def openclaw_config(model: str, base_url: str, disabled_tools: tuple[str, ...] =
                 }
             }
         },
-        "tools": {"profile": "coding", "deny": list(disabled_tools)},
+        "tools": {
+            "profile": "coding",
+            "deny": list(disabled_tools),
+            # With MCP servers, no Tool Search: their tools are declared to the model, not left
+            # for it to find (which also declares the rest of the catalog).
+            **({"toolSearch": False} if mcp_servers else {}),
+        },
         "update": {"checkOnStart": False},
         "telemetry": {"enabled": False},
         "diagnostics": {"enabled": False},
+        "mcp": {
+            "servers": {
+                name: {"url": url, "transport": "streamable-http"}
+                for name, url in (mcp_servers or {}).items()
+            }
+        },
     }
     return json.dumps(config, indent=2)
 
@@ -92,6 +110,7 @@ class OpenClawHarness(ProvisionedHarness):
     config: OpenClawConfig
     ARTIFACTS = (RESULT_PATH,)
     APPENDS_SYSTEM_PROMPT = False
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -105,7 +124,9 @@ class OpenClawHarness(ProvisionedHarness):
     async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
         tool = await self.box_tool(runtime)
         c = self.config
-        config = openclaw_config(ctx.model, openai_base_url(ctx.endpoint), c.disabled_tools)
+        config = openclaw_config(
+            ctx.model, openai_base_url(ctx.endpoint), c.disabled_tools, ctx.mcp_servers
+        )
         await runtime.write(CONFIG_PATH, config.encode())
         # --state-dir must exist; the task goes in a file (a prompt may start with a dash).
         await runtime.write(f"{STATE_DIR}/.keep", b"")
