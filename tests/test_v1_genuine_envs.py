@@ -89,3 +89,19 @@ def test_kuhn_poker_seats_play_and_score_the_same(tmp_path: Path) -> None:
     assert {r["rewards"]["payoff"] for r in played} == {-1.0}
     # The seat never asked: an empty trace with the env's +1 in v1; no rollout in vfray.
     assert all(r["messages"] == [] and r["rewards"] == {"payoff": 1.0} for r in idle)
+
+
+@pytest.mark.slow
+def test_code_golf_with_one_attempt_scores_the_same(tmp_path: Path) -> None:
+    # v1 fans the golfer seat out into --env.attempts rollouts of one episode; vfray plays a
+    # seat once (a second run is refused in one line), so both run one attempt. The
+    # `latency` metric is each side's own timing of the program: compared without it.
+    flags = ["code-golf", "-n", "2", "--env.attempts", "1"]
+    flags += ["--env.golfer.harness.id", "null", "--env.golfer.runtime.type", "subprocess"]
+    result = _both(tmp_path, "agent", *flags)
+    theirs, ours = result["theirs"], result["ours"]
+    assert len(theirs) == len(ours) == 2
+    for r in (*theirs, *ours):
+        assert r["metrics"].pop("latency") > 0
+    assert _rows(ours) == _rows(theirs)
+    assert {r["rewards"]["most_concise"] for r in theirs} == {0.0}  # env finalize ran
