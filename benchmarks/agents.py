@@ -53,6 +53,7 @@ HARNESSES = (
     "goose",
     "browser-use",
     "openclaw",
+    "gemini-cli",
 )
 PROMPT = 'Write "hello agent" to out.txt, then check it.'
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
