@@ -18,7 +18,7 @@ import vfray as vf
 from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.errors import ConfigError
 from vfray.harnesses import available_harnesses, make_harness
-from vfray.harnesses.pi import PiConfig, PiHarness, mcp_json, models_json
+from vfray.harnesses.pi import PiConfig, PiHarness, mcp_json, model_failure, models_json
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
 
@@ -54,6 +54,14 @@ def test_pi_mcp_json_declares_the_tasks_servers_directly() -> None:
     assert config == {
         "mcpServers": {"pad": {"url": "http://127.0.0.1:9/mcp/t", "exposure": "direct"}}
     }
+
+
+def test_a_failed_model_call_in_pis_events_is_found() -> None:
+    end = {"type": "message_end", "message": {"role": "assistant", "stopReason": "stop"}}
+    assert model_failure(json.dumps(end) + "\n" + json.dumps({"type": "agent_settled"})) is None
+    failed = {"role": "assistant", "stopReason": "error", "errorMessage": "401: unknown API key"}
+    events = [json.dumps({"type": "message_end", "message": failed}), "not json", "[]"]
+    assert model_failure("\n".join(events)) == "pi: the model call failed: 401: unknown API key"
 
 
 def _check_events(trace: vf.Trace) -> None:
@@ -127,3 +135,17 @@ async def test_a_refused_call_ends_pi() -> None:
     after = trace.timing["agent"].end - trace.calls[-1].ended_at
     print(f"pi: the agent phase ended {after:.1f}s after the refused call")
     assert after < 30, after  # a hang check, generous for a loaded machine
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_an_unknown_key_fails_pis_rollout() -> None:
+    """Pi's print mode exits 0 after a 401; the harness reads the failure from its events, so
+    the rollout records a HarnessError instead of a clean run that wrote nothing."""
+    need_registry("npm")
+    _timed_install("pi")
+    env = {"VFRAY_API_KEY": "sk-vfray-unknown-key"}
+    trace = await _rollout("pi", runtime="bwrap", harness_options={"env": env})
+    assert trace.errors and trace.errors[0].type == "HarnessError", trace.errors
+    assert "unknown API key" in trace.errors[0].message
+    assert trace.calls == []

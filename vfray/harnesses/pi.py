@@ -66,6 +66,26 @@ def models_json(model: str, base_url: str) -> str:
     return json.dumps({"providers": {PROVIDER: provider}}, indent=2)
 
 
+def model_failure(events: str) -> str | None:
+    """The error of the last assistant message in Pi's JSON event stream, when it ended in one
+    (``stopReason: "error"``); None when it ended normally."""
+    for line in reversed(events.splitlines()):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        message = event.get("message")
+        if event.get("type") == "message_end" and isinstance(message, dict):
+            if message.get("role") != "assistant":
+                continue
+            if message.get("stopReason") != "error":
+                return None
+            return f"pi: the model call failed: {str(message.get('errorMessage'))[:500]}"
+    return None
+
+
 class PiHarness(ProvisionedHarness):
     """Pi in print mode with its JSON event stream, no session file, project files ignored."""
 
@@ -124,7 +144,7 @@ class PiHarness(ProvisionedHarness):
             **OPT_OUTS,
             **c.env,
         }
-        return await self.run_logged(
+        result = await self.run_logged(
             runtime,
             argv,
             env,
@@ -132,3 +152,11 @@ class PiHarness(ProvisionedHarness):
             timeout=ctx.timeout,
             box_paths=("PI_CODING_AGENT_DIR",),
         )
+        if not result.ok:
+            return result
+        # Pi's print mode exits 0 when its model call failed (a 401, a refused call): its last
+        # assistant message says so, and the rollout must see a failed program.
+        failure = model_failure((await runtime.read(EVENTS_PATH)).decode(errors="replace"))
+        if failure is None:
+            return result
+        return result.model_copy(update={"exit_code": 1, "stderr": result.stderr + failure})
