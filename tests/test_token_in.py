@@ -260,3 +260,39 @@ async def test_an_endpoint_without_the_tokens_route_is_used_as_chat(
     assert len(trace.calls) == 2 and trace.calls[1].error is None
     assert trace.calls[1].completion_token_ids
     assert any("answered 404" in n for n in trace.notes)
+
+
+async def test_on_prefix_break_from_config_reaches_the_loaders(
+    server: tuple[ScriptedModel, str], tmp_path: Path
+) -> None:
+    """``env.on_prefix_break`` decides what the batches get of a broken branch: nothing (drop,
+    counted) or its turns, each token-exact; ``read_samples`` follows the run's own config."""
+    from vfray.config import EvalConfig
+    from vfray.episode import Episode
+    from vfray.run.outcomes import EpisodeGroup
+    from vfray.traces.io import write_traces
+    from vfray.train import iter_batches, read_samples, stream_batches
+
+    broken = await two_turns(server[1], InterceptionSettings())
+    traces = [broken.model_copy(update={"advantage": 0.5, "rollout_index": 0})]
+    write_traces(traces, tmp_path / "traces")
+    for choice, used in (("drop", 0), ("per_turn", 2)):
+        config = EvalConfig.model_validate({"env": {"on_prefix_break": choice}})
+        (tmp_path / "config.json").write_text(config.model_dump_json())
+        (batch,) = iter_batches(read_samples(tmp_path), 8)
+        assert batch.stats.used == used
+        assert batch.stats.token_errors == ({PREFIX_BREAK: 1} if choice == "drop" else {})
+
+        async def groups() -> Any:
+            yield EpisodeGroup(Episode(task=traces[0].task, traces=traces))
+
+        found = [b async for b in stream_batches(groups(), 1, on_prefix_break=choice)]
+        assert sum(b.stats.used for b in found) == used
+    # The per-turn batch holds each call's exact prompt + completion, its sampled tokens masked in.
+    for i, call in enumerate(broken.calls):
+        ids = [*(call.prompt_token_ids or []), *(call.completion_token_ids or [])]
+        assert batch.input_ids[i, : len(ids)].tolist() == ids
+        assert int(batch.loss_mask[i].sum()) == len(call.completion_token_ids or [])
+    assert read_samples(tmp_path, on_prefix_break="drop").num_rows == 1
+    with pytest.raises(ValueError, match="on_prefix_break"):
+        [b async for b in stream_batches(groups(), 1, on_prefix_break="repair")]

@@ -105,6 +105,13 @@ class EnvConfig(BaseModel):
         description="how a group's rewards become advantages: mean (r - mean), grpo "
         "((r - mean) / std), dr_grpo (r - mean, no std), rloo (leave-one-out baseline)",
     )
+    on_prefix_break: Literal["drop", "per_turn"] = Field(
+        "drop",
+        description="a branch whose later prompt does not extend its earlier prompt + "
+        "completion (re-tokenised history; interception.token_in prevents it): drop (kept "
+        "as a row with token_error, left out of batches) or per_turn (one sample per call, "
+        "SkyRL's step-wise samples); never repaired",
+    )
 
     def limits(self) -> Limits:
         return Limits(

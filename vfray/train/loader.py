@@ -17,11 +17,12 @@ from vfray.run.outcomes import EpisodeGroup
 from vfray.train.batch import Batch, build_batch
 
 
-def group_samples(group: EpisodeGroup) -> pa.Table:
-    """The samples of one streamed group (straight from its traces, no table round trip)."""
+def group_samples(group: EpisodeGroup, *, on_prefix_break: str = "drop") -> pa.Table:
+    """The samples of one streamed group (straight from its traces, no table round trip);
+    ``on_prefix_break`` as in :func:`vfray.to_samples` (``env.on_prefix_break``)."""
     from vfray.traces.samples import to_samples
 
-    return to_samples(group.traces)
+    return to_samples(group.traces, on_prefix_break=on_prefix_break)
 
 
 def uniform_group(group: EpisodeGroup) -> bool:
@@ -39,6 +40,7 @@ async def stream_batches(
     batch_size: int,
     *,
     dynamic_sampling: bool = False,
+    on_prefix_break: str = "drop",
     **build: Any,
 ) -> AsyncIterator[Batch]:
     """Batches of at least ``batch_size`` usable samples, made of whole groups (a GRPO batch
@@ -48,14 +50,23 @@ async def stream_batches(
     ``dynamic_sampling`` (DAPO's): a group whose counted rollouts all got the same reward
     (:func:`uniform_group`: all right or all wrong) is dropped before it takes room in a
     batch, so every batch is filled with groups that carry a signal; the next batch's
-    ``stats.uniform_groups`` counts those dropped."""
+    ``stats.uniform_groups`` counts those dropped.
+
+    ``on_prefix_break`` (the config's ``env.on_prefix_break``: pass
+    ``farm.config.env.on_prefix_break``): a branch whose ids do not line up is left out
+    (``"drop"``, counted in ``stats``) or trained on as one sample per turn (``"per_turn"``)."""
+    from vfray.traces.samples import ON_PREFIX_BREAK
+
+    if on_prefix_break not in ON_PREFIX_BREAK:
+        choices = ", ".join(ON_PREFIX_BREAK)
+        raise ValueError(f"on_prefix_break must be one of {choices}, got {on_prefix_break!r}")
     pending: list[pa.Table] = []
     usable = uniform = 0
     async for group in groups:
         if dynamic_sampling and uniform_group(group):
             uniform += 1
             continue
-        samples = group_samples(group)
+        samples = group_samples(group, on_prefix_break=on_prefix_break)
         pending.append(samples)
         usable += int(pc.sum(pc.is_valid(samples.column("advantage"))).as_py() or 0)
         if usable >= batch_size:
@@ -69,14 +80,35 @@ async def stream_batches(
         yield batch
 
 
-def read_samples(run_dir: str | os.PathLike[str]) -> pa.Table:
-    """The samples of a run folder's final traces (the last attempt of each rollout). For sets
-    larger than memory, read ``<run>/traces`` with Ray Data (``ray.data.read_parquet``) and
-    call :func:`vfray.to_samples` per block."""
+def read_samples(
+    run_dir: str | os.PathLike[str], *, on_prefix_break: str | None = None
+) -> pa.Table:
+    """The samples of a run folder's final traces (the last attempt of each rollout). A branch
+    whose ids do not line up is dropped or split per turn as ``on_prefix_break`` says, by
+    default as the run's own config did (``env.on_prefix_break``, ``"drop"`` when unset). For
+    sets larger than memory, read ``<run>/traces`` with Ray Data (``ray.data.read_parquet``)
+    and call :func:`vfray.to_samples` per block."""
     from vfray.run.results import RunResult
     from vfray.traces.samples import to_samples
 
-    return to_samples(RunResult(run_dir).final_traces)
+    result = RunResult(run_dir)
+    if on_prefix_break is None:
+        on_prefix_break = _configured_on_prefix_break(result.run_dir)
+    return to_samples(result.final_traces, on_prefix_break=on_prefix_break)
+
+
+def _configured_on_prefix_break(run_dir: os.PathLike[str]) -> str:
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "drop"  # a folder written without a config (to_parquet): the default
+    env = config.get("env") if isinstance(config, dict) else None
+    value = env.get("on_prefix_break") if isinstance(env, dict) else None
+    return value if isinstance(value, str) else "drop"
 
 
 def iter_batches(
