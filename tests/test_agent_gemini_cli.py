@@ -68,11 +68,15 @@ def _check_dialect(trace: vf.Trace) -> None:
 @pytest.mark.slow
 @pytest.mark.bwrap
 async def test_gemini_cli_rollout_in_bwrap() -> None:
+    """Also with a disabled tool: it is not offered to the model."""
     need_registry("npm")
     _timed_install("gemini-cli")
-    trace = await _rollout("gemini-cli", runtime="bwrap")
+    options = {"disabled_tools": ["google_web_search"]}
+    trace = await _rollout("gemini-cli", runtime="bwrap", harness_options=options)
     # write, cat, final answer: three streamed Gemini calls offering run_shell_command.
     _check_solved(trace, calls=3)
+    offered = {tool["function"]["name"] for tool in trace.calls[0].tools or []}
+    assert "run_shell_command" in offered and "google_web_search" not in offered, offered
     _check_dialect(trace)
     _check_events(trace)
 
