@@ -300,12 +300,6 @@ class Tasks(vf.Taskset):
             "'Tasks', 'Mine'",
             "exports its own Harness",
         ),
-        (
-            _TASKS
-            + "    @classmethod\n    def toolsets(cls, config):\n        return [vf.Toolset()]\n",
-            "'Tasks'",
-            "shared toolsets",
-        ),
     ],
 )
 def test_what_vfray_cannot_run_yet_is_refused_naming_it(

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 
 import vfray as vf
@@ -359,3 +360,56 @@ def test_a_v1_two_agent_env_plays_on_ray_workers(ray_local: None, tmp_path: Path
     assert sorted(t.last_reply for t in by_seat["checker"]) == ["10", "7"]
     assert all(t.rewards["chain"].value == 1.0 for t in traces)
     assert all(t.rewards["correct"].value == 1.0 for t in by_seat["solver"])
+
+
+_SHARED = """
+import verifiers.v1 as vf
+
+class Counter(vf.Toolset[vf.SharedToolsetConfig]):
+    def __init__(self, config):
+        super().__init__(config)
+        self.hits = 0
+
+    @vf.tool
+    async def hit(self) -> str:
+        "Count a call, over the whole run."
+        self.hits += 1
+        self.state["mine"] = self.state.get("mine", 0) + 1
+        return f"{self.hits} {self.state['mine']}"
+
+class Counted(vf.Task):
+    @vf.reward
+    async def counted(self, trace) -> float:
+        return float(trace.last_reply.split()[-2])
+
+class Tasks(vf.Taskset):
+    @classmethod
+    def toolsets(cls, config):
+        return [Counter(vf.SharedToolsetConfig())]
+
+    def load(self):
+        for _ in range(2):
+            yield Counted(vf.TaskData(prompt="tool: counter_hit {}"), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+async def test_a_v1_tasksets_shared_toolset_is_one_instance_for_the_run(tmp_path: Path) -> None:
+    # v1's Taskset.toolsets: one server for the whole taskset; vfray serves it in its shared
+    # scope: the second rollout's call sees the first's count, each rollout its own state.
+    pkg = _tooled(tmp_path, _SHARED)
+    # Each task crosses a process boundary as on Ray (its own copy of everything it holds):
+    # a per-rollout toolset would count from 1 in each.
+    loaded = loader.load(str(pkg), harness_chosen=True).tasks()
+    tasks = [cloudpickle.loads(cloudpickle.dumps(t)) for t in loaded]
+    replies = []
+    for task in tasks:
+        trace = await vf.run_rollout(
+            task, model="scripted:agent", harness="bash", runtime="subprocess"
+        )
+        assert trace.errors == []
+        [call] = trace.tool_calls
+        replies.append(call.result)
+        assert trace.rewards["counted"].value == float(len(replies))
+    assert replies == ["1 1", "2 1"]

@@ -20,7 +20,7 @@ from vfray.compat.v1._judges import judge, plugged_judges
 from vfray.compat.v1._kinds import of
 from vfray.compat.v1._seated import EpisodeBridge, bridge_for, runs_itself, seats_of
 from vfray.compat.v1._task import Task as V1Task
-from vfray.compat.v1._toolsets import is_genuine_toolset, serve
+from vfray.compat.v1._toolsets import is_genuine_toolset, serve, shared_toolset
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
@@ -80,6 +80,8 @@ def to_row(data: V1TaskData, task_type: type | None = None) -> V1Row:
 class AdaptedTask(Task[V1Row]):
     """One v1 task under vfray; subclasses made by :func:`adapted_class` carry its hooks."""
 
+    v1_shared: tuple[Any, ...] = ()
+    """The taskset's shared toolsets (``Taskset.toolsets``), served once for the run."""
     v1_env_blob: ClassVar[bytes | None] = None
     seat: str | None = None
 
@@ -314,17 +316,23 @@ def _env_blob(env: Env[Any] | None) -> bytes | None:
     return cloudpickle.dumps(env) if env is not None else None
 
 
-def _class_for(task: V1Task[Any, Any, Any], env_blob: bytes | None) -> type[AdaptedTask]:
-    return _adapted_class(type(task), task.config.model_dump_json(), env_blob, task)
+def _class_for(
+    task: V1Task[Any, Any, Any], env_blob: bytes | None, shared: bool = False
+) -> type[AdaptedTask]:
+    return _adapted_class(type(task), task.config.model_dump_json(), env_blob, task, shared)
 
 
-_CLASSES: dict[tuple[type, str, bytes | None], type[AdaptedTask]] = {}
+_CLASSES: dict[tuple[type, str, bytes | None, bool], type[AdaptedTask]] = {}
 
 
 def _adapted_class(
-    cls: type, config: str, env_blob: bytes | None, task: V1Task[Any, Any, Any]
+    cls: type,
+    config: str,
+    env_blob: bytes | None,
+    task: V1Task[Any, Any, Any],
+    shared: bool = False,
 ) -> type[AdaptedTask]:
-    found = _CLASSES.get((cls, config, env_blob))
+    found = _CLASSES.get((cls, config, env_blob, shared))
     if found is not None:
         return found
     _refuse_unsupported(task)
@@ -350,11 +358,12 @@ def _adapted_class(
         body[fn.__name__] = scoring.stop(priority=_STOP_PRIORITY[where])(
             _stop_method(fn.__name__, where)
         )
-    if type(task).toolsets(task.config):
+    if shared or type(task).toolsets(task.config):
 
         def toolsets(self: AdaptedTask) -> list[Any]:
             made = type(self.v1).toolsets(self.v1.config)
-            return [serve(t) if is_genuine_toolset(t) else t for t in made]
+            own = [serve(t) if is_genuine_toolset(t) else t for t in made]
+            return [*own, *self.v1_shared]  # the taskset's, one instance for the run
 
         body["toolsets"] = toolsets
     env = None if env_blob is None else _load_env(env_blob)
@@ -367,7 +376,7 @@ def _adapted_class(
 
         body[ENV_FINALIZE] = scoring.group_reward(weight=0.0)(v1_env_finalize)
     made = type(f"V1{cls.__name__}", (base,), body)
-    _CLASSES[(cls, config, env_blob)] = made
+    _CLASSES[(cls, config, env_blob, shared)] = made
     return made
 
 
@@ -376,9 +385,16 @@ class AdaptedTaskset(Taskset[AdaptedTask]):
 
     task_class = AdaptedTask
 
-    def __init__(self, v1: Any, env: Env[Any] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        v1: Any,
+        env: Env[Any] | None = None,
+        name: str | None = None,
+        shared: list[Any] | None = None,
+    ) -> None:
         self.v1 = v1
         self.env_blob = _env_blob(env)
+        self.shared = [shared_toolset(t) for t in shared or []]
         self.INFINITE = not v1.bounded  # type: ignore[misc]
         self.name = name or (getattr(v1.config, "id", "") or type(v1).__name__).replace("-", "_")
 
@@ -388,12 +404,14 @@ class AdaptedTaskset(Taskset[AdaptedTask]):
 
     def load(self) -> Iterator[AdaptedTask]:
         for task in self.v1:
-            yield _class_for(task, self.env_blob)(task)
+            made = _class_for(task, self.env_blob, bool(self.shared))(task)
+            made.v1_shared = tuple(self.shared)
+            yield made
 
     @property
     def task_type(self) -> type[Task[Any]]:
         first = next(iter(self.v1), None)
-        return AdaptedTask if first is None else _class_for(first, self.env_blob)
+        return AdaptedTask if first is None else _class_for(first, self.env_blob, bool(self.shared))
 
 
 def adapt(tasks: Any, env: Env[Any] | None = None) -> Taskset[Any]:

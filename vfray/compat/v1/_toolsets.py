@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from vfray.errors import ConfigError
-from vfray.tools.toolset import TOOL_ATTR
+from vfray.tools.toolset import TOOL_ATTR, Placement, Scope
 from vfray.tools.toolset import Toolset as VfrayToolset
 
 
@@ -32,7 +32,7 @@ class GenuineToolset(VfrayToolset):
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from its v1 class (importable by reference) and config where it is served:
         # the genuine instance holds an exit stack and HTTP clients that do not pickle.
-        return (_rebuild, (self.v1_class, self.v1_config))
+        return (_rebuild, (self.v1_class, self.v1_config, self.scope == Scope.SHARED))
 
     async def v1_instance(self) -> Any:
         if self._ready is None:
@@ -45,15 +45,15 @@ class GenuineToolset(VfrayToolset):
         return self._v1
 
 
-def _rebuild(cls: type[Any], config: Any) -> GenuineToolset:
-    return serve(cls(config))
+def _rebuild(cls: type[Any], config: Any, shared: bool) -> GenuineToolset:
+    return _class_for(cls, shared)(config)
 
 
-_CLASSES: dict[type, type[GenuineToolset]] = {}
+_CLASSES: dict[tuple[type, bool], type[GenuineToolset]] = {}
 
 
-def _class_for(cls: type[Any]) -> type[GenuineToolset]:
-    found = _CLASSES.get(cls)
+def _class_for(cls: type[Any], shared: bool = False) -> type[GenuineToolset]:
+    found = _CLASSES.get((cls, shared))
     if found is not None:
         return found
     base = next(k for k in cls.__mro__ if k.__name__ == "ServerBase")
@@ -68,7 +68,8 @@ def _class_for(cls: type[Any]) -> type[GenuineToolset]:
         "v1_class": cls,
         "name": prefix or cls.__name__,
         "__module__": __name__,
-        "__qualname__": f"GenuineToolset[{cls.__qualname__}]",
+        "__qualname__": f"GenuineToolset[{cls.__qualname__}]{'[shared]' if shared else ''}",
+        "scope": Scope.SHARED if shared else Scope.ROLLOUT,
     }
     names = {
         name
@@ -83,7 +84,7 @@ def _class_for(cls: type[Any]) -> type[GenuineToolset]:
         tool = getattr(fn, "tool_name", None) or attr
         body[attr] = _delegate(fn, attr, f"{prefix}_{tool}" if prefix else tool)
     made = type(f"V1{cls.__name__}", (GenuineToolset,), body)
-    _CLASSES[cls] = made
+    _CLASSES[(cls, shared)] = made
     return made
 
 
@@ -109,3 +110,48 @@ def is_genuine_toolset(obj: object) -> bool:
 def serve(toolset: Any) -> GenuineToolset:
     """The vfray toolset serving the genuine v1 ``toolset``."""
     return _class_for(type(toolset))(toolset.config)
+
+
+def shared_toolset(toolset: Any) -> VfrayToolset:
+    """A taskset's toolset (v1's ``Taskset.toolsets``: one server for the whole run) as a vfray
+    shared toolset: one instance per run (per node on Ray), each rollout its own binding and
+    ``self.state``."""
+    url = getattr(getattr(toolset, "config", None), "url", None)
+    if url:
+        raise ConfigError(
+            f"v1 taskset toolset {type(toolset).__qualname__}: url={url!r} is not supported "
+            "(vfray serves a taskset's toolsets itself, on the host)"
+        )
+    if is_genuine_toolset(toolset):
+        return _class_for(type(toolset), shared=True)(toolset.config)
+    if not isinstance(toolset, VfrayToolset) or toolset.placement != Placement.HOST:
+        raise ConfigError(
+            f"v1 taskset toolset {type(toolset).__qualname__}: vfray shares a verifiers.v1 "
+            "Toolset served on the host"
+        )
+    made: VfrayToolset = object.__new__(_shared_class(type(toolset)))
+    made.__dict__.update(toolset.__dict__)
+    return made
+
+
+_SHARED: dict[type, type[VfrayToolset]] = {}
+
+
+def _shared_class(cls: type[VfrayToolset]) -> type[VfrayToolset]:
+    found = _SHARED.get(cls)
+    if found is None:
+        body = {
+            "scope": Scope.SHARED,
+            "__module__": __name__,
+            "__qualname__": f"Shared[{cls.__qualname__}]",
+            "__reduce__": _reduce_shared,
+        }
+        found = _SHARED[cls] = type(cls.__name__, (cls,), body)  # same name: same tool names
+    return found
+
+
+def _reduce_shared(self: VfrayToolset) -> tuple[Any, ...]:
+    # Pickled as the plain toolset, made shared again where it lands (the class is made here).
+    plain: VfrayToolset = object.__new__(type(self).__mro__[1])
+    plain.__dict__.update(self.__dict__)
+    return (shared_toolset, (plain,))

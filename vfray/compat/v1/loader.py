@@ -236,14 +236,11 @@ def load(
     except ValidationError as exc:
         raise ConfigError(f"v1 taskset {target!r}: {_first_error(exc, 'env.taskset')}") from None
     taskset = package.taskset(v1_config)
-    if package.taskset.toolsets(v1_config):
-        raise ConfigError(
-            f"v1 taskset {target!r}: shared toolsets (Taskset.toolsets) are not supported"
-        )
+    shared = list(package.taskset.toolsets(v1_config))  # served once for the run
     if select:
         taskset = taskset.select(kinds().SelectConfig.model_validate(select))
     env = build_env(package, env_id, dict(env_args or {}), {"id": target, **(config or {})})
-    return HubGuarded(taskset, env, name=module_name(target))
+    return HubGuarded(taskset, env, name=module_name(target), shared=shared)
 
 
 class HubGuarded(AdaptedTaskset):
