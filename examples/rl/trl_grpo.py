@@ -9,9 +9,10 @@ per-token logprobs), sampling from the very model object the trainer updates. TR
 are changing.
 
 The task: reply with digits only; the reward is the share of the reply's characters that are
-digits (a random policy gets about half).
+digits (10 of the 41 tokens; the random policy gets ~0.15). Measured on 2 cores: 40 steps of 4
+groups x 4 in 54 s, mean reward 0.16 (first 5 steps) -> 0.53 (last 5).
 
-    python examples/rl/trl_grpo.py --steps 20
+    python examples/rl/trl_grpo.py --steps 40
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ def grpo_config(output_dir: str, steps: int, num_generations: int, groups: int, 
         # vfray's advantages as they are: TRL's centring leaves them unchanged (group mean 0).
         scale_rewards="none",
         reward_weights=more.pop("reward_weights", [1.0, 0.0]),
-        learning_rate=more.pop("learning_rate", 3e-3),
+        learning_rate=more.pop("learning_rate", 1e-2),
         beta=0.0,
         logging_steps=1,
         report_to=[],
@@ -225,7 +226,13 @@ def grpo_config(output_dir: str, steps: int, num_generations: int, groups: int, 
     )
 
 
-def train(steps: int = 20, groups: int = 4, num_generations: int = 4, out: str = "outputs") -> Any:
+def train(
+    steps: int = 20,
+    groups: int = 4,
+    num_generations: int = 4,
+    out: str = "outputs",
+    learning_rate: float = 1e-2,
+) -> Any:
     """Run ``steps`` GRPO steps; the trainer (its ``state.log_history`` holds the rewards)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOTrainer
@@ -241,7 +248,9 @@ def train(steps: int = 20, groups: int = 4, num_generations: int = 4, out: str =
             model=model,
             # vfray's reward rides along with weight 0: logged, not trained on.
             reward_funcs=[vfray_advantage, vfray_reward],
-            args=grpo_config(f"{out}/trl", steps, num_generations, groups),
+            args=grpo_config(
+                f"{out}/trl", steps, num_generations, groups, learning_rate=learning_rate
+            ),
             train_dataset=rollouts.dataset(),
             processing_class=tokenizer,
             rollout_func=rollouts,
@@ -252,14 +261,15 @@ def train(steps: int = 20, groups: int = 4, num_generations: int = 4, out: str =
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--output-dir", default="outputs")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a tiny model: threads only fight the farm for the cores
     start = time.monotonic()
-    trainer = train(args.steps, args.groups, args.num_generations, args.output_dir)
+    trainer = train(args.steps, args.groups, args.num_generations, args.output_dir, args.lr)
     key = "rewards/vfray_reward/mean"
     rewards = [e[key] for e in trainer.state.log_history if key in e]
     print(f"{len(rewards)} steps in {time.monotonic() - start:.0f} s; mean reward per step:")
