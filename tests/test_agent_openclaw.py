@@ -7,10 +7,12 @@ reason when npm (or the engine) is unavailable.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
 from docker_engine import runtime_options
+from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
@@ -45,7 +47,9 @@ def test_openclaw_config_names_the_interception_and_the_tasks_servers() -> None:
     pad = {"pad": "http://127.0.0.1:9/mcp/t"}
     tools = json.loads(openclaw_config("m", "http://x/v1", mcp_servers=pad))
     assert tools["mcp"]["servers"]["pad"] == {"url": pad["pad"], "transport": "streamable-http"}
-    assert tools["tools"]["toolSearch"] is False
+    assert tools["tools"]["toolSearch"] is False and "skills" not in tools
+    skills = json.loads(openclaw_config("m", "http://x/v1", skills=True))["skills"]
+    assert skills == {"load": {"extraDirs": ["${VFRAY_SKILLS_DIR}"]}}
 
 
 def _check_result(trace: vf.Trace) -> None:
@@ -60,10 +64,14 @@ def _check_result(trace: vf.Trace) -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_openclaw_rollout_in_bwrap() -> None:
+async def test_openclaw_rollout_in_bwrap(tmp_path: Path) -> None:
+    """Also with a skill: its SKILL.md, installed into the folder its config names, is offered
+    to the model in the first request."""
     need_registry("npm")
     _timed_install("openclaw")
-    trace = await _rollout("openclaw", runtime="bwrap")
+    skills = {"skills": [str(make_skill(tmp_path))]}
+    trace = await _rollout("openclaw", runtime="bwrap", harness_options=skills)
+    assert DESCRIPTION in _request_text(trace)
     # write, cat, final answer: three chat-completions calls.
     _check_solved(trace, calls=3)
     _check_result(trace)

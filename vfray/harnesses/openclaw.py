@@ -25,6 +25,8 @@ STATE_DIR = f"{AGENT_DIR}/openclaw-state"
 CONFIG_PATH = f"{AGENT_DIR}/openclaw.json"
 PROMPT_PATH = f"{AGENT_DIR}/openclaw-task.md"
 RESULT_PATH = f"{AGENT_DIR}/openclaw-result.json"
+SKILLS_DIR = f"{AGENT_DIR}/openclaw-skills"
+SKILLS_VAR = "VFRAY_SKILLS_DIR"
 KEY_VAR = "VFRAY_API_KEY"
 PROVIDER = "vfray"
 
@@ -57,11 +59,13 @@ def openclaw_config(
     base_url: str,
     disabled_tools: tuple[str, ...] = (),
     mcp_servers: dict[str, str] | None = None,
+    skills: bool = False,
 ) -> str:
     """OpenClaw's pinned config: the interception as the only provider (its key read from the
     environment), ``model`` the primary with no fallback, the coding tool profile, and update
     checks, telemetry, diagnostics and the background recap model off, and the task's MCP
-    servers (streamable HTTP) under ``mcp.servers``."""
+    servers (streamable HTTP) under ``mcp.servers``; with ``skills``, the folder they are
+    installed in (its absolute path from the environment) under ``skills.load.extraDirs``."""
     config: dict[str, Any] = {
         "agents": {
             "defaults": {
@@ -99,6 +103,8 @@ def openclaw_config(
             }
         },
     }
+    if skills:
+        config["skills"] = {"load": {"extraDirs": [f"${{{SKILLS_VAR}}}"]}}
     return json.dumps(config, indent=2)
 
 
@@ -111,6 +117,8 @@ class OpenClawHarness(ProvisionedHarness):
     ARTIFACTS = (RESULT_PATH,)
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = SKILLS_DIR
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
@@ -125,7 +133,11 @@ class OpenClawHarness(ProvisionedHarness):
         tool = await self.box_tool(runtime)
         c = self.config
         config = openclaw_config(
-            ctx.model, openai_base_url(ctx.endpoint), c.disabled_tools, ctx.mcp_servers
+            ctx.model,
+            openai_base_url(ctx.endpoint),
+            c.disabled_tools,
+            ctx.mcp_servers,
+            skills=bool(c.skills),
         )
         await runtime.write(CONFIG_PATH, config.encode())
         # --state-dir must exist; the task goes in a file (a prompt may start with a dash).
@@ -154,6 +166,7 @@ class OpenClawHarness(ProvisionedHarness):
             "PATH": tool.path_env(),
             "HOME": STATE_DIR,
             "OPENCLAW_HOME": STATE_DIR,
+            SKILLS_VAR: SKILLS_DIR,
             KEY_VAR: ctx.secret,
             **OPT_OUTS,
             **c.env,
@@ -164,5 +177,5 @@ class OpenClawHarness(ProvisionedHarness):
             env,
             stdout_path=RESULT_PATH,
             timeout=ctx.timeout,
-            box_paths=("HOME", "OPENCLAW_HOME"),
+            box_paths=("HOME", "OPENCLAW_HOME", SKILLS_VAR),
         )
