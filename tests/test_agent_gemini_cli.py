@@ -7,10 +7,12 @@ the engine) is unavailable.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from agent_tools import need_registry
 from docker_engine import runtime_options
+from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
 
 import vfray as vf
@@ -28,6 +30,7 @@ def test_gemini_cli_is_registered_with_a_typed_config() -> None:
     assert isinstance(gemini.config, GeminiCliConfig)
     assert gemini.config.disabled_tools == ("web_fetch",)
     assert gemini.EXECUTES_CODE and not gemini.NEEDS_CONTAINER and gemini.SUPPORTS_MCP
+    assert gemini.SUPPORTS_SKILLS
     with pytest.raises(ConfigError, match="gemini-cli"):
         make_harness("gemini-cli", {"no_such_option": 1})
 
@@ -67,16 +70,18 @@ def _check_dialect(trace: vf.Trace) -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_gemini_cli_rollout_in_bwrap() -> None:
-    """Also with a disabled tool: it is not offered to the model."""
+async def test_gemini_cli_rollout_in_bwrap(tmp_path: Path) -> None:
+    """Also with a disabled tool, not offered to the model, and a skill: its SKILL.md,
+    installed into the agent's own skills folder, is offered in the first request."""
     need_registry("npm")
     _timed_install("gemini-cli")
-    options = {"disabled_tools": ["google_web_search"]}
+    options = {"disabled_tools": ["google_web_search"], "skills": [str(make_skill(tmp_path))]}
     trace = await _rollout("gemini-cli", runtime="bwrap", harness_options=options)
     # write, cat, final answer: three streamed Gemini calls offering run_shell_command.
     _check_solved(trace, calls=3)
     offered = {tool["function"]["name"] for tool in trace.calls[0].tools or []}
     assert "run_shell_command" in offered and "google_web_search" not in offered, offered
+    assert DESCRIPTION in _request_text(trace)
     _check_dialect(trace)
     _check_events(trace)
 

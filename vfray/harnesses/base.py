@@ -105,6 +105,7 @@ SKILL_HARNESSES = (
     "claude-code-acp",
     "codex",
     "codex-acp",
+    "gemini-cli",
     "hermes-agent",
     "kimi-code",
     "opencode",

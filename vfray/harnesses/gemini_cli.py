@@ -2,8 +2,8 @@
 in the same tool dir) run headless as ``gemini -p TASK --output-format stream-json`` against the
 interception's Gemini dialect (``GOOGLE_GEMINI_BASE_URL``, the rollout's key as
 ``GEMINI_API_KEY``: the only way Gemini CLI reaches a custom endpoint); its settings (usage
-statistics, telemetry and update checks off, the task's MCP servers) live in its own
-``$GEMINI_CLI_HOME``, and its stream-json transcript is kept on the trace.
+statistics, telemetry and update checks off, the task's MCP servers) and skills live in its
+own ``$GEMINI_CLI_HOME``, and its stream-json transcript is kept on the trace.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class GeminiCliHarness(ProvisionedHarness):
     ARTIFACTS = (EVENTS_PATH,)
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = f"{GEMINI_HOME}/.gemini/skills"
 
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
