@@ -87,6 +87,9 @@ class Trace(BaseModel):
     rewards: dict[str, RewardRecord] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     advantage: float | None = None
+    turn_rewards: dict[int, float] = Field(default_factory=dict)
+    """Per-turn rewards a task gave (call index -> reward; :meth:`set_turn_reward`), apart
+    from the outcome ``reward``. The samples carry them on each turn's last sampled token."""
     stop_condition: StopCondition | None = None
     errors: list[ErrorInfo] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -232,6 +235,20 @@ class Trace(BaseModel):
         return best
 
     # -- phases and outcome ----------------------------------------------------------------
+
+    def set_turn_reward(self, call: int | ModelCall, value: float) -> None:
+        """Give one model call (a turn: ``trace.calls[i]`` or its index) a reward of its own,
+        from a ``@vf.reward`` hook (which returns the outcome reward as usual). The samples put
+        it on that turn's last sampled token (``completion_rewards``; batches'
+        ``token_level_rewards``, verl's name); it is not part of ``trace.reward``."""
+        index = call.index if isinstance(call, ModelCall) else call
+        if not isinstance(index, int) or not 0 <= index < len(self.calls):
+            raise ValueError(f"no model call {index!r} in this trace ({len(self.calls)} calls)")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"a turn reward is a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ValueError(f"a turn reward must be finite, got {value}")
+        self.turn_rewards[index] = float(value)
 
     def start_phase(self, phase: str) -> None:
         self.timing[phase] = PhaseTiming(start=time.time())

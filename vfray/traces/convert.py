@@ -110,6 +110,9 @@ def _trace_row(trace: Trace) -> dict[str, Any]:
         "policy_version": min(versions) if versions else None,
         "seat": trace.seat,
         "agent_name": trace.agent.name,
+        "turn_rewards": [trace.turn_rewards.get(c.index) for c in calls]
+        if trace.turn_rewards
+        else None,
         "trace_json": trace_json(trace),
     }
     for phase in PHASES:

@@ -9,7 +9,7 @@ repaired: its token columns are null and ``token_error`` says why.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +28,9 @@ class BranchTokens:
     completion_token_ids: list[int]
     completion_mask: list[int]
     completion_logprobs: list[float] | None
+    turn_ends: list[tuple[int, int]] = field(default_factory=list)
+    """Per answered call with a non-empty completion: (call index, position of its last
+    sampled token in ``completion_token_ids``)."""
 
 
 MISSING = "missing"
@@ -59,6 +62,7 @@ def check_branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | str | None
         list(first.completion_logprobs) if first.completion_logprobs is not None else None
     )
     context = prompt + completion
+    ends = [(first.index, len(completion) - 1)] if completion else []
     for call in answered[1:]:
         if call.prompt_token_ids is None or call.completion_token_ids is None:
             return MISSING
@@ -69,13 +73,27 @@ def check_branch_tokens(calls: Sequence[ModelCall]) -> BranchTokens | str | None
         completion += call.completion_token_ids
         mask += [0] * len(inserted)
         mask += [1] * len(call.completion_token_ids)
+        if call.completion_token_ids:
+            ends.append((call.index, len(completion) - 1))
         if logprobs is not None and call.completion_logprobs is not None:
             logprobs += [0.0] * len(inserted)
             logprobs += call.completion_logprobs
         else:
             logprobs = None
         context = list(call.prompt_token_ids) + list(call.completion_token_ids)
-    return BranchTokens(prompt, completion, mask, logprobs)
+    return BranchTokens(prompt, completion, mask, logprobs, ends)
+
+
+def completion_rewards(tokens: BranchTokens, turn_rewards: dict[int, float]) -> list[float] | None:
+    """Per completion token: the turn reward of the call whose last sampled token it is, 0.0
+    elsewhere (SkyRL's per-token rewards; verl's ``token_level_rewards``); None when no turn
+    of the branch got one."""
+    if not turn_rewards or not any(i in turn_rewards for i, _ in tokens.turn_ends):
+        return None
+    out = [0.0] * len(tokens.completion_token_ids)
+    for index, position in tokens.turn_ends:
+        out[position] = turn_rewards.get(index, 0.0)
+    return out
 
 
 def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
@@ -110,6 +128,9 @@ def _sample_row(trace: Trace, branch: Branch) -> dict[str, Any]:
         "token_error": checked if isinstance(checked, str) else None,
         "finish_reason": answered[-1].finish_reason if answered else None,
         "truncated": any(c.finish_reason == "length" for c in answered) if answered else None,
+        "completion_rewards": None
+        if tokens is None
+        else completion_rewards(tokens, trace.turn_rewards),
     }
 
 
@@ -172,8 +193,8 @@ def to_samples(
             messages.append(trace, branch.message_ids)
     columns = [
         messages.finish()
-        if field.name == "messages"
-        else pa.array([row.get(field.name) for row in rows], type=field.type)
-        for field in SAMPLE_SCHEMA
+        if column.name == "messages"
+        else pa.array([row.get(column.name) for row in rows], type=column.type)
+        for column in SAMPLE_SCHEMA
     ]
     return pa.Table.from_arrays(columns, schema=SAMPLE_SCHEMA)

@@ -89,6 +89,9 @@ TRACE_SCHEMA = pa.schema(
         # Multi-agent episodes: the seat this row played and its agent's name (null otherwise).
         pa.field("seat", pa.string()),
         pa.field("agent_name", pa.string()),
+        # Per model call, the task's per-turn reward (Trace.set_turn_reward; null for a call
+        # without one); the column is null when no turn got one.
+        pa.field("turn_rewards", pa.list_(pa.float64())),
         # The full Trace as JSON: the lossless record every other column is a view of.
         # large_string because one batch of long agent traces can pass 2 GiB of text.
         pa.field("trace_json", pa.large_string()),
@@ -137,6 +140,9 @@ SAMPLE_SCHEMA = pa.schema(
         # Set on per-turn samples (to_samples(on_prefix_break="per_turn")): the index of the call
         # this row is, out of a branch whose turns did not line up. Null on whole-branch rows.
         pa.field("turn", pa.int64()),
+        # Per completion token: the task's per-turn reward (Trace.set_turn_reward) on each
+        # turn's last sampled token, 0.0 elsewhere; null when no turn of the sample got one.
+        pa.field("completion_rewards", pa.list_(pa.float64())),
     ],
     metadata=_metadata("samples"),
 )

@@ -97,9 +97,7 @@ class Batch:
     trace_ids: npt.NDArray[np.object_]
     """One per sample: the rollout attempt it came from (a trajectory id)."""
     stats: BatchStats
-    group_ids: npt.NDArray[np.object_] = field(
-        default_factory=lambda: np.empty(0, dtype=object)
-    )
+    group_ids: npt.NDArray[np.object_] = field(default_factory=lambda: np.empty(0, dtype=object))
     """One per sample: its group (episode id; verl's ``uid``). None for a trace that was never
     part of a group."""
     rollout_index: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -112,6 +110,13 @@ class Batch:
     """One per sample: no natural end, so no EOS to learn from: a call of it stopped at its
     token limit (finish_reason ``length``) or ``max_length`` cut it here (DAPO masks or
     penalises such samples: the overlong filter)."""
+    token_level_rewards: FloatArray = field(
+        default_factory=lambda: np.zeros((0, 0), dtype=np.float32)
+    )
+    """Same shape as ``input_ids``: the task's per-turn rewards
+    (:meth:`vfray.Trace.set_turn_reward`) on each turn's last sampled token, 0 elsewhere
+    (verl's ``token_level_rewards``, SkyRL's per-token ``rewards``). All 0 when the task gives
+    none; the outcome reward is ``rewards`` (verl adds it at the last response token)."""
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -256,6 +261,17 @@ def build_batch(
     input_ids[dst] = np.asarray(c_vals, dtype=np.int64)[src]
     loss[dst] = np.asarray(m_vals, dtype=np.int64)[src]
     old_lp[dst] = np.asarray(l_vals, dtype=np.float32)[src]
+    token_rewards = np.zeros(size, dtype=np.float32)
+    if "completion_rewards" in rows.column_names:
+        column = rows.column("completion_rewards")
+        if column.null_count < len(column):
+            # Only the rows that carry rewards (a null row is all 0); lengths checked as above.
+            r_off, r_vals = _lists(column)
+            given = _valid(column) & (np.diff(r_off) == c_len)
+            if (_valid(column) & ~given).any():
+                raise ValueError("completion_rewards do not match the token ids")
+            src, dst = scatter(r_off, np.where(given[keep], c_len_k, 0), starts + p_len_k)
+            token_rewards[dst] = np.asarray(r_vals, dtype=np.float32)[src]
     row = np.repeat(np.arange(n, dtype=np.int64), lengths)
     occupied = (
         starts[row]
@@ -292,4 +308,5 @@ def build_batch(
         rollout_index=rollout_index,
         finish_reasons=finish,
         truncated=truncated,
+        token_level_rewards=token_rewards.reshape(shape),
     )
