@@ -413,3 +413,36 @@ async def test_a_v1_tasksets_shared_toolset_is_one_instance_for_the_run(tmp_path
         replies.append(call.result)
         assert trace.rewards["counted"].value == float(len(replies))
     assert replies == ["1 1", "2 1"]
+
+
+_IMAGE = (  # a 1x1 PNG
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQ"
+    "GAhKmMIQAAAABJRU5ErkJggg=="
+)
+_PARTS = f"""
+import verifiers.v1 as vf
+from verifiers.v1.types import ImageUrlContentPart, ImageUrlSource, TextContentPart
+
+class Tasks(vf.Taskset):
+    def load(self):
+        parts = [
+            TextContentPart(text="What is 2 + 3?"),
+            ImageUrlContentPart(image_url=ImageUrlSource(url={_IMAGE!r})),
+        ]
+        yield vf.Task(vf.TaskData(prompt=[vf.UserMessage(content=parts)]), self.config.task)
+
+__all__ = ["Tasks"]
+"""
+
+
+async def test_a_list_of_content_parts_prompt_reaches_the_model_and_the_trace(
+    tmp_path: Path,
+) -> None:
+    # color_codeword's shape: a user message of a text part and an image part.
+    task = _first(loader.load(str(_tooled(tmp_path, _PARTS))))
+    trace = await vf.run_rollout(task, model="scripted:arithmetic", harness="null")
+    assert trace.errors == [] and trace.last_reply == "5"  # the text part was read
+    assert trace.messages[0].content == [
+        {"type": "text", "text": "What is 2 + 3?"},
+        {"type": "image_url", "image_url": {"url": _IMAGE}},
+    ]

@@ -1,5 +1,5 @@
 """The typed boundaries a v1 ``@stop`` watches (``Request``, ``Response``), v1's ``Reward``, its
-chat message classes, and a view of a vfray runtime with v1's call shapes."""
+chat message classes and content parts, and a view of a vfray runtime with v1's call shapes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,29 @@ from vfray.runtimes.base import ProgramResult
 
 if TYPE_CHECKING:
     from vfray.runtimes.base import Runtime
+
+
+class TextContentPart(BaseModel):
+    """A text part of a message's content (OpenAI's ``{"type": "text", "text": ...}``)."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageUrlSource(BaseModel):
+    url: str
+    """An ``https:`` URL or a ``data:image/...;base64,`` one."""
+
+
+class ImageUrlContentPart(BaseModel):
+    """An image part (OpenAI's ``{"type": "image_url", "image_url": {"url": ...}}``)."""
+
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageUrlSource
+
+
+ContentPart = TextContentPart | ImageUrlContentPart
+MessageContent = str | list[ContentPart]
 
 
 class _Message(BaseModel):
