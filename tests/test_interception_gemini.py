@@ -248,3 +248,22 @@ async def test_an_upstream_error_is_answered_in_gemini_shape(
     error = response.json()["error"]
     assert error["code"] == 400 and error["status"] == "INVALID_ARGUMENT" and error["message"]
     assert trace.calls[0].error is not None
+
+
+async def test_count_tokens_is_an_estimate_not_a_call(icpt: Interception) -> None:
+    """gemini-cli counts a prompt with media (falling back to its own estimate on an error)."""
+    trace = new_trace()
+    key = icpt.app.register(trace)
+    contents = [{"role": "user", "parts": [{"text": "x" * 400}]}]
+    path = "/v1beta/models/m:countTokens"
+    async with httpx.AsyncClient(base_url=icpt.root_url, timeout=30) as http:
+        counted = await http.post(
+            path, json={"contents": contents}, headers={"x-goog-api-key": key}
+        )
+        bad = await http.post(path, json={"contents": "x"}, headers={"x-goog-api-key": key})
+        unknown = await http.post(path, json={"contents": contents}, params={"key": "nope"})
+    # One token per 4 bytes of the contents' compact JSON, rounded up: it errs high.
+    assert counted.status_code == 200 and 100 < counted.json()["totalTokens"] < 120
+    assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert unknown.status_code == 403
+    assert trace.calls == [] and trace.notes == []

@@ -24,9 +24,9 @@ from vfray.errors import TaskError
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception._relay import respond
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
-from vfray.interception.count_tokens import TokenCounter
+from vfray.interception.count_tokens import TokenCounter, estimate
 from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedRequest
-from vfray.interception.dialects.gemini import GeminiDialect, gemini_method
+from vfray.interception.dialects.gemini import GeminiDialect, counted_fields, gemini_method
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
 from vfray.interception.sessions import (
@@ -140,9 +140,11 @@ class InterceptionApp:
         self._routes["/v1/models"] = ("GET", self._models)
         self._routes["/health"] = ("GET", self._health)
         # Gemini names the model and the method in the path: /v1beta/models/NAME:METHOD.
+        self._gemini_dialect = GeminiDialect(stream=False)
         self._gemini = {
-            "generateContent": self._endpoint(GeminiDialect(stream=False)),
+            "generateContent": self._endpoint(self._gemini_dialect),
             "streamGenerateContent": self._endpoint(GeminiDialect(stream=True)),
+            "countTokens": self._gemini_count_tokens,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -214,11 +216,7 @@ class InterceptionApp:
             except RequestError as exc:
                 if exc.client_input and session is not None:
                     _note_refusal(session, exc.status, str(exc))
-                status = dialect.final_status if exc.final else exc.status
-                answer = ErrorResponse(dialect.error_body(status, str(exc)), status, incoming)
-                if exc.final:
-                    answer.headers["x-should-retry"] = "false"
-                return answer
+                return _refused(dialect, exc, incoming)
             except ClientDisconnect:
                 return Response(status_code=400)
 
@@ -238,11 +236,25 @@ class InterceptionApp:
             headers = {k: v for k, v in request.headers.items() if k.startswith("anthropic-")}
             return await self.token_counter.answer(body, headers)
         except RequestError as exc:
-            status = anthropic.final_status if exc.final else exc.status
-            answer = ErrorResponse(anthropic.error_body(status, str(exc)), status, incoming)
-            if exc.final:
-                answer.headers["x-should-retry"] = "false"
-            return answer
+            return _refused(anthropic, exc, incoming)
+        except ClientDisconnect:
+            return Response(status_code=400)
+
+    async def _gemini_count_tokens(self, request: Request) -> Response:
+        """Gemini's ``countTokens``: authenticated like a model call, but not one; answered
+        with the estimate :mod:`~vfray.interception.count_tokens` gives when the upstream
+        cannot count (no open server counts a Gemini request)."""
+        incoming = Incoming(request.receive, self.settings.body_timeout)
+        try:
+            self._authenticate(request)
+            raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
+            try:
+                counted = counted_fields(parse_json(raw))
+            except DialectError as exc:
+                raise RequestError(400, f"invalid gemini request: {exc}") from None
+            return JSONResponse({"totalTokens": estimate(counted)})
+        except RequestError as exc:
+            return _refused(self._gemini_dialect, exc, incoming)
         except ClientDisconnect:
             return Response(status_code=400)
 
@@ -392,6 +404,15 @@ class InterceptionApp:
         trace.stop(StopCondition.STOP_HOOK)
         trace.notes.append(f"stop hook {hook!r} ended the rollout")
         return f"{StopCondition.STOP_HOOK.value} ({hook})"
+
+
+def _refused(dialect: Dialect, exc: RequestError, incoming: Incoming) -> Response:
+    """``exc`` in ``dialect``'s error shape; a final refusal in its final status, marked so."""
+    status = dialect.final_status if exc.final else exc.status
+    answer = ErrorResponse(dialect.error_body(status, str(exc)), status, incoming)
+    if exc.final:
+        answer.headers["x-should-retry"] = "false"
+    return answer
 
 
 def _note_refusal(session: Session, status: int, message: str) -> None:

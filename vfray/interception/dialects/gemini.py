@@ -199,6 +199,18 @@ def contents_messages(body: JSON) -> list[Message]:
     return messages
 
 
+def counted_fields(body: JSON) -> JSON:
+    """What ``countTokens`` counts (``contents``, and a ``generateContentRequest``'s system
+    instruction and tools), in the fields :func:`vfray.interception.count_tokens.estimate`
+    reads; checked as a request would be."""
+    request = body.get("generateContentRequest")
+    request = request if isinstance(request, dict) else body
+    contents_messages(request)
+    _tools(request.get("tools"))
+    fields = ("systemInstruction", "system"), ("contents", "messages"), ("tools", "tools")
+    return {ours: request[theirs] for theirs, ours in fields if request.get(theirs) is not None}
+
+
 def _parts(message: Message | None) -> list[JSON]:
     if message is None:
         return []
