@@ -17,7 +17,7 @@ FILES = (
     ("answer.txt", "42"),
     ("colour.txt", "blue"),
     ("planet.txt", "mars"),
-    ("notes/todo.txt", "write tests"),
+    ("todo.txt", "write tests"),
 )
 """(path relative to the box's work dir, content) of each task."""
 
@@ -44,13 +44,10 @@ class BashFileTask(vf.Task[FileData]):
 
 
 def make_task(path: str, content: str) -> BashFileTask:
-    folder = path.rpartition("/")[0]
     # One prompt for every agent: a real model reads the sentence; the scripted model's ``bash``
-    # policy (the chat loops) and its ``agent`` policy (the real agent programs) both run the
-    # command after ``run:``, to the end of its line.
-    command = f"mkdir -p {folder} && " if folder else ""
-    command += f"echo '{content}' > {path}"
-    prompt = f"Create the file {path} containing the line {content!r}.\nrun: {command}"
+    # policy (the chat loops) and its ``agent`` policy (the real agent programs, Aider's edit
+    # blocks included) all act on ``write "TEXT" to PATH``.
+    prompt = f'Write "{content}" to {path}.'
     return BashFileTask(FileData(prompt=prompt, path=path, content=content), key=path)
 
 

@@ -55,7 +55,7 @@ async def test_bash_file_task_scores_with_a_real_agent_program() -> None:
     # The same prompts drive the real agents through the scripted ``agent`` policy: mini-swe-agent
     # (the quickest to start) stands for them; docs/agents/index.md lists the run of every agent.
     tasks = taskset("bash_file_task.py:BashFileTaskset")
-    picked = [t for t in tasks if t.key in ("greeting.txt", "notes/todo.txt")]
+    picked = [t for t in tasks if t.key in ("greeting.txt", "todo.txt")]
     traces = await run_all(picked, "scripted:agent", "mini-swe-agent", "bwrap")
     assert [t.reward for t in traces] == [1.0, 1.0], [t.errors for t in traces]
 

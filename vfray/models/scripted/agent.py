@@ -80,15 +80,19 @@ def _newest_plan(conv: Conversation) -> tuple[list[str], int]:
             elif match.group("run"):
                 steps.append(match.group("run").strip().strip("`"))
             else:
-                path = shlex.quote(match.group("path"))
-                steps.append(f"printf '%s\\n' {shlex.quote(match.group('text'))} > {path}")
-                steps.append(f"cat {path}")
+                steps.append(write_command(match.group("path"), match.group("text")))
+                steps.append(f"cat {shlex.quote(match.group('path'))}")
         if steps:
             before = conv.user_actions[index] if index < len(conv.user_actions) else 0
             # A compacted context carries the steps done before it in its summary.
             done = [int(m) for t in conv.user_texts[index + 1 :] for m in _STEPS_DONE.findall(t)]
             return steps, conv.actions_taken - before + (done[-1] if done else 0)
     return [], conv.actions_taken
+
+
+def write_command(path: str, text: str) -> str:
+    """The shell command of a ``write "TEXT" to PATH`` step: the line TEXT into PATH."""
+    return f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)}"
 
 
 def find_shell(tools: list[dict[str, Any]]) -> ShellTool | None:

@@ -101,11 +101,16 @@ _RUN = re.compile(r"\brun:\s*(.+)", re.IGNORECASE)
 
 
 def find_command(prompt: str) -> str | None:
-    """The shell command a prompt asks for: a fenced block, text in backticks, or after 'run:'."""
+    """The shell command a prompt asks for: a fenced block, text in backticks, after 'run:', or
+    the write of ``write "TEXT" to PATH`` (the ``agent`` policy's plan step, so one prompt
+    drives the chat loops and the real agents alike)."""
     for pattern in (_FENCE, _TICKS, _RUN):
         match = pattern.search(prompt)
         if match and match.group(1).strip():
             return match.group(1).strip()
+    for match in agent._STEP.finditer(prompt):
+        if match.group("path"):
+            return agent.write_command(match.group("path"), match.group("text"))
     return None
 
 
