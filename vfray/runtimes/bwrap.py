@@ -145,6 +145,7 @@ class BwrapRuntime(SubprocessRuntime):
         self.box_workdir = self.spec.workdir or "/work"
         self.base: Path | None = None
         self.cgroup: CgroupV1 | None = None
+        self._cgroup_emptied = False
         self.bridges: BridgeSet | None = None
         self.egress: EgressGate | None = None
         """The box's way out through the node's egress proxy (closed with its bridges)."""
@@ -326,6 +327,9 @@ class BwrapRuntime(SubprocessRuntime):
             None if cgroup else self.spec.pids,
         )
 
+    def _emptied(self) -> bool:
+        return self._cgroup_emptied
+
     def _launcher(self) -> list[str]:
         """What starts ``bwrap`` itself: the box's cgroups joined first, when it has them, and
         the box's network namespace entered, when its programs run in it."""
@@ -487,6 +491,9 @@ class BwrapRuntime(SubprocessRuntime):
             kill_group(pgid)
         if self.cgroup is not None:
             await self.cgroup.destroy()
+            # Every program of the box joined its cgroups before exec, and none can leave them
+            # (no /sys in the box, all capabilities dropped): destroy killed each one.
+            self._cgroup_emptied = not self.cgroup.pids()
             self.cgroup = None
         if self.bridges is not None:
             await self.bridges.close()

@@ -261,6 +261,12 @@ class SubprocessRuntime(Runtime):
     async def alive(self) -> bool:
         return self.workdir is not None and not self._stopped and self.workdir.is_dir()
 
+    def _emptied(self) -> bool:
+        """Whether every process the box ran is dead already, killed through a container that
+        none of them could leave: then the /proc marker sweep (~3 ms of CPU a box, two walks
+        reading every process's environment) is skipped."""
+        return False
+
     async def stop(self) -> None:
         if self._stopped:
             return
@@ -270,7 +276,8 @@ class SubprocessRuntime(Runtime):
             kill_group(pgid)
         # The marker sweep reads every /proc/*/environ: off the event loop, which also serves
         # the interception in a SandboxHost. Twice: a stray may be mid-fork during the first.
-        await stray_sweeper().sweep(self.box_id)
+        if not self._emptied():
+            await stray_sweeper().sweep(self.box_id)
         self._pgids.clear()
         if self.workdir is not None:
             await blocking(shutil.rmtree, self.workdir, True)
