@@ -216,6 +216,10 @@ class ResponsesDialect(Dialect):
         return openai_error(status, message)
 
 
+_KEPT_EVENTS = frozenset({"response.output_item.done", "error", *FINAL_EVENTS})
+"""The stream events whose data :class:`_ResponsesStream` reads."""
+
+
 class _ResponsesStream(StreamAccumulator):
     def __init__(self, dialect: ResponsesDialect) -> None:
         self.dialect = dialect
@@ -224,6 +228,10 @@ class _ResponsesStream(StreamAccumulator):
         self.error: str | None = None
 
     def feed(self, event: SSEEvent) -> Action:
+        if event.event is not None and event.event not in _KEPT_EVENTS:
+            # A delta, named on its event: line. Relayed unparsed (most of a stream's events;
+            # the final event carries the whole response).
+            return Action.RELAY
         data = event.json()
         kind = event.event or (data or {}).get("type")
         if data is None:
