@@ -67,6 +67,7 @@ HARNESSES = (
     "browser-use",
     "openclaw",
     "gemini-cli",
+    "openhands",
     "claude-code-acp",
     "codex-acp",
     "bash",

@@ -32,6 +32,7 @@ _BUILTIN: dict[str, str] = {
     "openclaw": "vfray.harnesses.openclaw:OpenClawHarness",
     "gemini-cli": "vfray.harnesses.gemini_cli:GeminiCliHarness",
     "goose": "vfray.harnesses.goose:GooseHarness",
+    "openhands": "vfray.harnesses.openhands:OpenHandsHarness",
 }
 HARNESSES = Registry(
     "harness",
