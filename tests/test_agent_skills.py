@@ -55,7 +55,7 @@ def test_a_harness_without_skills_refuses_them_in_one_line(tmp_path: Path) -> No
     assert str(caught.value) == (
         "harness 'mini-swe-agent' cannot load skills (no SUPPORTS_SKILLS); use one of "
         "claude-code, claude-code-acp, codex, codex-acp, gemini-cli, hermes-agent, kimi-code, "
-        "opencode, pi, qwen-code"
+        "openclaw, opencode, pi, qwen-code"
     )
     # The refusal names exactly the built-ins that can: none missing, none extra.
     can = [h for h in available_harnesses() if harness_class(h).SUPPORTS_SKILLS]

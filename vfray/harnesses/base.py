@@ -108,6 +108,7 @@ SKILL_HARNESSES = (
     "gemini-cli",
     "hermes-agent",
     "kimi-code",
+    "openclaw",
     "opencode",
     "pi",
     "qwen-code",
