@@ -336,12 +336,19 @@ async def main() -> None:
         help="the warm tool root (installed on first use if it is not)",
     )
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-install rollout")
+    parser.add_argument(
+        "--loop",
+        default="asyncio",
+        choices=["asyncio", "uvloop"],
+        help="the event loop (a Ray SandboxHost actor runs its rollouts on uvloop)",
+    )
     args = parser.parse_args()
     harnesses = args.harnesses.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     print(
         f"{os.cpu_count()} CPUs, load average {load()} (1/5/15 min); runtime {args.runtime}; "
-        f"scripted 'agent' model at 0 s latency; warm tool dir {args.tools_dir}\n"
+        f"scripted 'agent' model at 0 s latency (its own process); {args.loop} loop; "
+        f"warm tool dir {args.tools_dir}\n"
     )
     summary: list[tuple[str, int, dict[str, Any]]] = []
     for harness in harnesses:
@@ -397,6 +404,12 @@ if __name__ == "__main__":
     with scripted_model():
         AGENT_CPU.append(AgentCpu())
         try:
-            asyncio.run(main())
+            # --loop uvloop (main parses it: a wrong value exits there)
+            if any(arg.endswith("uvloop") for arg in sys.argv[1:]):
+                import uvloop
+
+                uvloop.run(main())
+            else:
+                asyncio.run(main())
         finally:
             AGENT_CPU[0].close()
