@@ -36,6 +36,8 @@ def test_the_harness_is_built_in_with_a_typed_config() -> None:
     assert spec.python is not None and "python3.13-debian-trixie" in spec.python
     with pytest.raises(vf.ConfigError, match=r"tools\.0: Input should be 'terminal'"):
         make_harness(HARNESS, {"tools": ["browser"]})
+    with pytest.raises(vf.ConfigError, match="does not mount; use bwrap, docker or subprocess"):
+        harness.preflight("modal")  # its image would not carry the tool dir's interpreter
 
 
 def _install() -> None:

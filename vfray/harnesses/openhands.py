@@ -13,14 +13,15 @@ is not used.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from vfray.errors import HarnessError
-from vfray.harnesses._debian_python import ensure_python, interpreter_path
+from vfray.errors import ConfigError
+from vfray.harnesses._debian_python import VERSION, ensure_python, interpreter_path
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.provisioned import (
@@ -31,6 +32,7 @@ from vfray.harnesses.provisioned import (
 )
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import ToolSpec
+from vfray.runtimes.registry import runtime_class
 
 PROGRAM_PATH = f"{AGENT_DIR}/openhands_agent.py"
 TASK_PATH = f"{AGENT_DIR}/openhands-task.txt"
@@ -79,12 +81,27 @@ class OpenHandsHarness(ProvisionedHarness):
             python=str(interpreter_path(Path(self.tools_root))),
         )
 
+    def preflight(self, runtime_type: str) -> None:
+        """Refuse up front a runtime whose image would lack the tool dir's interpreter (modal),
+        and a node that lacks what unpacks the interpreter (``apt-get``, ``dpkg``)."""
+        if runtime_class(runtime_type).TOOLS_IN_IMAGE:
+            raise ConfigError(
+                f"harness 'openhands' runs on a Python unpacked into the node's tool dir, which "
+                f"runtime {runtime_type!r} does not mount; use bwrap, docker or subprocess"
+            )
+        if not interpreter_path(Path(self.tools_root)).is_file():
+            missing = [p for p in ("apt-get", "dpkg") if shutil.which(p) is None]
+            if missing:
+                raise ConfigError(
+                    f"harness 'openhands' unpacks Python {VERSION} from Debian's packages into "
+                    f"{self.tools_root}, but this machine has no {', no '.join(missing)} on "
+                    "PATH (a Debian node has them)"
+                )
+        super().preflight(runtime_type)
+
     async def setup(self, runtime: Runtime) -> None:
         if runtime.TOOLS_IN_IMAGE:
-            raise HarnessError(
-                f"harness 'openhands' runs on a Python built into the node's tool dir, which "
-                f"runtime {runtime.type!r} does not mount; use bwrap, docker or subprocess"
-            )
+            self.preflight(runtime.type)
         await asyncio.to_thread(ensure_python, Path(self.tools_root))
         await super().setup(runtime)
         program = resources.files("vfray.harnesses") / "programs" / "openhands_agent.py"
