@@ -17,7 +17,7 @@ import pytest
 import vfray as vf
 from vfray.cli.main import main
 from vfray.compat.v1 import loader
-from vfray.compat.v1.traces import export_run, read_v1_traces
+from vfray.compat.v1.traces import export_run, read_v1_traces, to_v1_trace
 from vfray.errors import ConfigError
 from vfray.models.scripted.server import scripted_server
 from vfray.run.environment import run_game
@@ -154,7 +154,10 @@ def test_a_v1_seats_model_endpoint_and_limits_map_onto_its_vfray_agent() -> None
         loader.load(SEATS, env_args={"checker": {"client": {"headers": {"a": "b"}}}})
 
 
-async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path: Path) -> None:
+async def test_a_v1_env_that_reruns_a_seat_plays_each_run_as_a_rollout(tmp_path: Path) -> None:
+    # v1 fans a seat out: each `agents.X.run` in one episode is its own rollout and trace.
+    # The second run's trace is seat `agent#2`; v1's `trace.agent.name` is `agent` for both,
+    # and `agents.agent.trainable = False` (set in setup) leaves both out of training.
     pkg = tmp_path / "v1twice"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
@@ -163,23 +166,37 @@ async def test_a_v1_env_that_reruns_a_seat_ends_the_game_with_one_line(tmp_path:
         "    def load(self):\n"
         "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
         "class Twice(vf.Env[vf.SingleAgentEnvConfig]):\n"
+        "    async def setup(self, agents):\n"
+        "        agents.agent.trainable = False\n"
         "    async def run(self, task, agents):\n"
-        "        await agents.agent.run(task)\n"
-        "        await agents.agent.run(task)\n"
+        "        first = await agents.agent.run(task)\n"
+        "        second = await agents.agent.run(task)\n"
+        "        assert first is not second\n"
+        "    async def finalize(self, task, episode):\n"
+        "        names = [t.agent.name for t in episode.traces]\n"
+        "        assert not any(t.agent.trainable for t in episode.traces)\n"
+        "        for t in episode.traces:\n"
+        "            t.record_metric('runs', float(len(names)))\n"
+        "            t.record_metric('named_agent', float(names == ['agent', 'agent']))\n"
         "__all__ = ['Tasks', 'Twice']\n"
     )
-    (trace,) = await run_game(
+    first, second = await run_game(
         _first(loader.load(str(pkg))), model="scripted:arithmetic", harness="null"
     )
-    assert trace.seat == "agent" and trace.last_reply == "2"  # the first run played
-    error = trace.error()
-    assert error is not None and error.type == "TaskError" and "\n" not in error.message
-    assert "agents.agent: a second run / interaction in one episode" in error.message
+    assert (first.seat, second.seat) == ("agent", "agent#2")
+    assert first.trace_id != second.trace_id and first.ok and second.ok
+    for trace in (first, second):
+        assert _said(trace, "user") == ["What is 1 + 1?"] and trace.last_reply == "2"
+        assert trace.metrics["runs"] == 2.0 and trace.metrics["named_agent"] == 1.0
+        assert not trace.agent.trainable
+    # The v1 export names both runs' agent `agent`, not trainable, as v1 writes them.
+    exported = [to_v1_trace(t)["agent"] for t in (first, second)]
+    assert [(a["name"], a["trainable"]) for a in exported] == [("agent", False)] * 2
 
 
-async def test_a_seat_fanned_out_in_a_task_group_names_the_cause(tmp_path: Path) -> None:
+async def test_a_seat_fanned_out_in_a_task_group_plays_every_attempt(tmp_path: Path) -> None:
     # code_golf's shape (vf.Agents as an annotation is served): the attempts run concurrently
-    # in a TaskGroup; the error is the refusal itself, not "unhandled errors in a TaskGroup".
+    # in a TaskGroup; vfray's game takes their turns one at a time, each run its own trace.
     pkg = tmp_path / "fanned"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
@@ -191,17 +208,16 @@ async def test_a_seat_fanned_out_in_a_task_group_names_the_cause(tmp_path: Path)
         "class Fanned(vf.Env[vf.SingleAgentEnvConfig]):\n"
         "    async def run(self, task: vf.Task, agents: vf.Agents) -> None:\n"
         "        async with asyncio.TaskGroup() as tg:\n"
-        "            for _ in range(2):\n"
+        "            for _ in range(3):\n"
         "                tg.create_task(agents.agent.run(task))\n"
         "__all__ = ['Tasks', 'Fanned']\n"
     )
-    (trace,) = await run_game(
+    traces = await run_game(
         _first(loader.load(str(pkg))), model="scripted:arithmetic", harness="null"
     )
-    error = trace.error()
-    assert error is not None and "\n" not in error.message
-    assert "TaskGroup" not in error.message
-    assert "agents.agent: a second run / interaction in one episode" in error.message
+    assert [t.seat for t in traces] == ["agent", "agent#2", "agent#3"]
+    assert all(t.ok and t.last_reply == "2" for t in traces)
+    assert len({t.trace_id for t in traces}) == 3
 
 
 _JUDGED = """

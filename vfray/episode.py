@@ -54,6 +54,16 @@ AdvantageEstimator = Literal["mean", "grpo", "dr_grpo", "rloo"]
 
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
 
+RUN_MARK = "#"
+"""Separates a seat's name from its run number on the traces of a seat run more than once in
+one game (``solver``, ``solver#2``, ...; :mod:`vfray.harnesses.seats`)."""
+
+
+def seat_role(seat: str | None) -> str | None:
+    """The declared seat a trace's ``seat`` names: ``solver#2`` (its second run) → ``solver``.
+    Per-seat groups, advantages and figures pool a seat's runs."""
+    return None if seat is None else seat.split(RUN_MARK, 1)[0]
+
 GRPO_EPS = 1e-6
 """Added to the standard deviation by ``grpo`` (as verl does), so a group whose rewards are
 all equal gets advantages of 0, not a division by zero."""
@@ -109,8 +119,10 @@ def infra_failure(trace: Trace) -> bool:
 class Episode(BaseModel):
     """The n rollouts of one task.
 
-    A rollout *counts* when it has a reward and, unless ``count_failed``, did not fail for a
-    reason outside the policy (:func:`infra_failure`): only counted rollouts enter the mean and
+    A rollout *counts* when it has a reward, its seat trains the policy
+    (``trace.agent.trainable``; a judge seat does not) and, unless ``count_failed``, did not
+    fail for a reason outside the policy (:func:`infra_failure`): only counted rollouts enter
+    the mean and
     get an advantage; the others keep their rows and their own reward, with advantage ``None``.
     A group with fewer than 2 counted rollouts has no advantages at all (nothing to compare):
     ``trainable`` is False. A trace without a reward counts as a failure for
@@ -138,7 +150,9 @@ class Episode(BaseModel):
     def counted(self) -> list[bool]:
         """Per trace: whether it enters the group's mean and advantages."""
         return [
-            t.reward is not None and (self.count_failed or not infra_failure(t))
+            t.reward is not None
+            and t.agent.trainable
+            and (self.count_failed or not infra_failure(t))
             for t in self.traces
         ]
 
@@ -167,8 +181,9 @@ class Episode(BaseModel):
         if not self.trainable:
             return out
         counted = self.counted
-        for seat in {t.seat for t in self.traces}:
-            members = [i for i, t in enumerate(self.traces) if t.seat == seat and counted[i]]
+        roles = [seat_role(t.seat) for t in self.traces]
+        for seat in set(roles):
+            members = [i for i, role in enumerate(roles) if role == seat and counted[i]]
             if len(members) < 2:
                 continue
             rewards = [self.traces[i].reward or 0.0 for i in members]
@@ -188,11 +203,13 @@ class Episode(BaseModel):
 
     def seat_figures(self) -> list[SeatFigures]:
         """A multi-agent episode's reward figures per seat (in seating order of first
-        appearance), each over that seat's traces only; empty when no trace has a seat."""
-        seats = list(dict.fromkeys(t.seat for t in self.traces if t.seat is not None))
+        appearance), each over that seat's traces only (all its runs: ``solver``, ``solver#2``);
+        empty when no trace has a seat."""
+        roles = [seat_role(t.seat) for t in self.traces]
+        seats = list(dict.fromkeys(r for r in roles if r is not None))
         out = []
         for seat in seats:
-            own = [t for t in self.traces if t.seat == seat]
+            own = [t for t, r in zip(self.traces, roles, strict=True) if r == seat]
             scored = [t.reward for t in own if t.reward is not None]
             rewards = _passing(own)
             out.append(
@@ -334,12 +351,13 @@ async def _score_groups(
     """The group rewards of all ``traces``; in a multi-agent episode each seat's traces are
     their own group (as for advantages: a proposer is not compared with a solver), the values
     laid back out in the traces' order."""
-    seats = list(dict.fromkeys(t.seat for t in traces))
+    roles = [seat_role(t.seat) for t in traces]
+    seats = list(dict.fromkeys(roles))
     if seats == [None]:
         return await score_group(task, traces, overrides, timeout, count_failed=count_failed)
     out: dict[str, list[float | None]] = {}
     for seat in seats:
-        places = [i for i, t in enumerate(traces) if t.seat == seat]
+        places = [i for i, r in enumerate(roles) if r == seat]
         scored = await score_group(
             task, [traces[i] for i in places], overrides, timeout, count_failed=count_failed
         )

@@ -1,7 +1,8 @@
 """Several agents in one episode: :class:`Agent` (harness x model x runtime), the :class:`Seat`s a
 :class:`SeatedTask` declares, and the :class:`Game` its ``next_turn`` reads to say which seat acts
-next with what message. Each seat is one rollout with its own trace; :mod:`vfray.run.seating`
-plays the game.
+next with what message. Each run of a seat is one rollout with its own trace (a seat declared
+with ``runs > 1`` may be run again in the same game: attempts, one proposer with many solvers);
+:mod:`vfray.run.seating` plays the game.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vfray.episode import RUN_MARK
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.task import Task, TaskData
 
-__all__ = ["Agent", "Game", "Play", "Seat", "SeatedTask", "Turn"]
+__all__ = ["Agent", "Game", "Play", "Seat", "SeatedTask", "Turn", "run_name"]
 
 
 class Agent(BaseModel):
@@ -52,19 +54,35 @@ class Seat(BaseModel):
     agent: Agent = Field(default_factory=Agent)
     box: str | None = None
     system_prompt: str | None = None
+    runs: int = Field(1, ge=1)
+    """How many times ``next_turn`` may start this seat in one game (``Turn.run``): each run is
+    a rollout of its own, in its own box, with its own trace (``seat`` = ``solver``,
+    ``solver#2``, ...). The other seats' wait deadline counts every run."""
+    trainable: bool = True
+    """False for a seat that does not train the run's policy (a judge, a simulated user): its
+    traces are marked (``trace.agent.trainable``), get no advantage and enter no batch."""
+
+
+def run_name(seat: str, run: int = 1) -> str:
+    """The ``seat`` its ``run``-th run's trace and plays carry: ``solver``, ``solver#2``, ..."""
+    return seat if run == 1 else f"{seat}{RUN_MARK}{run}"
 
 
 class Turn(BaseModel):
-    """What ``next_turn`` asks for: ``seat`` acts on ``message``."""
+    """What ``next_turn`` asks for: ``seat`` acts on ``message``; ``run`` picks which of the
+    seat's runs (1 by default; a new number starts another rollout of the seat, up to
+    ``Seat.runs``)."""
 
     model_config = ConfigDict(frozen=True)
 
     seat: str
     message: str
+    run: int = Field(1, ge=1)
 
 
 class Play(BaseModel):
-    """A finished turn: the seat, the message it got, and its reply (None: it said nothing)."""
+    """A finished turn: the seat (its run's name, :func:`run_name`), the message it got, and
+    its reply (None: it said nothing)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -81,7 +99,7 @@ class Game:
         self.seats: tuple[Seat, ...] = tuple(seats)
         self.plays: list[Play] = []
         self.failed: dict[str, str] = {}
-        """Seat name → the error that ended its rollout early (the game ended with it)."""
+        """Seat (run) name → the error that ended its rollout early (the game ended with it)."""
         self.over = False
 
     @property
@@ -100,8 +118,9 @@ class SeatedTask(Task[DataT]):
     """A task played by several agents. Override :meth:`seats` and :meth:`next_turn`.
 
     Each seat runs as one rollout on a copy of this task whose ``seat`` is the seat's name
-    and ``game`` the shared :class:`Game`: ``setup``, ``finalize`` and every ``@vf.reward`` /
-    ``@vf.metric`` hook run once per seat, on that seat's trace, after the game is over (so a
+    (its run's: ``solver#2`` for a seat's second run) and ``game`` the shared :class:`Game`:
+    ``setup``, ``finalize`` and every ``@vf.reward`` / ``@vf.metric`` hook run once per seat
+    run, on that run's trace, after the game is over (so a
     reward can read the whole game). The task's ``prompt`` is not sent: seats hear only the
     messages of their turns.
     """
@@ -118,11 +137,15 @@ class SeatedTask(Task[DataT]):
 
 
 def check_seats(seats: Sequence[Seat]) -> tuple[Seat, ...]:
-    """Refuse an empty table, duplicate names, and a ``box`` naming no seat or a borrower."""
+    """Refuse an empty table, duplicate names (or ones with the run mark ``#``), and a ``box``
+    naming no seat or a borrower."""
     seats = tuple(seats)
     if not seats:
         raise ConfigError("a seated task needs at least one seat")
     names = [s.name for s in seats]
+    marked = [n for n in names if RUN_MARK in n]
+    if marked:
+        raise ConfigError(f"seat names must not contain {RUN_MARK!r} (it numbers runs): {marked}")
     if len(set(names)) != len(names):
         raise ConfigError(f"seat names must be unique: {names}")
     by_name = {s.name: s for s in seats}

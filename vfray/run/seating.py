@@ -1,7 +1,9 @@
-"""Plays one game of a :class:`~vfray.harnesses.seats.SeatedTask`: each seat is one rollout (its
-own box, harness, interception session and trace) started on its first turn; a turn is one
-harness segment, whose reply the task's ``next_turn`` reads before naming the next seat. Seats
-that share a box get one box, stopped by the last of them. Used by the local environment and by
+"""Plays one game of a :class:`~vfray.harnesses.seats.SeatedTask`: each run of a seat is one
+rollout (its own box, harness, interception session and trace) started on its first turn; a turn
+is one harness segment, whose reply the task's ``next_turn`` reads before naming the next seat.
+A seat's further runs (``Turn.run``, up to ``Seat.runs``) are rollouts of their own, named
+``solver#2``, ... (:func:`~vfray.harnesses.seats.run_name`). Seats that share a box get one box
+(the owner's first run's), stopped by the last of them. Used by the local environment and by
 SandboxHosts alike.
 """
 
@@ -17,7 +19,16 @@ from typing import Any, cast
 
 from vfray.errors import ConfigError, TaskError
 from vfray.harnesses.base import Harness
-from vfray.harnesses.seats import Agent, Game, Play, Seat, SeatedTask, Turn, check_seats
+from vfray.harnesses.seats import (
+    Agent,
+    Game,
+    Play,
+    Seat,
+    SeatedTask,
+    Turn,
+    check_seats,
+    run_name,
+)
 from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
 from vfray.run.broker import InProcessBroker
 from vfray.runtimes.base import Runtime
@@ -214,23 +225,28 @@ class _Player:
         return f"stopped: {trace.stop_condition.value if trace.stop_condition else 'unknown'}"
 
 
-def _seat_task(task: SeatedTask[Any], seat: Seat, game: Game, player: _Player) -> SeatedTask[Any]:
-    """The task as one seat plays it: no prompt (its turns' messages are its user messages),
-    ``seat`` and ``game`` set, the task's own identity on its trace, and a ``finalize`` that
-    waits for the game to be over (a seat that crashed is scored knowing it did)."""
+def _seat_task(
+    task: SeatedTask[Any], seat: Seat, name: str, game: Game, player: _Player
+) -> SeatedTask[Any]:
+    """The task as one seat run (``name``) plays it: no prompt (its turns' messages are its user
+    messages), ``seat`` and ``game`` set, the task's own identity on its trace, and a
+    ``finalize`` that waits for the game to be over (a seat that crashed is scored knowing it
+    did)."""
     update: dict[str, Any] = {"prompt": None}
     if seat.system_prompt is not None:
         update["system_prompt"] = seat.system_prompt
     own = copy.copy(task)
     own.data = task.data.model_copy(update=update)
     own._key = task.key
-    own.seat, own.game = seat.name, game
+    own.seat, own.game = name, game
     record = task.record()
     # Instance attributes shadow the methods for this copy only.
     setattr(own, "record", lambda: record)  # noqa: B010
     setattr(own, "next_message", player.next_message)  # noqa: B010
 
     async def finalize(trace: Trace, runtime: Runtime) -> None:
+        if not seat.trainable:
+            trace.agent = trace.agent.model_copy(update={"trainable": False})
         player.trace = trace
         player.ended.set()
         await player.over.wait()
@@ -245,11 +261,13 @@ def unseatable(
     plan: RolloutPlan,
     error: Exception,
     seat: Seat | None = None,
+    name: str | None = None,
     **ids: Any,
 ) -> Trace:
-    """The trace of a seat that could not be seated (its agent is misconfigured), or the one
-    trace of a game that could not seat anyone."""
-    trace = Trace(task=task.record(), seat=None if seat is None else seat.name, **ids)
+    """The trace of a seat (run ``name``) that could not be seated (its agent is misconfigured),
+    or the one trace of a game that could not seat anyone."""
+    name = name or (None if seat is None else seat.name)
+    trace = Trace(task=task.record(), seat=name, **ids)
     agent = None if seat is None else seat.agent
     trace.agent = trace.agent.model_copy(
         update={
@@ -273,7 +291,7 @@ async def play_game(
     run_id: str | None = None,
     episode_id: str | None = None,
 ) -> list[Trace]:
-    """Play one game of ``task``; one trace per seat that got a turn, in seating order.
+    """Play one game of ``task``; one trace per seat run that got a turn, in seating order.
 
     A seat whose rollout ends before its turn does (its harness crashed, a limit stopped it)
     ends the game: its error is on its own trace, ``game.failed`` names it, and the other seats'
@@ -298,21 +316,23 @@ async def play_game(
     borrowed = {s.box for s in seats if s.box is not None}
     timeouts = default_plan.timeouts
     # A seat waits for the others' turns (and their boots) between its own: charge that to its
-    # "user" deadline, never to its agent budget.
-    others = len(seats) - 1
+    # "user" deadline, never to its agent budget. Every run a seat may make is one more rollout
+    # to wait for.
+    others = sum(s.runs for s in seats) - 1
     waiting = timeouts.user + others * (timeouts.agent + timeouts.boot + timeouts.setup)
 
-    async def seat_up(seat: Seat) -> _Player:
+    async def seat_up(seat: Seat, name: str) -> _Player:
         player = _Player()
         player.over = over
         station = await stations.station(seat.agent)
         plan = station.plan.model_copy(
             update={
-                "seat": seat.name,
+                "seat": name,
                 "timeouts": station.plan.timeouts.model_copy(update={"user": waiting}),
             }
         )
-        owner = seat.box or seat.name
+        # A borrower's runs share the owner's box; an owner's further runs get boxes of their own.
+        owner = seat.box or name
         runtime: Runtime
         if owner in borrowed:
             if owner not in boxes:
@@ -333,7 +353,7 @@ async def play_game(
             )
         player.rollout = asyncio.ensure_future(
             execute_rollout(
-                _seat_task(task, seat, game, player),
+                _seat_task(task, seat, name, game, player),
                 plan=plan,
                 harness=station.harness,
                 runtime=runtime,
@@ -356,6 +376,11 @@ async def play_game(
                     raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
                 if turn is not None and turn.seat not in by_name:
                     raise ValueError(f"no seat named {turn.seat!r}")
+                if turn is not None and turn.run > by_name[turn.seat].runs:
+                    raise ValueError(
+                        f"run {turn.run} of seat {turn.seat!r}, which declares "
+                        f"runs={by_name[turn.seat].runs}"
+                    )
             except TimeoutError:
                 ending = TaskError(f"next_turn did not answer within {timeouts.user:g}s")
                 break
@@ -364,24 +389,24 @@ async def play_game(
                 break
             if turn is None:
                 break
-            player = players.get(turn.seat)
+            name = run_name(turn.seat, turn.run)
+            player = players.get(name)
             if player is None:
+                seat = by_name[turn.seat]
                 try:
-                    player = players[turn.seat] = await seat_up(by_name[turn.seat])
+                    player = players[name] = await seat_up(seat, name)
                 except Exception as exc:  # an unknown harness or runtime, a missing key
                     error = exc if isinstance(exc, ConfigError) else TaskError(str(exc))
-                    unseated.append(
-                        unseatable(task, default_plan, error, by_name[turn.seat], **ids)
-                    )
-                    game.failed[turn.seat] = f"{type(error).__name__}: {error}"
+                    unseated.append(unseatable(task, default_plan, error, seat, name, **ids))
+                    game.failed[name] = f"{type(error).__name__}: {error}"
                     break
                 assert player.rollout is not None
                 rollouts.append(player.rollout)
             answered, reply = await player.play(turn.message)
             if not answered:
-                game.failed[turn.seat] = player.why()
+                game.failed[name] = player.why()
                 break
-            game.plays.append(Play(seat=turn.seat, message=turn.message, reply=reply))
+            game.plays.append(Play(seat=name, message=turn.message, reply=reply))
         game.over = True
         over.set()
         for player in players.values():

@@ -222,6 +222,9 @@ class AgentInfo(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     name: str | None = None
     """The :class:`vfray.Agent`'s name when the rollout was one seat of a multi-agent episode."""
+    trainable: bool = True
+    """False for a seat that does not train the run's policy (``vf.Seat(trainable=False)``: a
+    judge, a simulated user): its trace gets no advantage and enters no batch."""
 
 
 class PhaseTiming(BaseModel):

@@ -3,7 +3,9 @@ tasks: each top-level ``AgentConfig`` field of the env's config is a
 :class:`~vfray.harnesses.seats.Seat`,
 and the env's ``run`` is driven as the game's ``next_turn`` — every ``interaction.turn(message)``
 it awaits is one vfray :class:`~vfray.harnesses.seats.Turn` of that seat, answered with the
-seat's reply.
+seat's reply. Each ``run`` / ``interaction`` of a seat is one run of it (v1 fans a seat out:
+attempts, one proposer with many solvers): the first plays as ``golfer``, the next as
+``golfer#2``, ... (v1's ``trace.agent.name`` is ``golfer`` for all of them).
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from typing import Any
 from vfray.compat.v1._env import AgentConfig, Env, Episode
 from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1.config import HARNESSES, RUNTIMES
+from vfray.episode import seat_role
 from vfray.errors import ConfigError
-from vfray.harnesses.seats import Agent, Game, Seat, Turn
+from vfray.harnesses.seats import Agent, Game, Seat, Turn, run_name
 from vfray.interception.limits import Limits
 
 _CLIENT = frozenset({"base_url", "api_key_var"})
 _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
+RUNS = 64
+"""The most runs of one v1 seat in an episode (v1 sets no bound; the env's code decides, e.g.
+code_golf's ``attempts``): vfray declares it up front, and it widens the other runs' wait
+deadline (``env.timeouts.user`` plus each other run's boot, setup and agent budgets)."""
 
 
 def seat_configs(env: Env[Any]) -> dict[str, AgentConfig]:
@@ -108,18 +115,19 @@ class Segment:
 class Interaction:
     """One seat's open rollout, as the v1 env holds it: ``turn(message)`` is one vfray turn."""
 
-    def __init__(self, episode: EpisodeBridge, seat: str, task: Any) -> None:
-        self._episode, self._seat, self._task = episode, seat, task
+    def __init__(self, episode: EpisodeBridge, seat: str, run: int, task: Any) -> None:
+        self._episode, self._seat, self._run, self._task = episode, seat, run, task
+        self._name = run_name(seat, run)
         self._started = False
 
     @property
     def trace(self) -> V1Trace:
-        found = self._episode.views.get(self._seat)
+        found = self._episode.views.get(self._name)
         if found is None:
             # A seat opened but never asked (kuhn_poker's player 1 after player 0 forfeits):
             # v1 gives it an empty trace the env records on; vfray ran no rollout for it, so
             # the env writes on a detached one that no run keeps.
-            found = self._episode.views[self._seat] = _detached(self._seat, self._task)
+            found = self._episode.views[self._name] = _detached(self._name, self._task)
         return found
 
     async def turn(self, message: str | None = None) -> Segment:
@@ -128,7 +136,8 @@ class Interaction:
                 raise ValueError("turn() without a message only opens a prompted task")
             message = self._task.data.prompt_text
         self._started = True
-        reply = await self._episode.ask(Turn(seat=self._seat, message=message))
+        turn = Turn(seat=self._seat, message=message, run=self._run)
+        reply = await self._episode.ask(turn)
         return Segment(root_reply=reply)
 
 
@@ -148,19 +157,21 @@ class SeatAgent:
 
     def __init__(self, episode: EpisodeBridge, name: str) -> None:
         self._episode, self.name = episode, name
-        self.trainable = True  # v1's ``Env.setup`` may set it; vfray trains on every seat
+        self.trainable = True
+        """v1's ``Env.setup`` may set it False: the seat's traces (every run) are then marked
+        ``trace.agent.trainable = False`` and get no advantage (as ``vf.Seat(trainable=False)``)."""
 
     @asynccontextmanager
     async def interaction(self, task: Any, **borrowed: Any) -> AsyncIterator[Interaction]:
         _refuse_borrowed(self.name, borrowed)
-        if self.name in self._episode.tasks:
+        run = self._episode.runs[self.name] = self._episode.runs.get(self.name, 0) + 1
+        if run > RUNS:
             raise ConfigError(
-                f"agents.{self.name}: a second run / interaction in one episode is not "
-                "supported by vfray yet (v1 fans a seat out into several rollouts; vfray plays "
-                "each seat once)"
+                f"agents.{self.name}: more than {RUNS} runs / interactions in one episode "
+                "(vfray's bound on a v1 seat's fan-out)"
             )
-        self._episode.tasks[self.name] = task
-        yield Interaction(self._episode, self.name, task)
+        self._episode.tasks[run_name(self.name, run)] = task
+        yield Interaction(self._episode, self.name, run, task)
 
     async def run(self, task: Any, **borrowed: Any) -> V1Trace | None:
         async with self.interaction(task, **borrowed) as interaction:
@@ -193,7 +204,10 @@ class EpisodeBridge:
     def __init__(self, env: Env[Any], task: Any, seats: list[str]) -> None:
         self.env, self.task, self.seats = env, task, seats
         self.tasks: dict[str, Any] = {}
-        """The v1 task each seat plays (the one its ``interaction`` was opened with)."""
+        """The v1 task each seat run plays (the one its ``interaction`` was opened with), by its
+        run's name (``golfer``, ``golfer#2``)."""
+        self.runs: dict[str, int] = {}
+        """How many runs / interactions each seat has opened so far."""
         self.views: dict[str, V1Trace] = {}
         self.started: set[str] = set()
         self.finished: dict[str, V1Trace] = {}
@@ -201,9 +215,10 @@ class EpisodeBridge:
         self._pending: asyncio.Future[str] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._finalized: asyncio.Future[None] | None = None
+        self.agents = Agents(self, self.seats)
 
     async def _run(self) -> None:
-        agents = Agents(self, self.seats)
+        agents = self.agents
         await self.env.setup(agents)
         await self.env.run(self.task, agents)
 
@@ -233,6 +248,9 @@ class EpisodeBridge:
     async def seat_ended(self, seat: str, view: V1Trace, game: Game) -> None:
         """Called by each seat once the game is over; the last runs the env's ``finalize``
         (a seat that failed may end without reaching here: it is not waited for)."""
+        agent = getattr(self.agents, seat_role(seat) or seat, None)
+        if agent is not None and not agent.trainable:
+            view.vfray.agent = view.vfray.agent.model_copy(update={"trainable": False})
         if self._runner is not None and not self._runner.done():
             self._runner.cancel()  # the game ended under it (a seat failed, a limit)
         self.finished[seat] = view
@@ -266,7 +284,7 @@ def bridge_for(game: Game, env: Env[Any], task: Any) -> EpisodeBridge:
 
 
 def seats_of(env: Env[Any]) -> list[Seat]:
-    return [Seat(name=n, agent=to_agent(n, c)) for n, c in seat_configs(env).items()]
+    return [Seat(name=n, agent=to_agent(n, c), runs=RUNS) for n, c in seat_configs(env).items()]
 
 
 def runs_itself(env: Env[Any]) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 from vfray.compat.v1._data import TaskData
 from vfray.compat.v1._types import Request, Response, Reward, Usage
+from vfray.episode import seat_role
 from vfray.trace import Message, RewardRecord, StopCondition
 from vfray.trace import Trace as VfrayTrace
 
@@ -31,6 +32,7 @@ class TraceAgent:
     name: str
     model: str
     harness: str
+    trainable: bool = True
 
 
 class Trace:
@@ -53,9 +55,11 @@ class Trace:
 
     @property
     def agent(self) -> TraceAgent:
-        """Who played it: in a multi-agent env, the seat's name (v1's ``agent.name`` stamp)."""
+        """Who played it: in a multi-agent env, the seat's name (v1's ``agent.name`` stamp; a
+        seat's every run carries it, ``golfer#2`` is ``golfer``)."""
         info = self._trace.agent
-        return TraceAgent(self._trace.seat or "agent", info.model, info.harness)
+        name = seat_role(self._trace.seat) or "agent"
+        return TraceAgent(name, info.model, info.harness, info.trainable)
 
     @property
     def messages(self) -> list[Message]:

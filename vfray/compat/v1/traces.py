@@ -16,6 +16,7 @@ from typing import Any
 
 from vfray.compat.v1._adapt import ENV_FINALIZE
 from vfray.compat.v1._trace import v1_stop_condition
+from vfray.episode import seat_role
 from vfray.trace import Message, Trace
 
 _V1_MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tool_call_id", "name")
@@ -137,8 +138,8 @@ def to_v1_trace(trace: Trace) -> dict[str, Any]:
                 "harness": {"id": trace.agent.harness},
                 "runtime": {"type": trace.agent.runtime},
             },
-            "name": trace.seat or "agent",
-            "trainable": True,
+            "name": seat_role(trace.seat) or "agent",
+            "trainable": trace.agent.trainable,
         },
         "nodes": nodes,
         "calls": calls,
