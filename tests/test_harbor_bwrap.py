@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
-SOLVABLE = ("edit-file", "python-bug", "verifier-user", "multi-step")
+SOLVABLE = ("edit-file", "python-bug", "verifier-user", "multi-step", "agent-user")
 
 
 def _tasks(*names: str) -> list[HarborTask]:
@@ -60,6 +60,10 @@ def test_the_oracle_solves_harbor_tasks_in_their_images_on_bwrap(
     (broken,) = traces["broken-dockerfile"].errors
     assert (broken.type, broken.phase) == ("SandboxError", "image")
     assert "cannot build image" in broken.message and "\n" not in broken.message
+    # [agent] user: the oracle's solve.sh ran as it (the box's user is root), vfray's dir in
+    # the box writable by it.
+    whoami = traces["agent-user"]
+    assert next(a.content for a in whoami.artifacts if a.name == "agent/whoami.txt") == "agent\n"
     edit = traces["edit-file"]  # the task's /logs/agent, kept from the image's box
     assert next(a.content for a in edit.artifacts if a.name == "agent/notes.txt") == (
         "edited greeting.txt\n"

@@ -1,4 +1,4 @@
-"""Harbor task folders run for real: the 12 fixture tasks (tests/fixtures/harbor, each image
+"""Harbor task folders run for real: the fixture tasks (tests/fixtures/harbor, each image
 built FROM the offline Debian base image in the tests' own dockerd) with the ``oracle``
 harness, a do-nothing agent (``null`` on the scripted echo model), ``vfray validate`` and the
 Ray backend.
@@ -32,7 +32,7 @@ SEED_PORT = 18734
 SOLVABLE = {
     "edit-file", "python-bug", "vfray/multi-metric", "compose-sidecar", "vfray/multi-step",
     "network-setup-only", "prebuilt-image", "vfray/canary-instruction", "verifier-env",
-    "tests-hidden", "verifier-user",
+    "tests-hidden", "verifier-user", "agent-user",
 }  # fmt: skip
 
 
@@ -117,10 +117,14 @@ def test_the_oracle_solves_every_solvable_task(options: dict[str, Any]) -> None:
     edit = traces["edit-file"]
     assert _artifact(edit, "agent/notes.txt") == "edited greeting.txt\n"  # /logs/agent kept
     assert any("build_timeout_sec" in note for note in edit.notes)
+    # [agent] user: the agent's program ran as it, and vfray's dir in the box was its own.
+    assert _artifact(traces["agent-user"], "agent/whoami.txt") == "agent\n"
 
 
 def test_a_do_nothing_agent_scores_zero(options: dict[str, Any]) -> None:
-    tasks = _tasks("edit-file", "python-bug", "multi-metric", "multi-step", "verifier-env")
+    tasks = _tasks(
+        "edit-file", "python-bug", "multi-metric", "multi-step", "verifier-env", "agent-user"
+    )
     traces = asyncio.run(_run(tasks, "null", options))
     for key, trace in traces.items():
         assert trace.errors == [], (key, trace.errors)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from vfray.errors import SandboxError
+from vfray.errors import ConfigError, SandboxError
 from vfray.runtimes._bwrap_args import user_ids, with_ids
-from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime
+from vfray.runtimes.docker import DockerRuntime
 from vfray.runtimes.podman import PodmanRuntime
 from vfray.runtimes.subprocess import SubprocessRuntime, is_node_user
 from vfray.tasksets._harbor_verify import verify
@@ -83,3 +84,46 @@ async def test_a_bwrap_box_runs_a_command_as_a_user_of_its_passwd() -> None:
         assert (await box.run(["id", "-u"])).stdout.strip() == "65534"
         with pytest.raises(SandboxError, match="no user 'grader' in the box's /etc/passwd"):
             await box.run(["true"], user="grader")
+        # As a task's agent user: the box's files are the node user's, whom it maps onto.
+        await _check_program_user(box, "root", own="65534")
+
+
+PROGRAM = (
+    "id -un; echo more >> .vfray/agent/config; mkdir .vfray/agent/state; cat .vfray/agent/config"
+)
+
+
+async def _check_program_user(box: Runtime, user: str = "nobody", own: str = "0") -> None:
+    """A task's agent user (``program_user``): the harness's program runs as it, and the
+    agent's files the harness wrote as the box's user are that user's to change."""
+    await box.write(".vfray/agent/config", b"written\n")
+    box.program_user = user
+    done = await box.run_program(["/bin/sh", "-c", PROGRAM])
+    assert done.ok and done.stdout.split() == [user, "written", "more"], done
+    live = await box.open_process(["id", "-un"])
+    assert live.stdout is not None and (await live.stdout.read()).strip() == user.encode()
+    await live.wait()
+    # run() stays the box's user: the verifier's, the task's setup.
+    assert (await box.run(["id", "-u"])).stdout.strip() == own
+
+
+async def test_harness_programs_run_as_the_program_user_on_docker(
+    debian_in_docker: str, docker_url: str
+) -> None:
+    spec = RuntimeSpec(image=debian_in_docker)
+    async with DockerRuntime(spec, base_url=docker_url) as box:
+        await _check_program_user(box)
+
+
+async def test_harness_programs_run_as_the_program_user_on_podman(debian_image: object) -> None:
+    from vfray.runtimes import debian_image as base
+
+    assert isinstance(debian_image, base.DebianImage)
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman)")
+    try:
+        PodmanRuntime.preflight({})
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    async with PodmanRuntime(RuntimeSpec(image=debian_image.oci)) as box:
+        await _check_program_user(box)

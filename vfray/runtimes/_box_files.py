@@ -36,6 +36,21 @@ def dir_tar(name: str, ids: tuple[int, int] | None) -> bytes:
     return _unpadded(buffer, end)
 
 
+def owned_tar(data: bytes, ids: tuple[int, int]) -> bytes:
+    """The tar ``data`` (a dir read out of a container) with every member owned by ``ids``."""
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(data)) as source,
+        tarfile.open(fileobj=buffer, mode="w") as tar,
+    ):
+        for member in source:
+            member.uid, member.gid = ids
+            member.uname = member.gname = ""
+            tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+        end = tar.offset + 2 * tarfile.BLOCKSIZE
+    return _unpadded(buffer, end)
+
+
 def _unpadded(buffer: io.BytesIO, end: int) -> bytes:
     """The tar up to its end-of-archive blocks, without the zeros ``tarfile`` pads it with to a
     whole 10 KiB record: podman 4.3's ``cp -`` stops reading at the end blocks and, when more

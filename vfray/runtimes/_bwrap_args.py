@@ -4,6 +4,7 @@ root or over an image's copy-on-write root (:class:`vfray.runtimes.bwrap.BwrapRu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -165,3 +166,16 @@ def host_mounts(base: Path, workdir: Path, box_workdir: str, ro_binds: Sequence[
     if os.path.isdir(tools):
         args += ["--ro-bind", tools, tools]
     return args
+
+
+def give_owned(top: Path, ids: tuple[int, int], to: tuple[int, int]) -> None:
+    """Give what under ``top`` (itself included, symlinks not followed) is owned by ``ids``
+    (uid, gid: an image's user, as a root node unpacked it) to ``to`` (the node's user)."""
+    for folder, dirs, files in os.walk(top):
+        for path in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                uid = to[0] if st.st_uid == ids[0] != to[0] else -1
+                gid = to[1] if st.st_gid == ids[1] not in (0, to[1]) else -1
+                if (uid, gid) != (-1, -1):
+                    os.lchown(path, uid, gid)

@@ -10,13 +10,14 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import SandboxError
+from vfray.runtimes._box_files import dir_tar, owned_tar
 from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._executor import blocking
-from vfray.runtimes.base import Runtime
+from vfray.runtimes.base import BOX_DIR, Runtime
 from vfray.runtimes.bridge import BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import shares_network
 from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
@@ -34,6 +35,7 @@ class ContainerBox(Runtime):
     share_network: bool | None
     python: str
     box_id: str
+    box_workdir: str
     owner: str | None
     container: Any
     base: Path | None
@@ -43,6 +45,8 @@ class ContainerBox(Runtime):
     _exposer: asyncio.Future[None] | None
     _exposed: dict[int, ExposedPort]
     _stopped: bool
+    _program_ids: tuple[str, tuple[int, int]] | None = None
+    """The last :attr:`program_user` and its uid and gid in the box."""
 
     @abc.abstractmethod
     def _require(self) -> Any:
@@ -51,6 +55,64 @@ class ContainerBox(Runtime):
     @abc.abstractmethod
     async def _run_forwarder(self, spec: str) -> None:
         """Start the in-container forwarder (``BOX_FORWARDER``) for ``spec``, detached."""
+
+    @abc.abstractmethod
+    async def _get_tar(self, path: PurePosixPath) -> bytes | None:
+        """``path`` read out of the container as a tar (the engine's own, root), or None when
+        there is nothing there."""
+
+    @abc.abstractmethod
+    async def _put_tar(
+        self, parent: PurePosixPath, archive: bytes, *, keep_ids: bool = False
+    ) -> str | None:
+        """Unpack ``archive`` into ``parent`` by the engine (``keep_ids``: owned as the tar
+        says, else as the runtime's writes are); None when done, else why not (``parent``
+        missing, say)."""
+
+    async def _put_at(self, path: PurePosixPath, archive: bytes) -> None:
+        """Write ``archive`` (one file ``path.name``) into ``path``'s dir, made first only when
+        missing: a ``mkdir -p`` is an exec (three engine calls), and the dir is there for
+        most writes."""
+        if await self._put_tar(path.parent, archive) is None:
+            return
+        await self._mkdir(path.parent)
+        why = await self._put_tar(path.parent, archive)
+        if why is not None:
+            raise SandboxError(f"cannot write {path}: {why}")
+
+    async def _mkdir(self, path: PurePosixPath) -> None:
+        made = await self.run(["mkdir", "-p", str(path)], timeout=60)
+        if not made.ok and self.program_user is not None:
+            # A dir the task's image gave to the agent's user is not the capless root's to
+            # write in: that user makes it.
+            made = await self.run(["mkdir", "-p", str(path)], timeout=60, user=self.program_user)
+        if not made.ok:
+            raise SandboxError(f"cannot create {path}: {made.stderr}")
+
+    async def program_user_ready(self) -> str | None:
+        """:attr:`program_user` once :data:`BOX_DIR` is its own. The container's root has no
+        capabilities (no ``chown``): the engine hands the dir over, reading it out and
+        writing it back with the user's ids (resolved by the box's ``/etc/passwd``)."""
+        user = self.program_user
+        if user is None:
+            return None
+        cached = self._program_ids
+        ids = cached[1] if cached is not None and cached[0] == user else None
+        if ids is None:
+            said = await self.run(["/bin/sh", "-c", "id -u; id -g"], timeout=60, user=user)
+            numbers = said.stdout.split()
+            if not said.ok or len(numbers) != 2 or not all(n.isdigit() for n in numbers):
+                said_ = " ".join(f"{said.stdout} {said.stderr}".split())[:200]
+                raise SandboxError(f"cannot run a program as user {user!r} in the box: {said_}")
+            ids = (int(numbers[0]), int(numbers[1]))
+            self._program_ids = (user, ids)
+        target = PurePosixPath(self.box_workdir, BOX_DIR)
+        found = await self._get_tar(target)
+        archive = owned_tar(found, ids) if found else dir_tar(target.name, ids)
+        why = await self._put_tar(target.parent, archive, keep_ids=True)
+        if why is not None:
+            raise SandboxError(f"cannot hand {target} to user {user}: {why}")
+        return user
 
     async def _make_base(self, root: str) -> None:
         """The box's host dir under ``root`` (named for the lifeline's reaper), with its bridge."""

@@ -173,8 +173,10 @@ async def open_exec(
     argv: list[str],
     environment: dict[str, str],
     workdir: str,
+    user: str = "",
 ) -> DockerExecProcess:
-    """Create and start an attached exec, marked for :func:`exec_pids`."""
+    """Create and start an attached exec, marked for :func:`exec_pids`, as ``user``
+    (resolved by the container's /etc/passwd; "": the container's user)."""
     token = uuid.uuid4().hex
     exec_id = (
         await blocking(
@@ -186,6 +188,7 @@ async def open_exec(
             stderr=True,
             environment={**environment, EXEC_ENV: token},
             workdir=workdir,
+            user=user,
         )
     )["Id"]
     raw = await blocking(api.exec_start, exec_id, socket=True)

@@ -29,6 +29,8 @@ __all__ = [
     "RuntimeSpec",
 ]
 
+BOX_DIR = ".vfray"
+"""vfray's own files in a box, under its work dir (scripts, the uv cache, the agent's dir)."""
 UV_CACHE_DIR = ".vfray/uv-cache"
 """uv's cache for :meth:`Runtime.run_uv_script`, relative to the box's work dir (always
 writable, removed with the box)."""
@@ -119,6 +121,10 @@ class Runtime(abc.ABC):
         self.spec = spec or RuntimeSpec()
         self._live: list[LiveProcess] = []
         """Live and background processes opened in this box, ended by :meth:`end_processes`."""
+        self.program_user: str | None = None
+        """The user (as :meth:`run`'s ``user``) that the harness's programs run as: what
+        :meth:`run_program` and :meth:`open_process` start (a task's agent user, e.g. Harbor's
+        ``[agent] user``); None runs them as the box's user. Set by a task's setup."""
 
     @classmethod  # noqa: B027 - an optional hook
     def preflight(cls, options: dict[str, Any]) -> None:
@@ -179,8 +185,28 @@ class Runtime(abc.ABC):
 
         ``signals_ready``: the program writes a byte to the fd named by ``$VFRAY_READY_FD``
         (when set) once it has started; a runtime that throttles launches
-        (:mod:`vfray.runtimes.launches`) holds the program's launch slot until then."""
-        return await self.run(argv, env, timeout=timeout)
+        (:mod:`vfray.runtimes.launches`) holds the program's launch slot until then.
+        It runs as :attr:`program_user`, to whom :data:`BOX_DIR` is handed first."""
+        user = await self.program_user_ready()
+        return await self.run(argv, env, timeout=timeout, user=user)
+
+    async def program_user_ready(self) -> str | None:
+        """:attr:`program_user`, once :data:`BOX_DIR` (the agent's files a harness wrote
+        there as the box's user) is its own, so the program can write its state beside them.
+        Here the box's user hands them over with ``chown`` (a root with its capabilities);
+        docker and podman, whose root has none, hand them over by the engine; bwrap's user
+        namespace maps the user onto the node's, who owns them; subprocess and modal refuse
+        another user."""
+        from vfray.errors import SandboxError
+
+        user = self.program_user
+        if user is None:
+            return None
+        script = f'mkdir -p {BOX_DIR} && chown -R "$0" {BOX_DIR}'
+        handed = await self.run(["/bin/sh", "-c", script, user], timeout=120)
+        if not handed.ok:
+            raise SandboxError(f"cannot hand {BOX_DIR} to user {user}: {handed.stderr.strip()}")
+        return user
 
     async def open_process(
         self,

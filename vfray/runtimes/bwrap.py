@@ -50,6 +50,7 @@ from vfray.runtimes._bwrap_args import (
     IMAGE_PATH,
     OFFLINE_NSSWITCH,
     can_disable_userns,
+    give_owned,
     host_mounts,
     host_paths,
     image_mounts,
@@ -398,6 +399,19 @@ class BwrapRuntime(SubprocessRuntime):
             str(workdir),
             self._preexec(),
         )
+
+    async def program_user_ready(self) -> str | None:
+        """:attr:`program_user`; in a box over an image a root node unpacked (owners kept),
+        what the image gave that user under the work dir (``chown agent /app``) is given to
+        the node's user first: the user namespace maps only the program's uid, onto the
+        node's, and would leave that user's own files read-only to it."""
+        user = self.program_user
+        if user is None or self.layer is None or os.geteuid() != 0:
+            return user
+        ids = self._user_ids(user)
+        top = Path(in_root(str(self.layer.root), self.box_workdir))
+        await blocking(give_owned, top, ids, (os.getuid(), os.getgid()))
+        return user
 
     def _user_ids(self, user: str) -> tuple[int, int]:
         """``user``'s ids by the box root's ``/etc/passwd`` and ``/etc/group``. The user

@@ -58,6 +58,12 @@ DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 _NO_DISK_QUOTA: set[str] = set()
 """Engines (by URL) whose storage driver refused ``storage_opt size``: a task's disk is
 advisory there, and their containers start without it."""
+_API_VERSIONS: dict[str, str] = {}
+"""The API version each engine (by URL) negotiated, so that each box's client does not ask
+again (a ``GET /version`` per client)."""
+_WORKDIRS: dict[tuple[str, str], str] = {}
+"""The ``WORKDIR`` of the task images made present by the node's image store (content-named),
+by engine and name: read once, not per box."""
 log = logging.getLogger(__name__)
 
 
@@ -123,9 +129,14 @@ class DockerRuntime(ContainerBox):
 
     def _make_client(self) -> Any:
         docker: Any = optional_import("docker", "docker")
+        url = self.engine_url()
+        version = _API_VERSIONS.get(url)
         if self.base_url is not None:
-            return docker.DockerClient(base_url=self.base_url)
-        return docker.from_env()
+            client = docker.DockerClient(base_url=self.base_url, version=version)
+        else:
+            client = docker.from_env(version=version)
+        _API_VERSIONS.setdefault(url, client.api.api_version)
+        return client
 
     def labels(self) -> dict[str, str]:
         """The box id, and the owner token and host the lifeline's reaper finds it by."""
@@ -229,6 +240,7 @@ class DockerRuntime(ContainerBox):
                 if attempt == 0 and self.image_ref is not None and "No such image" in said:
                     # Removed from the engine since this process made it present: once more.
                     forget_docker_image(self.engine_url(), name)
+                    _WORKDIRS.pop((self.engine_url(), name), None)
                     continue
                 if 'exec: "sleep"' in said:
                     raise SandboxError(
@@ -256,11 +268,16 @@ class DockerRuntime(ContainerBox):
         image's ``WORKDIR`` (vfray's ``/work`` when the image has none, or ``/``)."""
         if self.spec.workdir is not None:
             return
-        try:
-            image = await blocking(self.client.images.get, name)
-        except Exception:
-            return  # not in the engine: containers.run says why
-        found = str((image.attrs.get("Config") or {}).get("WorkingDir") or "")
+        key = (self.engine_url(), name)
+        found = _WORKDIRS.get(key)
+        if found is None:
+            try:
+                image = await blocking(self.client.images.get, name)
+            except Exception:
+                return  # not in the engine: containers.run says why
+            found = str((image.attrs.get("Config") or {}).get("WorkingDir") or "")
+            if self.image_ref is not None and name == self._image_ready:
+                _WORKDIRS[key] = found
         self.box_workdir = found if found not in ("", "/") else "/work"
 
     def _remove_unstarted(self) -> None:
@@ -368,6 +385,7 @@ class DockerRuntime(ContainerBox):
                 **(env or {}),
             },
             str(self._box_path(cwd)) if cwd else self.box_workdir,
+            user=await self.program_user_ready() or "",
         )
         return self.track(process)
 
@@ -378,14 +396,32 @@ class DockerRuntime(ContainerBox):
             raise SandboxError(f"cannot hand {path} to user {self.user}")
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
-        archive = file_tar(path.name, data, mode, self._ids)
+        await self._put_at(path, file_tar(path.name, data, mode, self._ids))
+
+    async def _put_tar(
+        self, parent: PurePosixPath, archive: bytes, *, keep_ids: bool = False
+    ) -> str | None:
+        # The engine always keeps the tar's ids.
         container = self._require()
-        made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
-        if not made.ok:
-            raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
-        ok = await blocking(container.put_archive, str(path.parent), archive)
-        if not ok:
-            raise SandboxError(f"cannot write {path}")
+        try:
+            ok = await blocking(container.put_archive, str(parent), archive)
+        except Exception as exc:  # the engine's NotFound for a missing dir, among others
+            return " ".join(str(getattr(exc, "explanation", None) or exc).split())[:300]
+        return None if ok else "the engine refused the archive"
+
+    async def _get_tar(self, path: PurePosixPath) -> bytes | None:
+        container = self._require()
+
+        def _get() -> bytes | None:
+            try:
+                chunks, _ = container.get_archive(str(path))
+            except Exception as exc:
+                if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+                    return None
+                raise SandboxError(f"cannot read {path}: {exc}") from exc
+            return b"".join(chunks)
+
+        return await blocking(_get)
 
     async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         await self._put(self._box_path(path), data, mode)

@@ -290,6 +290,13 @@ class ModalRuntime(Runtime):
             truncated=len(out) > cap or len(err) > cap,
         )
 
+    async def program_user_ready(self) -> str | None:
+        if self.program_user is not None:
+            raise SandboxError(
+                f"the modal runtime cannot run a program as user {self.program_user!r}"
+            )
+        return None
+
     async def open_process(
         self,
         argv: Sequence[str],
@@ -301,6 +308,7 @@ class ModalRuntime(Runtime):
         in a file first, so :meth:`LiveProcess.stop` can signal it with ``kill`` (Modal's
         process handle has no signal call)."""
         sandbox = self._require()
+        await self.program_user_ready()
         pid_file = f"/tmp/.vfray-pid-{uuid.uuid4().hex[:12]}"
         wrapped = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', pid_file, *argv]
         process = await sandbox.exec.aio(

@@ -356,7 +356,8 @@ class PodmanRuntime(DockerRuntime):
         self._require()
         token = uuid.uuid4().hex
         where = str(self._box_path(cwd)) if cwd else self.box_workdir
-        args, client_env = self._exec_args(argv, env or {}, where, token, stdin=True)
+        user = await self.program_user_ready()
+        args, client_env = self._exec_args(argv, env or {}, where, token, stdin=True, user=user)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.command(),
@@ -373,16 +374,23 @@ class PodmanRuntime(DockerRuntime):
         return self.track(PodmanExecProcess(proc, token))
 
     async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
-        archive = file_tar(path.name, data, mode, self._ids)
-        made = await self.run(["mkdir", "-p", str(path.parent)], timeout=60)
-        if not made.ok:
-            raise SandboxError(f"cannot create {path.parent}: {made.stderr}")
-        # ``podman cp -`` reads a tar stream; files get the container's user (its --archive).
+        await self._put_at(path, file_tar(path.name, data, mode, self._ids))
+
+    async def _put_tar(
+        self, parent: PurePosixPath, archive: bytes, *, keep_ids: bool = False
+    ) -> str | None:
+        # ``podman cp -`` reads a tar stream; files get the container's user (its --archive)
+        # unless the tar's ids are to be kept.
+        keep = ["--archive=false"] if keep_ids else []
         code, _, err = await self._podman(
-            ["cp", "-", f"{self.container_id}:{path.parent}"], stdin=archive
+            ["cp", *keep, "-", f"{self.container_id}:{parent}"], stdin=archive
         )
-        if code:
-            raise SandboxError(f"cannot write {path}: {err.decode(errors='replace').strip()}")
+        return err.decode(errors="replace").strip() if code else None
+
+    async def _get_tar(self, path: PurePosixPath) -> bytes | None:
+        self._require()
+        code, out, _ = await self._podman(["cp", f"{self.container_id}:{path}", "-"])
+        return out if code == 0 else None
 
     async def read(self, path: str) -> bytes:
         self._require()

@@ -138,7 +138,14 @@ class SubprocessRuntime(Runtime):
         signals_ready: bool = False,
     ) -> ProgramResult:
         launch = Launch(launch_slots(self.launch_concurrency), signals_ready)
-        return await self._run(argv, env, timeout=timeout, launch=launch)
+        user = await self.program_user_ready()
+        return await self._run(argv, env, timeout=timeout, launch=launch, user=user)
+
+    async def program_user_ready(self) -> str | None:
+        # Nothing to hand over: the box's files are the node user's, whom this runtime's
+        # programs run as (another user is refused by _command), and whom bwrap's user
+        # namespace maps its user onto.
+        return self.program_user
 
     def _command(
         self,
@@ -215,7 +222,8 @@ class SubprocessRuntime(Runtime):
         cwd: str | None = None,
     ) -> LiveProcess:
         serve = self._serve_socket()
-        command, penv, host_cwd, preexec = self._command(argv, env, cwd, serve)
+        user = await self.program_user_ready()
+        command, penv, host_cwd, preexec = self._command(argv, env, cwd, serve, user=user)
         process = await start_live(
             command, penv, host_cwd, preexec_fn=preexec, spare=self.term_spares
         )

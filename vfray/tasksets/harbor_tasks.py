@@ -108,6 +108,9 @@ class HarborData(TaskData):
     verifier_timeout: float
     verifier_env: dict[str, str] = Field(default_factory=dict)
     verifier_user: str | None = None
+    agent_user: str | None = None
+    """``[agent] user``: the harness's programs run as this user of the box
+    (:attr:`vfray.runtimes.Runtime.program_user`); None: as the box's user."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     schema_version: str = "1.0"
     sidecars: list[Sidecar] = Field(default_factory=list)
@@ -177,10 +180,6 @@ def read_task(folder: Path, key: str | None = None) -> HarborTask:
     notes = list(config.unhonoured)
     if steps:
         notes.append("steps: one agent budget for all steps (the sum of theirs)")
-    agent_users = {u for u in [config.agent_user, *(s.agent_user for s in steps)] if u}
-    if agent_users:
-        # The harness's program runs as the box's user; a step's setup.sh honours it.
-        notes.append(f"[agent] user {sorted(agent_users)[0]!r}: the agent runs as the box's user")
     gb = 1024.0
     data = HarborData(
         prompt=prompt,
@@ -203,6 +202,7 @@ def read_task(folder: Path, key: str | None = None) -> HarborTask:
         verifier_timeout=config.verifier_timeout,
         verifier_env=config.verifier_env,
         verifier_user=config.verifier_user,
+        agent_user=config.agent_user,
         metadata=config.metadata,
         schema_version=config.schema_version,
         sidecars=list(box.sidecars),
@@ -233,10 +233,18 @@ class HarborTask(Task[HarborData]):
 
     async def setup(self, trace: Trace, runtime: Runtime) -> None:
         trace.notes.extend(self.data.notes)
-        await shell(runtime, f"mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} && rm -rf /tests /solution")
+        # /logs/agent open to any user, as Harbor's empty_dirs(chmod=True) leaves it: the
+        # agent's user is often not the box's.
+        await shell(
+            runtime,
+            f"mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} && chmod 777 {AGENT_LOGS} "
+            "&& rm -rf /tests /solution",
+        )
         await start_sidecars(runtime, tuple(self.data.sidecars), self.data.name)
+        runtime.program_user = self.data.agent_user
         if self.data.steps:
             first = self.data.steps[0]
+            runtime.program_user = first.agent_user
             # A first step whose setup.sh fails leaves nothing to run: the rollout's error.
             await prepare_step(runtime, first.name, first.workdir_dir, first.agent_user)
             self._live[trace.trace_id] = {
@@ -353,6 +361,7 @@ class HarborStepsTask(HarborTask):
         try:
             await reset_verifier_dirs(runtime)
             await prepare_step(runtime, step.name, step.workdir_dir, step.agent_user)
+            runtime.program_user = step.agent_user
         except RolloutError as exc:
             state["results"][step.name] = None
             state["done"] = True
