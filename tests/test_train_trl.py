@@ -1,13 +1,15 @@
 """TRL's ``GRPOTrainer`` with vfray as its ``rollout_func`` (:mod:`vfray.train.trl`), one real
 training step on CPU: the example's tiny random-weight Llama (``examples/rl/trl_grpo.py``) is
-served to the interception, ``Farm.stream`` runs the step's groups, and TRL trains on what came
-back.
+served to the interception, ``Farm.stream`` runs the step's groups of two-turn conversations,
+and TRL trains on what came back.
 
 Checked: the tokens and logprobs TRL got are the served policy's (recomputed by the trainer's
-model before the step, they match); the masks and vfray's advantages reach TRL's loss (after
-the step, the advantage-weighted change of the samples' logprobs is positive: a lost, zeroed or
-negated advantage fails it); bad prompts are refused in one line. Skipped without the ``train``
-extra's ``trl``."""
+model before the step, they match on every sampled token); both turns are in one sample, the
+user's tokens between them masked out (``env_mask``); the masks and vfray's advantages reach
+TRL's loss (after the step, the advantage-weighted change of the samples' logprobs is positive:
+a lost, zeroed or negated advantage fails it); a group that does not count (its scorer fails)
+reaches TRL as masked placeholders with no advantage; bad prompts are refused in one line.
+Skipped without the ``train`` extra's ``trl``."""
 
 from __future__ import annotations
 
@@ -41,6 +43,18 @@ def _logprobs(model: Any, prompt: list[int], completion: list[int]) -> Any:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
+def _broken(ex: Any) -> Any:
+    """A task whose scorer fails: its rollouts do not count, so they carry no advantage."""
+    import vfray as vf
+
+    class Broken(ex.DigitsTask):  # type: ignore[misc, name-defined]
+        @vf.reward
+        def digits(self, trace: vf.Trace) -> float:
+            raise RuntimeError("the scorer is broken")
+
+    return Broken(ex.Digits(prompt="1"), key="broken")
+
+
 def test_one_trl_step_trains_on_vfray_rollouts(tmp_path: Path) -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOTrainer
@@ -54,9 +68,10 @@ def test_one_trl_step_trains_on_vfray_rollouts(tmp_path: Path) -> None:
     seen: list[dict[str, Any]] = []
     with (
         ex.serve_model(model, tokenizer) as url,
-        ex.make_farm(url, GROUPS * GENERATIONS, str(tmp_path)) as farm,
+        ex.make_farm(url, (GROUPS + 1) * GENERATIONS, str(tmp_path)) as farm,
     ):
-        rollouts = TRLRollouts(farm, ex.tasks(GROUPS), num_generations=GENERATIONS)
+        tasks = [*ex.tasks(GROUPS, turns=2), _broken(ex)]
+        rollouts = TRLRollouts(farm, tasks, num_generations=GENERATIONS)
 
         def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
             out = rollouts(prompts, trainer)
@@ -71,7 +86,9 @@ def test_one_trl_step_trains_on_vfray_rollouts(tmp_path: Path) -> None:
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[vfray_advantage],
-            args=ex.grpo_config(str(tmp_path / "trl"), 1, GENERATIONS, GROUPS, reward_weights=None),
+            args=ex.grpo_config(
+                str(tmp_path / "trl"), 1, GENERATIONS, GROUPS + 1, reward_weights=None
+            ),
             train_dataset=rollouts.dataset(),
             processing_class=tokenizer,
             rollout_func=rollout_func,
@@ -83,17 +100,25 @@ def test_one_trl_step_trains_on_vfray_rollouts(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="is not a task key"):
             rollouts(["nope"] * GENERATIONS)
 
-    assert len(seen) == 1 and not rollouts.placeholders
-    out = seen[0]
+    # The broken task's rollouts do not count: TRL got masked placeholders, advantage None.
+    assert len(seen) == 1 and rollouts.placeholders == {"no_advantage": GENERATIONS}
+    out = dict(seen[0])
+    broken = [i for i, key in enumerate(out["keys"]) if key == "broken"]
+    assert len(broken) == GENERATIONS
+    for i in broken:
+        assert out["env_mask"][i] == [0] and out[ADVANTAGE][i] is None
+    out = {k: [x for i, x in enumerate(v) if i not in broken] for k, v in out.items()}
     assert len(out["prompt_ids"]) == GROUPS * GENERATIONS
     # Each group's rollouts are one vfray group, its prompt the endpoint's own rendering.
-    assert len(rollouts.groups) == GROUPS
+    assert len(rollouts.groups) == GROUPS + 1
     for group in rollouts.groups:
         assert len(group.traces) == GENERATIONS
     for key, prompt_ids in zip(out["keys"], out["prompt_ids"], strict=True):
         messages = [{"role": "user", "content": rollouts.tasks[key].data.prompt}]
         assert prompt_ids == ex.encode_chat(tokenizer, messages)
         assert tokenizer.pad_token_id not in prompt_ids  # no unknown character
+    # The second turn's user message, as the template renders it between the replies.
+    more = ex.encode_chat(tokenizer, [{"role": "user", "content": "more"}])
 
     score = 0.0
     for completion, mask, recorded, before, advantage, prompt in zip(
@@ -105,11 +130,16 @@ def test_one_trl_step_trains_on_vfray_rollouts(tmp_path: Path) -> None:
         out["prompt_ids"],
         strict=True,
     ):
-        assert mask == [1] * len(completion)  # single-turn: every token sampled
-        # The endpoint's logprobs are the trained model's, token for token.
-        assert torch.allclose(before, torch.tensor(recorded), atol=1e-4)
+        # Two replies, the user's turn between them inserted (mask 0), its tokens the template's.
+        inserted = [t for t, m in zip(completion, mask, strict=True) if not m]
+        assert inserted[-len(more) :] == more and 0 < len(inserted) <= len(more) + 1
+        assert 0 < sum(mask) < len(completion)
+        sampled = torch.tensor(mask, dtype=torch.bool)
+        # The endpoint's logprobs are the trained model's, token for token (up to the float
+        # error of a forward pass over another length: ~5e-4 seen here).
+        assert torch.allclose(before[sampled], torch.tensor(recorded)[sampled], atol=2e-3)
         after = _logprobs(model, prompt, completion)
-        score += advantage * float((after - before).sum())
+        score += advantage * float((after - before)[sampled].sum())
     assert any(a != 0 for a in out[ADVANTAGE])
     # The step moved the policy the way vfray's advantages say.
     assert score > 0
