@@ -92,15 +92,16 @@ def test_kuhn_poker_seats_play_and_score_the_same(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_code_golf_with_one_attempt_scores_the_same(tmp_path: Path) -> None:
-    # v1 fans the golfer seat out into --env.attempts rollouts of one episode; vfray plays a
-    # seat once (a second run is refused in one line), so both run one attempt. The
+def test_code_golf_with_its_default_attempts_scores_the_same(tmp_path: Path) -> None:
+    # v1 fans the golfer seat out into --env.attempts (default 2) rollouts of one episode; so
+    # does vfray (the second run's trace is seat `golfer#2`, exported as agent `golfer`). The
     # `latency` metric is each side's own timing of the program: compared without it.
-    flags = ["code-golf", "-n", "2", "--env.attempts", "1"]
+    flags = ["code-golf", "-n", "2"]
     flags += ["--env.golfer.harness.id", "null", "--env.golfer.runtime.type", "subprocess"]
     result = _both(tmp_path, "agent", *flags)
     theirs, ours = result["theirs"], result["ours"]
-    assert len(theirs) == len(ours) == 2
+    assert len(theirs) == len(ours) == 4  # 2 tasks x 2 attempts
+    assert {r["agent"] for r in (*theirs, *ours)} == {"golfer"}
     for r in (*theirs, *ours):
         assert r["metrics"].pop("latency") > 0
     assert _rows(ours) == _rows(theirs)
