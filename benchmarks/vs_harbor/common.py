@@ -263,3 +263,27 @@ def harbor_rewards(jobs_dir: Path) -> dict[str, list[dict[str, float] | None]]:
         rewards = verifier.get("rewards")
         found.setdefault(result["task_name"], []).append(rewards)
     return found
+
+
+def engine_cpu(engine: str) -> float:
+    """CPU seconds of the engine at ``engine`` (a ``unix://`` URL): its dockerd (with what it
+    reaped), its containerd and the shims of its containers, found by the engine's own dir in
+    their command lines, so that other engines on the machine (other tests' dockerd) are not
+    counted; every dockerd and containerd when none names it (a system engine)."""
+    import psutil
+
+    names = ("dockerd", "containerd", "containerd-shim-runc-v2")
+    root = str(Path(engine.removeprefix("unix://")).parent)
+    mine, every = 0.0, 0.0
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] not in names:
+            continue
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        cpu = t.user + t.system + t.children_user + t.children_system
+        every += cpu
+        if root != "/" and root in " ".join(proc.info["cmdline"] or []):
+            mine += cpu
+    return mine or every

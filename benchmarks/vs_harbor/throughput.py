@@ -42,19 +42,6 @@ from benchmarks.vs_harbor import common  # noqa: E402
 from vfray.models.scripted.server import scripted_server  # noqa: E402
 
 
-def engine_cpu() -> float:
-    """CPU seconds of every dockerd and containerd on the machine (and what they reaped)."""
-    total = 0.0
-    for proc in psutil.process_iter(["name"]):
-        if proc.info["name"] in ("dockerd", "containerd", "containerd-shim-runc-v2"):
-            try:
-                t = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
 def harbor_side(
     harbor: Any, engine: str, agent: str, url: str | None, args: argparse.Namespace, delete: bool
 ) -> dict[str, Any]:
@@ -66,14 +53,14 @@ def harbor_side(
         if not delete:
             argv.append("--no-delete")
         env = common.harbor_env(harbor, engine, common.docker_config(harbor))
-        before = engine_cpu()
+        before = common.engine_cpu(engine)
         run = common.measured_run(argv, env, Path(tmp))
         rewards = common.harbor_rewards(Path(tmp) / "jobs")
     if run.returncode:
         raise RuntimeError(f"harbor run failed: {run.output}")
     values = [r.get("reward", 0.0) if r else None for rs in rewards.values() for r in rs]
-    return _row("harbor" + ("" if delete else " --no-delete"), agent, run, engine_cpu() - before,
-                values, args)  # fmt: skip
+    cpu = common.engine_cpu(engine) - before
+    return _row("harbor" + ("" if delete else " --no-delete"), agent, run, cpu, values, args)
 
 
 def vfray_side(engine: str, agent: str, args: argparse.Namespace, runtime: str) -> dict[str, Any]:
@@ -89,12 +76,12 @@ def vfray_side(engine: str, agent: str, args: argparse.Namespace, runtime: str) 
             "-o", str(Path(tmp) / "out"), "--backend", "local", "-r", str(args.attempts),
             "-c", str(args.concurrent), "--no-progress",
         ]  # fmt: skip
-        before = engine_cpu()
+        before = common.engine_cpu(engine)
         run = common.measured_run(argv, None, ROOT)
         values = _vfray_rewards(Path(tmp) / "out") if run.returncode == 0 else []
     if run.returncode:
         raise RuntimeError(f"vfray eval failed: {run.output}")
-    return _row(f"vfray {runtime}", agent, run, engine_cpu() - before, values, args)
+    return _row(f"vfray {runtime}", agent, run, common.engine_cpu(engine) - before, values, args)
 
 
 def _vfray_rewards(out: Path) -> list[float | None]:

@@ -51,6 +51,21 @@ def owned_tar(data: bytes, ids: tuple[int, int]) -> bytes:
     return _unpadded(buffer, end)
 
 
+def tar_files(data: bytes, limit: int) -> dict[str, bytes]:
+    """The regular files of the tar ``data`` (a dir read out of a container: its members
+    under the dir's own name), ``limit`` at most, by their path under that dir."""
+    files: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            _, _, name = member.name.partition("/")
+            handle = tar.extractfile(member) if member.isfile() and name else None
+            if handle is not None:
+                files[name] = handle.read()
+                if len(files) >= limit:
+                    break
+    return files
+
+
 def _unpadded(buffer: io.BytesIO, end: int) -> bytes:
     """The tar up to its end-of-archive blocks, without the zeros ``tarfile`` pads it with to a
     whole 10 KiB record: podman 4.3's ``cp -`` stops reading at the end blocks and, when more

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import SandboxError
-from vfray.runtimes._box_files import dir_tar, owned_tar
+from vfray.runtimes._box_files import dir_tar, owned_tar, tar_files
 from vfray.runtimes._bwrap_args import BRIDGE_DIR
 from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import BOX_DIR, Runtime
@@ -25,6 +25,19 @@ from vfray.runtimes.lifeline import work_dir_prefix
 from vfray.runtimes.network_policy import box_network
 from vfray.runtimes.processes import network_env
 
+_PROBE = """
+import socket, sys, time
+deadline = time.monotonic() + 10
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.02)
+"""
+"""Waits in the box until an in-container forwarder listens on ``argv[1]`` (10 s at most)."""
 EXPOSE_SOCKET = "expose.sock"
 """The in-container forwarder's way in for :meth:`DockerRuntime.expose`, in the bridge dir."""
 
@@ -79,6 +92,11 @@ class ContainerBox(Runtime):
         why = await self._put_tar(path.parent, archive)
         if why is not None:
             raise SandboxError(f"cannot write {path}: {why}")
+
+    async def read_tree(self, path: str, limit: int) -> dict[str, bytes] | None:
+        # One archive read by the engine, not a `find` exec and a read per file.
+        found = await self._get_tar(PurePosixPath(self.box_workdir, path))
+        return tar_files(found, limit) if found else {}
 
     async def _mkdir(self, path: PurePosixPath) -> None:
         made = await self.run(["mkdir", "-p", str(path)], timeout=60)
@@ -144,12 +162,11 @@ class ContainerBox(Runtime):
 
     async def _start_forwarder(self, port: int) -> None:
         await self._run_forwarder(f"{port}={BRIDGE_DIR}/{port}.sock")
-        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 1).close()"
-        for _ in range(100):
-            if (await self.run([self.python, "-c", probe], timeout=10)).ok:
-                self._forwarded.add(port)
-                return
-            await asyncio.sleep(0.05)
+        # One exec that waits in the box for the forwarder to listen, not an exec per try:
+        # each exec is three engine calls and a runc start for containerd.
+        if (await self.run([self.python, "-c", _PROBE, str(port)], timeout=15)).ok:
+            self._forwarded.add(port)
+            return
         raise SandboxError(f"the in-container forwarder for port {port} did not start")
 
     async def expose(self, port: int) -> str:

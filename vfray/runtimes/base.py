@@ -262,6 +262,12 @@ class Runtime(abc.ABC):
     async def read(self, path: str) -> bytes:
         """Read a file from the box."""
 
+    async def read_tree(self, path: str, limit: int) -> dict[str, bytes] | None:
+        """The regular files under the dir ``path`` (``limit`` at most; relative paths as
+        in :meth:`read`), by their path under it, read in one go; ``{}`` when there is no such
+        dir; None where this runtime has no such read (read the files one by one)."""
+        return None
+
     @abc.abstractmethod
     async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         """Write a file into the box, creating parent directories."""

@@ -125,6 +125,11 @@ async def verify(
 
 async def keep_agent_logs(runtime: Runtime, trace: Trace) -> None:
     """The files under ``/logs/agent`` onto the trace as artifacts (``agent/<path>``)."""
+    tree = await runtime.read_tree(AGENT_LOGS, MAX_AGENT_LOG_FILES)
+    if tree is not None:
+        for rel, content in sorted(tree.items()):
+            trace.artifacts.append(AgentArtifact.of_bytes(f"agent/{rel}", content))
+        return
     found = await runtime.run(
         ["/bin/sh", "-c", f"find {AGENT_LOGS} -type f 2>/dev/null | head -n {MAX_AGENT_LOG_FILES}"],
         timeout=60,
