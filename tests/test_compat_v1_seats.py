@@ -49,7 +49,7 @@ async def test_a_v1_two_agent_env_plays_its_run_as_vfray_seats() -> None:
     assert _said(checker, "user") == ["What is 5 + 2?", "What is 7 + 2?"]
     assert len(checker.segments) == 2
     # Each seat scores the v1 task it played: the checker's plain task has no `correct`.
-    assert solver.rewards["correct"].value == 1.0 and checker.rewards["correct"].value is None
+    assert solver.rewards["correct"].value == 1.0 and "correct" not in checker.rewards
     # Env.finalize saw both traces, stamped with their seat names.
     assert solver.rewards["chain"].value == checker.rewards["chain"].value == 1.0
     assert solver.metrics["seats"] == checker.metrics["seats"] == 2.0
@@ -72,7 +72,8 @@ async def test_v1_user_sim_hides_the_scenario_from_the_assistant() -> None:
     assert not _said(assistant, "system")
     assert assistant.rewards["correct"].value == 1.0 and assistant.metrics["replies"] == 2.0
     assert assistant.metrics["user_turns"] == 3.0  # UserSimEnv.finalize, from the user's trace
-    assert user.rewards["correct"].value is None
+    assert "correct" not in user.rewards  # scored by the task it played (v1's user task)
+    assert not user.agent.trainable and assistant.agent.trainable  # UserSimEnv.setup
 
 
 def test_user_sim_runs_from_vf_eval_flags_on_the_local_farm(
@@ -218,6 +219,97 @@ async def test_a_seat_fanned_out_in_a_task_group_plays_every_attempt(tmp_path: P
     assert [t.seat for t in traces] == ["agent", "agent#2", "agent#3"]
     assert all(t.ok and t.last_reply == "2" for t in traces)
     assert len({t.trace_id for t in traces}) == 3
+
+
+_PROPOSER_SOLVER = """
+import asyncio
+from pydantic import Field
+import verifiers.v1 as vf
+
+class SolveData(vf.TaskData):
+    answer: str
+
+class SolveTask(vf.Task[SolveData]):
+    @classmethod
+    def from_trace(cls, proposer):
+        n = int(proposer.last_reply)
+        return cls(SolveData(idx=proposer.task.data.idx, prompt=f"What is {n} + 1?",
+                             answer=str(n + 1)))
+
+    @vf.reward
+    async def correct(self, trace) -> float:
+        return float(trace.last_reply == self.data.answer)
+
+class Config(vf.EnvConfig):
+    proposer: vf.AgentConfig = vf.AgentConfig()
+    solver: vf.AgentConfig = vf.AgentConfig()
+    n: int = Field(3, ge=1)
+    train_proposer: bool = False
+
+class ProposerSolver(vf.Env[Config]):
+    async def setup(self, agents: vf.Agents) -> None:
+        agents.proposer.trainable = self.config.train_proposer
+
+    async def run(self, task, agents: vf.Agents) -> None:
+        proposed = await agents.proposer.run(task)
+        solve_task = SolveTask.from_trace(proposed)
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(self.config.n):
+                tg.create_task(agents.solver.run(solve_task))
+
+    async def finalize(self, task, episode) -> None:
+        solves = [t for t in episode.traces if t.agent.name == "solver"]
+        rate = sum(r.score if (r := t.rewards.get("correct")) else 0.0 for t in solves)
+        rate /= len(solves)
+        for trace in episode.traces:
+            if trace.agent.name == "proposer":
+                trace.record_metric("solves", float(len(solves)))
+                trace.record_reward("learnability", 4.0 * rate * (1.0 - rate))
+
+class Tasks(vf.Taskset):
+    def load(self):
+        yield vf.Task(vf.TaskData(idx=7, prompt="What is 2 + 3?"), self.config.task)
+
+__all__ = ["Tasks", "ProposerSolver"]
+"""
+
+
+def test_one_proposer_with_many_solvers_on_the_local_farm(tmp_path: Path) -> None:
+    # proposer_solver's shape: the proposer's trace mints the solvers' task, which --env.n
+    # runs of the solver seat solve in a TaskGroup; finalize reads `t.agent.name`. The
+    # proposer is not trainable (its env's setup): no advantage, exported trainable false.
+    pkg = tmp_path / "v1propose"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_PROPOSER_SOLVER)
+    taskset = loader.load(str(pkg), env_args={"n": 3})
+    with vf.Farm(
+        "scripted:arithmetic?accuracy=0.5&seed=3",
+        harness="null",
+        backend="local",
+        output_dir=str(tmp_path / "out"),
+        progress=False,
+    ) as farm:
+        result = farm.run(taskset, rollouts_per_task=1)
+    rows = {r["seat"]: r for r in read_traces(result.run_dir / "traces").to_pylist()}
+    assert sorted(rows) == ["proposer", "solver", "solver#2", "solver#3"]
+    traces = {seat: Trace.model_validate_json(r["trace_json"]) for seat, r in rows.items()}
+    proposer = traces.pop("proposer")
+    assert not proposer.agent.trainable and rows["proposer"]["advantage"] is None
+    question = f"What is {proposer.last_reply} + 1?"
+    for solver in traces.values():
+        assert [m.text for m in solver.messages if m.role == "user"] == [question]
+    # Each solver is scored by the minted SolveTask's own `correct`.
+    assert {t.rewards["correct"].value for t in traces.values()} <= {0.0, 1.0}
+    assert proposer.metrics["solves"] == 3.0 and "learnability" in proposer.rewards
+    # Not compared: vfray runs Env.finalize before the seats' scoring (v1: after), so the
+    # env's solve rate does not see `correct` yet (docs/guides/v1.md).
+    # The solver's three runs are one group: their advantages sum to 0.
+    advantages = [rows[s]["advantage"] for s in traces]
+    assert None not in advantages and sum(advantages) == pytest.approx(0.0)
+    lines = export_run(result.run_dir, tmp_path / "v1.jsonl").read_text().splitlines()
+    (episode,) = [json.loads(line)["traces"] for line in lines]
+    agents = sorted((t["agent"]["name"], t["agent"]["trainable"]) for t in episode)
+    assert agents == [("proposer", False)] + [("solver", True)] * 3
 
 
 _JUDGED = """

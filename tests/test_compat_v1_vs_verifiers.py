@@ -307,9 +307,8 @@ def test_user_sim_plays_the_same_conversation_and_scores_on_both(
         # an interaction the env closes: v1 `user_closed`; vfray's seat ended by the game.
         assert (want.stop_condition, mine.stop_condition) == ("user_closed", "agent_completed")
         if seat[1] == "user":
-            # the user's task has no scoring in v1; vfray's user seat keeps the task's keys, unset.
-            assert (want.rewards, want.metrics) == ({}, {})
-            assert mine.rewards == {"correct": None} and mine.metrics == {"replies": None}
+            # the user's task has no scoring, on both: each seat is scored by the task it played.
+            assert (want.rewards, want.metrics) == ({}, {}) == (mine.rewards, mine.metrics)
     # task keys: v1 keys each seat by the row it played (the assistant's with its prompt
     # nulled, the user's persona task); vfray keys every seat by the taskset's row.
     rows = {o.idx: o.key for o in ours}

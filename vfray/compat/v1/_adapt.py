@@ -208,6 +208,12 @@ class AdaptedSeatedTask(AdaptedTask, SeatedTask[V1Row]):
             played = episode.tasks.get(self.seat)
             if played is not None:  # the task its interaction was opened with, and its prompt
                 self.v1 = played
+                # Scored by that task's own hooks, as v1 scores each trace (proposer_solver's
+                # solvers play a SolveTask minted from the proposer's trace): this seat's copy
+                # takes the adapted class of the task it played.
+                own = _class_for(played, self.v1_env_blob)
+                if own is not type(self):
+                    self.__class__ = own  # type: ignore[assignment]
                 prompt = played.data.system_prompt
                 self.data = self.data.model_copy(update={"system_prompt": prompt})
             episode.started.add(self.seat)

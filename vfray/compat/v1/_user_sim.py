@@ -41,6 +41,9 @@ class UserSimEnv(Env[UserSimEnvConfig]):
     def __init__(self, config: UserSimEnvConfig | None = None) -> None:
         super().__init__(config if config is not None else UserSimEnvConfig())
 
+    async def setup(self, agents: Any) -> None:
+        agents.user.trainable = False  # as v1's: the modeled user is not the policy
+
     async def run(self, task: Any, agents: Any) -> None:
         persona = self.config.persona.replace("{done}", self.config.done_marker)
         user_task = Task(
