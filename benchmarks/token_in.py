@@ -73,7 +73,7 @@ def serve(folder: str, port: Any) -> None:
     asyncio.run(run())
 
 
-async def session(http: aiohttp.ClientSession, url: str, secret: str, turns: int) -> None:
+async def session(http: aiohttp.ClientSession, url: str, secret: str, turns: int, tag: str) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "echo hello world"}]
     headers = {"authorization": f"Bearer {secret}"}
     for turn in range(turns):
@@ -82,20 +82,32 @@ async def session(http: aiohttp.ClientSession, url: str, secret: str, turns: int
             reply = await response.json()
             assert response.status == 200, reply
         messages.append(reply["choices"][0]["message"])
-        messages.append({"role": "user", "content": f"and again, once more {turn}"})
+        messages.append({"role": "user", "content": f"and again, once more {turn}{tag}"})
 
 
 async def measure(
-    url: str, settings: InterceptionSettings, sessions: int, turns: int
+    url: str,
+    settings: InterceptionSettings,
+    sessions: int,
+    turns: int,
+    *,
+    distinct: bool = False,
+    cache: bool = True,
 ) -> dict[str, float]:
+    """``distinct``: every session sends follow-ups of its own (no bridge is rendered twice);
+    otherwise they send the same ones, as a group's rollouts send a task's next user turn."""
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
     async with Interception(upstream, settings=settings) as icpt:
+        if icpt.app.token_in is not None:
+            icpt.app.token_in.cache_bridges = cache
         traces = [Trace(task=TaskRecord(key=str(i), hash="h")) for i in range(sessions)]
         secrets = [icpt.app.register(t) for t in traces]
         connector = aiohttp.TCPConnector(limit=sessions)
         async with aiohttp.ClientSession(connector=connector) as http:
             cpu, wall = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(session(http, icpt.url, s, turns) for s in secrets))
+            tags = [f" (session {i})" if distinct else "" for i in range(sessions)]
+            runs = zip(secrets, tags, strict=True)
+            await asyncio.gather(*(session(http, icpt.url, s, turns, tag) for s, tag in runs))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     samples = to_samples(traces).to_pylist()
     lost = sum(1 for row in samples if row["token_error"] is not None)
@@ -124,31 +136,42 @@ def main() -> None:
             while not port.value:
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port.value}/v1"
-            modes = {
-                "messages (today)": InterceptionSettings(),
-                "token-in (local bridge)": InterceptionSettings(token_in=True, tokenizer=tmp),
-                "token-in (/tokenize bridge)": InterceptionSettings(token_in=True),
+            local = InterceptionSettings(token_in=True, tokenizer=tmp)
+            endpoint = InterceptionSettings(token_in=True)
+            modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]] = {
+                "messages (today)": (InterceptionSettings(), {}),
+                "token-in, local, no cache": (local, {"cache": False}),
+                "token-in, local": (local, {}),
+                "token-in, /tokenize": (endpoint, {}),
             }
-            results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+            results: dict[tuple[str, bool], list[dict[str, float]]] = {}
             for _ in range(args.repeats):
-                for mode, settings in modes.items():  # interleaved: drift hits every mode alike
-                    results[mode].append(
-                        asyncio.run(measure(url, settings, args.sessions, args.turns))
-                    )
+                # Interleaved: drift of the machine's load hits every mode alike.
+                for distinct in (False, True):
+                    for mode, (settings, options) in modes.items():
+                        run = measure(
+                            url, settings, args.sessions, args.turns, distinct=distinct, **options
+                        )
+                        results.setdefault((mode, distinct), []).append(asyncio.run(run))
         finally:
             server.kill()
     head = f"{args.sessions} sessions x {args.turns} turns, median of {args.repeats}"
     print(f"{head} (cpu: this process)")
-    base = statistics.median(r["cpu_ms"] for r in results["messages (today)"])
-    base_wall = statistics.median(r["wall_ms"] for r in results["messages (today)"])
-    for mode, runs in results.items():
-        cpu = statistics.median(r["cpu_ms"] for r in runs)
-        wall = statistics.median(r["wall_ms"] for r in runs)
-        print(
-            f"  {mode:28s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%})   "
-            f"wall {wall:6.3f} ms/turn ({wall / base_wall - 1:+.1%})   "
-            f"samples lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
-        )
+    for distinct in (False, True):
+        kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
+        print(f" {kind}:")
+        base_runs = results[("messages (today)", distinct)]
+        base = statistics.median(r["cpu_ms"] for r in base_runs)
+        base_wall = statistics.median(r["wall_ms"] for r in base_runs)
+        for mode in modes:
+            runs = results[(mode, distinct)]
+            cpu = statistics.median(r["cpu_ms"] for r in runs)
+            wall = statistics.median(r["wall_ms"] for r in runs)
+            print(
+                f"  {mode:26s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%})   "
+                f"wall {wall:6.3f} ms/turn ({wall / base_wall - 1:+.1%})   "
+                f"samples lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
+            )
     print(f"(cpus: {os.cpu_count()})")
 
 

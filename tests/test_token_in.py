@@ -296,3 +296,28 @@ async def test_on_prefix_break_from_config_reaches_the_loaders(
     assert read_samples(tmp_path, on_prefix_break="drop").num_rows == 1
     with pytest.raises(ValueError, match="on_prefix_break"):
         [b async for b in stream_batches(groups(), 1, on_prefix_break="repair")]
+
+
+async def test_a_repeated_follow_up_is_bridged_from_the_cache(
+    server: tuple[ScriptedModel, str], model_dir: Path
+) -> None:
+    """Two rollouts send the same follow-up after the same stop token: one render, the same
+    exact tokens for both (the cache changes the cost, never the ids)."""
+    scripted, url = server
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    async with Interception(upstream, settings=settings) as icpt:
+        traces = []
+        for _ in range(2):
+            secret = icpt.app.register(new_trace())
+            client = openai.AsyncOpenAI(base_url=icpt.url, api_key=secret, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": "echo hello world"}]
+            reply = await client.chat.completions.create(model="x", messages=messages)
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            messages.append({"role": "user", "content": "and again"})
+            await client.chat.completions.create(model="x", messages=messages)
+            traces.append(icpt.app.conclude(secret))
+        assert icpt.app.token_in is not None and icpt.app.token_in.bridges_rendered == 1
+    sent = [r.body["tokens"] for r in scripted.history if r.route.endswith("/tokens")]
+    assert len(sent) == 2 and sent[0] == sent[1]
+    assert [r["token_error"] for r in to_samples(traces).to_pylist()] == [None, None]

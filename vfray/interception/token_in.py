@@ -27,6 +27,7 @@ into per-turn samples (``samples.on_prefix_break``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ TOKENIZE_PATH = "/tokenize"
 """vLLM's tokenizer route, at the server root (not under ``/v1``)."""
 NOTE_PREFIX = "token-in:"
 _MAX_NOTES = 5
+_MAX_BRIDGES = 4096
+"""Bridges kept (per interception app), keyed by the new messages, tools and stop token."""
+_MAX_BRIDGE_KEY = 8192
+"""Longer new messages (a long tool output) are rendered each time rather than kept."""
 _TAIL_ROLES = frozenset({"tool", "user"})
 
 Tokenize = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], Awaitable[list[int]]]
@@ -90,6 +95,11 @@ class TokenIn:
     def __init__(self, tokenize: Tokenize) -> None:
         self._tokenize = tokenize
         self._bases: dict[str, list[int]] = {}
+        self._bridges: dict[str, list[int]] = {}
+        self.cache_bridges = True
+        self.bridges_rendered = 0
+        """Bridges rendered (the others came from the cache: the same new messages after the
+        same stop token, as a group's rollouts send the task's next user turn or tool output)."""
         self.supported = True
         """False once the endpoint answered the tokens route 404: later calls go as chat."""
 
@@ -166,8 +176,32 @@ class TokenIn:
     async def _bridge(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop: int
     ) -> list[int]:
+        # The bridge depends only on the new messages, the tools and the stop token: rendering
+        # it is most of what token-in costs per turn, so a repeat is served from the cache.
+        # Tools (often tens of KB of schemas) enter the key as a digest, so entries stay small.
+        tools_key = hashlib.blake2b(json.dumps(tools).encode()).hexdigest() if tools else ""
+        tail_key = json.dumps(tail)
+        key = f"{tail_key}\0{tools_key}\0{stop}"
+        cached = self._bridges.get(key) if self.cache_bridges else None
+        if cached is not None:
+            return cached
+        bridge = await self._render_bridge(tail, tools, tools_key, stop)
+        if len(tail_key) <= _MAX_BRIDGE_KEY:
+            if len(self._bridges) >= _MAX_BRIDGES:
+                self._bridges.pop(next(iter(self._bridges)))  # the oldest
+            self._bridges[key] = bridge
+        return bridge
+
+    async def _render_bridge(
+        self,
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tools_key: str,
+        stop: int,
+    ) -> list[int]:
+        self.bridges_rendered += 1
         dummy = _dummy_assistant(tail)
-        key = json.dumps([dummy, tools], sort_keys=True)
+        key = json.dumps(dummy) + "\0" + tools_key
         base = self._bases.get(key)
         try:
             if base is None:
