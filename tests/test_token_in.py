@@ -321,3 +321,33 @@ async def test_a_repeated_follow_up_is_bridged_from_the_cache(
     sent = [r.body["tokens"] for r in scripted.history if r.route.endswith("/tokens")]
     assert len(sent) == 2 and sent[0] == sent[1]
     assert [r["token_error"] for r in to_samples(traces).to_pylist()] == [None, None]
+
+
+async def test_an_anthropic_call_is_sent_as_it_came_and_says_so(
+    server: tuple[ScriptedModel, str], model_dir: Path
+) -> None:
+    """Token-in serves the chat dialect only: a later Anthropic call goes to /v1/messages as
+    the agent sent it, and the trace says so in one line (once), never silently."""
+    import anthropic
+
+    scripted, url = server
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    async with Interception(upstream, settings=settings) as icpt:
+        trace = new_trace()
+        client = anthropic.AsyncAnthropic(
+            base_url=icpt.root_url, api_key=icpt.app.register(trace), max_retries=0
+        )
+        history: Any = [{"role": "user", "content": "echo hello world"}]
+        for turn in range(3):
+            reply = await client.messages.create(model="x", max_tokens=50, messages=history)
+            history.append({"role": "assistant", "content": reply.content[0].text})  # type: ignore[union-attr]
+            history.append({"role": "user", "content": f"and again {turn}"})
+        trace = icpt.app.conclude(client.api_key)
+    assert [r.route for r in scripted.history] == ["/v1/messages"] * 3
+    notes = [n for n in trace.notes if n.startswith("token-in")]
+    assert notes == [
+        "token-in: anthropic calls sent as they came: token-in serves the chat dialect only "
+        "(vLLM's tokens route takes chat requests); a multi-turn branch may break"
+    ]
+    assert len(trace.calls) == 3 and all(c.error is None for c in trace.calls)

@@ -37,7 +37,13 @@ from vfray.interception.sessions import (
     StopCheck,
 )
 from vfray.interception.settings import InterceptionSettings
-from vfray.interception.token_in import TOKENS_PATH, CannotBridge, TokenIn, note
+from vfray.interception.token_in import (
+    TOKENS_PATH,
+    CannotBridge,
+    TokenIn,
+    note,
+    unsupported_dialect,
+)
 from vfray.interception.turns import Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
@@ -336,8 +342,11 @@ class InterceptionApp:
             policy_version=self.policy_version,
             require_tokens=sampling.get("return_tokens") == "required",
         )
-        if self.token_in is not None and dialect.name == "chat" and isinstance(body, dict):
-            await self._send_tokens(turn, session, parsed, body)
+        if self.token_in is not None and isinstance(body, dict):
+            if dialect.name == "chat":
+                await self._send_tokens(turn, session, parsed, body)
+            else:
+                unsupported_dialect(session.trace, dialect.name)
         # Its own task: a client that hangs up mid-stream must not cancel the upstream call
         # or its recording (a retry will replay it).
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))

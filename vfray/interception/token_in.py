@@ -22,7 +22,8 @@ When a call cannot be sent this way (the earlier turn was cut at ``max_tokens`` 
 token, the new messages are not tool/user messages, the template's bridge is not a clean suffix,
 the endpoint has no tokens route) it is sent as plain chat and the trace says why, in a note:
 never a silent repair. Its branch may then break, and the samples view drops it or splits it
-into per-turn samples (``samples.on_prefix_break``).
+into per-turn samples (``env.on_prefix_break``). Calls of the Responses and Anthropic dialects
+go as they came (vLLM's tokens route takes chat requests), noted once per trace.
 """
 
 from __future__ import annotations
@@ -259,6 +260,23 @@ def _without_reasoning(message: Message) -> str | None:
     fields = message.model_dump(exclude_none=True)
     fields.pop("reasoning_content")
     return Message(**fields).id
+
+
+def unsupported_dialect(trace: Trace, dialect: str) -> None:
+    """Say once on the trace that a call of another dialect than chat went as it came.
+
+    vLLM's tokens route takes chat requests only; serving a Responses or Anthropic request
+    token-in would mean translating it to chat and the chat reply back, which those relaying
+    dialects do not do (their calls reach the endpoint's own ``/v1/responses`` or
+    ``/v1/messages``). Such a branch may break like any re-rendered one
+    (``env.on_prefix_break``)."""
+    if trace.calls:  # the first call opens its branch: nothing to extend yet
+        message = (
+            f"{dialect} calls sent as they came: token-in serves the chat dialect only "
+            "(vLLM's tokens route takes chat requests); a multi-turn branch may break"
+        )
+        if f"{NOTE_PREFIX} {message}" not in trace.notes:
+            note(trace, message)
 
 
 def note(trace: Trace, message: str) -> None:
