@@ -222,8 +222,17 @@ class AdaptedSeatedTask(AdaptedTask, SeatedTask[V1Row]):
 
     async def finalize(self, trace: Trace, runtime: Any) -> None:
         await super().finalize(trace, runtime)
+        if self.game is not None:
+            self._bridge(self.game).game_over()
+
+    @scoring.reward(weight=0.0, priority=_PRIORITY["reward"] - 10)
+    async def v1_env_finalize(self, trace: Trace) -> float:
+        """The env's ``finalize`` over every seat's trace, after their own scoring (as v1 runs
+        it, so it reads their rewards and metrics): each seat's last scoring hook reports in,
+        the last one runs it (weight 0; not in the v1 view or export)."""
         if self.game is not None and self.seat is not None:
             await self._bridge(self.game).seat_ended(self.seat, self.view(trace), self.game)
+        return 0.0
 
 
 @functools.cache

@@ -245,14 +245,18 @@ class EpisodeBridge:
             raise _first_leaf(group) from None  # its TaskGroup's cause, not "1 sub-exception"
         return None
 
+    def game_over(self) -> None:
+        """Called by each seat's ``finalize``: the game is over, the env's ``run`` with it."""
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()  # the game ended under it (a seat failed, a limit)
+
     async def seat_ended(self, seat: str, view: V1Trace, game: Game) -> None:
-        """Called by each seat once the game is over; the last runs the env's ``finalize``
-        (a seat that failed may end without reaching here: it is not waited for)."""
+        """Called by each seat once it is scored; the last runs the env's ``finalize`` (a seat
+        that failed may end without reaching here: it is not waited for)."""
         agent = getattr(self.agents, seat_role(seat) or seat, None)
         if agent is not None and not agent.trainable:
             view.vfray.agent = view.vfray.agent.model_copy(update={"trainable": False})
-        if self._runner is not None and not self._runner.done():
-            self._runner.cancel()  # the game ended under it (a seat failed, a limit)
+        self.game_over()
         self.finished[seat] = view
         if self._finalized is None:
             self._finalized = asyncio.get_running_loop().create_future()
