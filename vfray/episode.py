@@ -64,6 +64,7 @@ def seat_role(seat: str | None) -> str | None:
     Per-seat groups, advantages and figures pool a seat's runs."""
     return None if seat is None else seat.split(RUN_MARK, 1)[0]
 
+
 GRPO_EPS = 1e-6
 """Added to the standard deviation by ``grpo`` (as verl does), so a group whose rewards are
 all equal gets advantages of 0, not a division by zero."""

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vfray.episode import seat_role
 from vfray.errors import RunFolderError
 from vfray.traces.io import read_parquet, read_traces
 from vfray.traces.schema import PHASES
@@ -187,7 +188,8 @@ def summarize(traces: pa.Table, episodes: pa.Table | None = None) -> dict[str, A
 
 
 def _seat_means(final: pa.Table) -> dict[str, float | None]:
-    """Mean reward per seat of a multi-agent run (empty for a run without seats)."""
+    """Mean reward per seat of a multi-agent run, a seat's runs (``solver#2``) pooled with it
+    (empty for a run without seats)."""
     values: dict[str, list[float]] = {}
     if final.num_rows == 0 or "seat" not in final.column_names:
         return {}
@@ -195,7 +197,7 @@ def _seat_means(final: pa.Table) -> dict[str, float | None]:
         final.column("seat").to_pylist(), final.column("reward").to_pylist(), strict=True
     ):
         if seat is not None:
-            bucket = values.setdefault(seat, [])
+            bucket = values.setdefault(seat_role(seat) or seat, [])
             if reward is not None:
                 bucket.append(reward)
     return {k: (sum(v) / len(v) if v else None) for k, v in sorted(values.items())}
