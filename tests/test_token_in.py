@@ -288,6 +288,12 @@ async def test_on_prefix_break_from_config_reaches_the_loaders(
 
         found = [b async for b in stream_batches(groups(), 1, on_prefix_break=choice)]
         assert sum(b.stats.used for b in found) == used
+
+        async def configured(run_choice: str) -> Any:  # as Farm.stream yields them
+            yield EpisodeGroup(Episode(task=traces[0].task, traces=traces), run_choice)
+
+        found = [b async for b in stream_batches(configured(choice), 1)]
+        assert sum(b.stats.used for b in found) == used
     # The per-turn batch holds each call's exact prompt + completion, its sampled tokens masked in.
     for i, call in enumerate(broken.calls):
         ids = [*(call.prompt_token_ids or []), *(call.completion_token_ids or [])]

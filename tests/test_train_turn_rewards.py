@@ -58,6 +58,13 @@ def test_turn_rewards_reach_the_samples_and_the_batch() -> None:
     # Truncation cuts the rewards with the tokens.
     cut = build_batch(vf.to_samples([trace]), max_length=6)
     assert cut.token_level_rewards.tolist() == [[0, 0, 0, 0, 0.25, 0]]
+    try:  # the torch batches carry them too, where torch is installed (the train extra)
+        from vfray.train.torch import to_tensors
+    except ImportError:
+        pass
+    else:
+        tensors = to_tensors(batch)
+        assert tensors["token_level_rewards"].tolist() == batch.token_level_rewards.tolist()
     # A per-turn sample (a broken branch split by turn) carries its own turn's reward.
     broken = _two_turns()
     broken.calls[1] = broken.calls[1].model_copy(update={"prompt_token_ids": [1, 9, 10, 11]})

@@ -334,7 +334,7 @@ class Farm:
             async def deliver_outcome(outcome: Any) -> None:
                 if outcome.episode is None:
                     return
-                group = EpisodeGroup(outcome.episode)
+                group = EpisodeGroup(outcome.episode, self.config.env.on_prefix_break)
                 key = group.episode.task.key
                 age = group_staleness(group, self.policy_version)
                 if max_staleness is not None and age is not None and age > max_staleness:

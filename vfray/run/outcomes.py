@@ -116,6 +116,9 @@ class EpisodeGroup:
     """One task's n scored rollouts, as ``Farm.stream`` yields them."""
 
     episode: Episode
+    on_prefix_break: str = "drop"
+    """The run's ``env.on_prefix_break``: how its samples treat a branch whose ids do not line
+    up (the stream's batch builders follow it unless told otherwise)."""
 
     @property
     def traces(self) -> list[Trace]:

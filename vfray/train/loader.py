@@ -17,12 +17,14 @@ from vfray.run.outcomes import EpisodeGroup
 from vfray.train.batch import Batch, build_batch
 
 
-def group_samples(group: EpisodeGroup, *, on_prefix_break: str = "drop") -> pa.Table:
+def group_samples(group: EpisodeGroup, *, on_prefix_break: str | None = None) -> pa.Table:
     """The samples of one streamed group (straight from its traces, no table round trip);
-    ``on_prefix_break`` as in :func:`vfray.to_samples` (``env.on_prefix_break``)."""
+    ``on_prefix_break`` as in :func:`vfray.to_samples`, by default the run's own
+    (``env.on_prefix_break``, carried on the group)."""
     from vfray.traces.samples import to_samples
 
-    return to_samples(group.traces, on_prefix_break=on_prefix_break)
+    chosen = group.on_prefix_break if on_prefix_break is None else on_prefix_break
+    return to_samples(group.traces, on_prefix_break=chosen)
 
 
 def uniform_group(group: EpisodeGroup) -> bool:
@@ -40,7 +42,7 @@ async def stream_batches(
     batch_size: int,
     *,
     dynamic_sampling: bool = False,
-    on_prefix_break: str = "drop",
+    on_prefix_break: str | None = None,
     **build: Any,
 ) -> AsyncIterator[Batch]:
     """Batches of at least ``batch_size`` usable samples, made of whole groups (a GRPO batch
@@ -52,12 +54,12 @@ async def stream_batches(
     batch, so every batch is filled with groups that carry a signal; the next batch's
     ``stats.uniform_groups`` counts those dropped.
 
-    ``on_prefix_break`` (the config's ``env.on_prefix_break``: pass
-    ``farm.config.env.on_prefix_break``): a branch whose ids do not line up is left out
-    (``"drop"``, counted in ``stats``) or trained on as one sample per turn (``"per_turn"``)."""
+    ``on_prefix_break``: a branch whose ids do not line up is left out (``"drop"``, counted in
+    ``stats``) or trained on as one sample per turn (``"per_turn"``); by default as the run's
+    config says (``env.on_prefix_break``, carried on each group ``Farm.stream`` yields)."""
     from vfray.traces.samples import ON_PREFIX_BREAK
 
-    if on_prefix_break not in ON_PREFIX_BREAK:
+    if on_prefix_break is not None and on_prefix_break not in ON_PREFIX_BREAK:
         choices = ", ".join(ON_PREFIX_BREAK)
         raise ValueError(f"on_prefix_break must be one of {choices}, got {on_prefix_break!r}")
     pending: list[pa.Table] = []

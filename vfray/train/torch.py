@@ -33,6 +33,7 @@ TENSORS = (
     "inference_logprobs",
     "advantages",
     "rewards",
+    "token_level_rewards",
     "policy_version",
     "position_ids",
     "lengths",
