@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import http.server
 import logging
@@ -217,8 +216,14 @@ class AgentCpu:
         if self.group is None:
             return
         (self.group.parent / "cgroup.procs").write_text(str(os.getpid()))
-        with contextlib.suppress(OSError):
+        try:
             self.group.rmdir()
+        except OSError:
+            # Still in it: helpers of this process that end with it (the spare network
+            # namespaces' holders). A shell outside the group removes it once they are gone.
+            retry = f"rmdir {self.group} 2>/dev/null && exit; sleep 0.2"
+            script = f"for i in $(seq 150); do {retry}; done"
+            subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
 
 
 AGENT_CPU: list[AgentCpu] = []
