@@ -94,5 +94,6 @@ def test_a_seats_runs_are_kept_and_pooled_per_seat_on_the_farm(farm_run: RunResu
     figures = {s["seat"]: (s["n"], s["mean_reward"]) for s in episode["seats"]}
     assert figures == {"proposer": (1, 0.0), "solver": (2, 0.5)}
     assert to_samples(table, seat="solver#2").num_rows == 1
+    assert to_samples(table, seat="solver").column("seat").to_pylist() == ["solver", "solver#2"]
     # The run's summary: one mean per seat, its runs pooled.
     assert farm_run.summary()["seats"] == {"proposer": 0.0, "solver": 0.5}

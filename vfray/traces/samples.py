@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from vfray.episode import seat_role
 from vfray.trace import Branch, ModelCall, Trace
 from vfray.traces.columns import MessagesColumn
 from vfray.traces.convert import table_to_traces
@@ -163,7 +164,8 @@ def to_samples(
     Every branch of a trace shares the trace's reward and advantage: a compaction or a
     sub-agent is part of the same attempt and is credited with its outcome. In a multi-agent
     episode each seat's trace gives its own samples (``seat`` column, with that seat's reward
-    and advantage); ``seat=`` keeps only that seat's (one policy's) samples.
+    and advantage); ``seat=`` keeps only that seat's (one policy's) samples: ``"solver"`` all
+    of its runs (``solver``, ``solver#2``, ...), ``"solver#2"`` that run only.
 
     A branch whose later prompt does not extend its earlier prompt + completion (a chat template
     that re-renders history; token-in/token-out, ``interception.token_in``, prevents it) is kept
@@ -180,7 +182,7 @@ def to_samples(
     rows: list[dict[str, Any]] = []
     messages = MessagesColumn()
     for trace in traces:
-        if seat is not None and trace.seat != seat:
+        if seat is not None and seat not in (trace.seat, seat_role(trace.seat)):
             continue
         for branch in trace.branch_list:
             row = _sample_row(trace, branch)
