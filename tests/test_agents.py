@@ -41,7 +41,10 @@ class WriteFile(vf.Task[vf.TaskData]):
 
     @vf.reward
     async def wrote_it(self, runtime: Runtime) -> bool:
-        return (await runtime.read("out.txt")) == b"hello agent\n"
+        try:
+            return (await runtime.read("out.txt")) == b"hello agent\n"
+        except vf.SandboxError:
+            return False  # not written: a 0, not a reward hook that broke
 
 
 def _timed_install(harness_id: str) -> float:

@@ -97,7 +97,10 @@ async def test_gsm8k_style_without_uv_records_a_clear_error(
     trace = await vf.run_rollout(
         task, model="scripted:arithmetic", harness="null", runtime="subprocess"
     )
-    assert trace.ok and trace.stop_condition is vf.StopCondition.COMPLETED
+    # The rollout ran to the end; its reward hook raised: an error in scoring, not a silent None.
+    assert trace.stop_condition is vf.StopCondition.COMPLETED
+    assert [e.phase for e in trace.errors] == ["scoring"]
+    assert "uv is not installed in the box" in trace.errors[0].message
     record = trace.rewards["correct"]
     assert record.value is None and trace.reward is None
     assert record.error is not None and "uv is not installed in the box" in record.error

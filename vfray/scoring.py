@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 
 from vfray._hook_calls import run_levels
 from vfray._plugins import load_object
-from vfray.errors import ConfigError, PhaseTimeoutError, RolloutError, TaskError
+from vfray.errors import ConfigError, JudgeError, PhaseTimeoutError, TaskError
 from vfray.task import Task
 from vfray.trace import RewardRecord, StopCondition, Trace
 
@@ -333,13 +333,18 @@ def store_score(
 
 
 def _record_raise(trace: Trace, hook: ScoringHook, exc: BaseException) -> None:
-    """A hook that raised is an error on the trace (phase ``scoring``), not only a note: a rollout
-    whose reward is None because its code broke must not count as ok. A value that is merely
-    unscorable (a string, NaN) stays a note and the key's error: the hook did run."""
-    if isinstance(exc, RolloutError):  # a JudgeError keeps its own type
+    """A reward hook that raised is an error on the trace (phase ``scoring``), not only a note: a
+    rollout whose reward is None because its code broke must not count as ok. It is the task's
+    own code failing (a :class:`TaskError`, whatever it raised: a ``SandboxError`` from reading
+    a file the agent never wrote is not the box failing), except a :class:`JudgeError`, which
+    keeps its type. A metric that raised, or a value that is merely unscorable (a string, NaN),
+    stays a note and the key's error: no reward is missing."""
+    if hook.spec.kind is not HookKind.REWARD:
+        return
+    if isinstance(exc, JudgeError):
         trace.add_error(exc, "scoring")
     else:
-        message = f"{hook.spec.kind.value} {hook.name} raised: {_describe(exc)}"
+        message = f"reward {hook.name} raised: {_describe(exc)}"
         trace.add_error(TaskError(message), "scoring")
 
 

@@ -188,6 +188,8 @@ class Runtime(abc.ABC):
         (:mod:`vfray.runtimes.launches`) holds the program's launch slot until then.
         It runs as :attr:`program_user`, to whom :data:`BOX_DIR` is handed first."""
         user = await self.program_user_ready()
+        if user is None:  # a runtime written before ``run`` took ``user`` still works
+            return await self.run(argv, env, timeout=timeout)
         return await self.run(argv, env, timeout=timeout, user=user)
 
     async def program_user_ready(self) -> str | None:
