@@ -24,10 +24,20 @@ import pytest
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports: every socket stays bound until all are picked,
+    so the kernel cannot hand the same port out twice (one head's GCS and client server once
+    got the same port from back-to-back single picks, and ``ray start`` refused it)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def ray_cli() -> str:
@@ -137,16 +147,12 @@ def ray_head(
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
     )
     env.update(extra_env or {})
-    dashboard = free_port()
-    ports = {
-        "--port": free_port(),
-        "--dashboard-port": dashboard,
-        "--ray-client-server-port": free_port(),
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-    }
+    flags = (
+        "--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
+    )  # fmt: skip
+    ports = dict(zip(flags, free_ports(len(flags)), strict=True))
+    dashboard = ports["--dashboard-port"]
     # Ray's client server names neither the temp dir nor a parent of ours: its GCS address.
     markers = (temp_dir, f"127.0.0.1:{ports['--port']}")
     command = (

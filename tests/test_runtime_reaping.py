@@ -385,6 +385,28 @@ def test_a_snapshot_kills_an_unmarked_child_whose_marked_parent_died_first() -> 
         bystander.wait()
 
 
+def test_a_watchdog_noted_before_its_exec_is_spared_by_the_snapshot_kill() -> None:
+    """A snapshot taken while a host's watchdog was between its fork and its exec saw the
+    host's environment (the driver's token), so it noted the watchdog as the driver's: the
+    driver's reaping must still spare it, or the host's containers outlive both (seen in CI:
+    three containers left running after a driver's SIGKILL)."""
+    token = os.urandom(16).hex()
+    watchdog = subprocess.Popen(["sleep", "600"], env={_reap.WATCHDOG_ENV: os.urandom(16).hex()})
+    try:
+        started = None
+        for _ in range(200):  # until the exec has put the watchdog's own mark in place
+            if _reap.WATCHDOG_ENV.encode() in Path(f"/proc/{watchdog.pid}/environ").read_bytes():
+                started = _reap._start_time(watchdog.pid)
+                break
+            time.sleep(0.01)
+        assert started is not None
+        _reap.kill_processes(token, {watchdog.pid: started})  # noted as the driver's
+        assert watchdog.poll() is None, "the snapshot's kill took a watchdog with it"
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
 # A driver with a lifeline of its own, whose child (a "host") carries the driver's token in its
 # environment, as a local Ray's workers do: the host starts boxes under its own lifeline.
 DRIVER = """

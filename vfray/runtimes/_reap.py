@@ -175,9 +175,12 @@ def snapshot(token: str) -> dict[int, str]:
 def kill_processes(token: str, known: dict[int, str] | None = None) -> None:
     """SIGKILL the ``known`` processes (a :func:`snapshot`) that are still the same, then every
     process carrying the token and everything below them, until three walks in a row find none
-    (one may be mid-fork), for at most a minute."""
+    (one may be mid-fork), for at most a minute. A watchdog is never killed from the snapshot:
+    one caught between its fork and its exec still showed its owner's environment then (the
+    token above it, not its own mark), and killing it would leave its owner's boxes behind."""
+    spare = {pid for found in env_pids(WATCHDOG_ENV).values() for pid in found}
     for pid, started in (known or {}).items():
-        if _start_time(pid) == started:
+        if pid not in spare and _start_time(pid) == started:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     quiet, deadline = 0, time.monotonic() + 60
