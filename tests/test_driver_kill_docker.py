@@ -104,7 +104,8 @@ def test_a_killed_drivers_docker_containers_and_box_dirs_go(
         wait_for(lambda: not leftovers(), 60, "what the dead driver left to go")
     left = leftovers()
     assert not left, (
-        f"outlived their SIGKILLed driver (running at the kill: {sorted(live)}): {left}"
+        f"outlived their SIGKILLed driver (running at the kill: {sorted(live)}): {left}; "
+        f"the driver's log ends: {log_path.read_text(errors='replace')[-2000:]}"
     )
     print(
         f"driver kill: {len(live)} running containers, {len(dirs)} box dirs, "
