@@ -1,7 +1,7 @@
 """The same 10 Harbor tasks (benchmarks/vs_harbor/tasks, built FROM the offline Debian base) run
 by Harbor 0.26.0 itself (PyPI, in a Python 3.12 virtualenv of its own; ``harbor run`` on its
-docker environment) and by ``vfray eval harbor:PATH`` on docker, with the ``oracle``, with
-Codex and with Claude Code against the scripted ``agent`` model: the rewards must be the same,
+docker environment) and by ``vfray eval harbor:PATH`` on docker, with the ``oracle`` and with
+Claude Code against the scripted ``agent`` model: the rewards must be the same,
 task by task, every named value of ``reward.json`` included. Two of the tasks' plans are wrong
 on purpose (0.0 and 0.5 for the agent), so agreement is not all ones.
 
@@ -107,7 +107,9 @@ def _both(
     return common.harbor_rewards(tmp / "harbor"), _vfray_rewards(tmp / "vfray")
 
 
-@pytest.mark.parametrize("agent", common.AGENTS)
+# Codex also agrees (benchmarks/vs_harbor runs all of common.AGENTS); the suite keeps one real
+# agent, the faster one: the codex pair cost CI 105 s of its 20-minute budget.
+@pytest.mark.parametrize("agent", ("oracle", "claude-code"))
 def test_harbor_and_vfray_score_the_same(
     harbor: InstalledTool, engine: str, agent: str, tmp_path: Path
 ) -> None:
