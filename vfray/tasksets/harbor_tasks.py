@@ -32,10 +32,8 @@ download the dataset and pass its folder.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from vfray.runtimes.base import Runtime
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
 from vfray.tasksets._harbor_compose import Sidecar, read_environment, start_sidecars
+from vfray.tasksets._harbor_folders import find_task_dirs, read_manifest, registry_refusal
 from vfray.tasksets._harbor_steps import (
     StepRewards,
     below_min_reward,
@@ -69,7 +68,6 @@ from vfray.trace import Trace
 
 logger = logging.getLogger(__name__)
 
-MAX_DEPTH = 6
 VERIFY_MARGIN = 120.0
 """Seconds the finalize phase gets beyond the verifier's own timeout (uploads, artifacts)."""
 _CANARY = re.compile(r"^\s*(<!--.*-->|#.*)\s*$")
@@ -377,52 +375,6 @@ async def _read(runtime: Runtime, path: str) -> bytes | None:
         return None
 
 
-def _registry_refusal(spec: str) -> TasksetError:
-    return TasksetError(
-        f"harbor:{spec}: fetching from Harbor's registry needs the internet, and vfray reads "
-        "local task folders and manifests only; download the dataset (harbor datasets "
-        "download NAME) and pass its folder"
-    )
-
-
-def find_task_dirs(root: Path, depth: int = MAX_DEPTH) -> list[Path]:
-    """``root`` when it is a task folder, else the task folders under it, sorted."""
-    if (root / "task.toml").is_file():
-        return [root]
-    if depth == 0:
-        return []
-    found: list[Path] = []
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and not child.name.startswith(".") and not child.is_symlink():
-            found += find_task_dirs(child, depth - 1)
-    return found
-
-
-def read_manifest(path: Path) -> list[Path]:
-    """The task folders a local dataset manifest lists (JSON: a list of datasets, or one, with
-    ``tasks``; TOML: ``[[tasks]]``), each entry's ``path`` relative to the manifest."""
-    try:
-        text = path.read_text()
-        raw: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise TasksetError(f"{path}: cannot read the manifest: {exc}") from exc
-    datasets = raw if isinstance(raw, list) else [raw]
-    folders: list[Path] = []
-    for dataset in datasets:
-        tasks = dataset.get("tasks") if isinstance(dataset, dict) else None
-        if not isinstance(tasks, list):
-            raise TasksetError(f"{path}: a manifest lists its tasks under 'tasks'")
-        for entry in tasks:
-            if not isinstance(entry, dict):
-                raise TasksetError(f"{path}: each task entry must be a table")
-            git_url = entry.get("git_url")
-            if git_url and not Path(str(git_url)).is_dir():
-                raise _registry_refusal(f"{path} ({entry.get('name', '?')} from {git_url})")
-            base = Path(str(git_url)) if git_url else path.parent
-            folders.append(base / str(entry.get("path", entry.get("name", ""))))
-    return folders
-
-
 class HarborTaskset(Taskset[HarborTask]):
     """The Harbor tasks at ``path`` (a task folder, a folder of them, or a local manifest)."""
 
@@ -433,7 +385,7 @@ class HarborTaskset(Taskset[HarborTask]):
         root = Path(path).expanduser()
         if not root.exists():
             if "/" not in path or "@" in path:
-                raise _registry_refusal(path)
+                raise registry_refusal(path)
             raise TasksetError(f"harbor:{path}: no such folder or manifest")
         folders = read_manifest(root) if root.is_file() else find_task_dirs(root)
         if not folders:
