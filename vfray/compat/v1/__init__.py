@@ -35,16 +35,27 @@ from vfray.compat.v1._env import (
     Toolset,
     ToolsetConfig,
 )
+from vfray.compat.v1._errors import EnvError, RolloutError, ToolsetError, TunnelError
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
+from vfray.compat.v1._score import (
+    compare_stdout_results,
+    extract_boxed_answer,
+    parse_judge_choice,
+    parse_pytest_outcomes,
+    read_answer_file_or_last_reply,
+    verify_boxed_math_answer,
+)
 from vfray.compat.v1._seated import Agents
-from vfray.compat.v1._task import State, Task
+from vfray.compat.v1._task import State, StateT, Task
 from vfray.compat.v1._taskset import SelectConfig, TaskMatchConfig, Taskset
 from vfray.compat.v1._trace import Trace, TraceTask
 from vfray.compat.v1._types import (
+    ID,
     AssistantMessage,
     ContentPart,
     ImageUrlContentPart,
     ImageUrlSource,
+    Message,
     MessageContent,
     Messages,
     Request,
@@ -52,7 +63,10 @@ from vfray.compat.v1._types import (
     Reward,
     SystemMessage,
     TextContentPart,
+    Tool,
+    ToolCall,
     ToolMessage,
+    Usage,
     UserMessage,
 )
 from vfray.errors import (
@@ -65,6 +79,7 @@ from vfray.errors import (
 from vfray.runtimes.base import ProgramResult, Runtime
 
 __all__ = [
+    "ID",
     "AdaptedTask",
     "AdaptedTaskset",
     "AgentConfig",
@@ -77,6 +92,7 @@ __all__ = [
     "DecoratedFunctionConfig",
     "Env",
     "EnvConfig",
+    "EnvError",
     "Episode",
     "Harness",
     "HarnessConfig",
@@ -84,6 +100,7 @@ __all__ = [
     "ImageUrlContentPart",
     "ImageUrlSource",
     "InterceptionError",
+    "Message",
     "MessageContent",
     "Messages",
     "ProgramResult",
@@ -92,6 +109,7 @@ __all__ = [
     "Response",
     "Reward",
     "RewardFunctionConfig",
+    "RolloutError",
     "Runtime",
     "SandboxError",
     "SelectConfig",
@@ -99,6 +117,7 @@ __all__ = [
     "SingleAgentEnv",
     "SingleAgentEnvConfig",
     "State",
+    "StateT",
     "SystemMessage",
     "Task",
     "TaskConfig",
@@ -110,20 +129,31 @@ __all__ = [
     "Taskset",
     "TasksetConfig",
     "TextContentPart",
+    "Tool",
+    "ToolCall",
     "ToolMessage",
     "Toolset",
     "ToolsetConfig",
+    "ToolsetError",
     "Trace",
     "TraceTask",
+    "TunnelError",
+    "Usage",
     "UserMessage",
     "WireTaskData",
     "adapt",
+    "compare_stdout_results",
+    "extract_boxed_answer",
     "install",
     "intercept",
     "metric",
+    "parse_judge_choice",
+    "parse_pytest_outcomes",
+    "read_answer_file_or_last_reply",
     "reward",
     "stop",
     "tool",
+    "verify_boxed_math_answer",
 ]
 
 

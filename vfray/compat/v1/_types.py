@@ -51,6 +51,23 @@ class UserMessage(_Message):
     role: Literal["user"] = "user"
 
 
+class ToolCall(BaseModel):
+    """A tool call in an assistant message: ``arguments`` is the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Tool(BaseModel):
+    """A tool offered to the model (a request's ``tools``)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool | None = None
+
+
 class AssistantMessage(_Message):
     role: Literal["assistant"] = "assistant"
     tool_calls: list[Any] | None = None
@@ -63,6 +80,11 @@ class ToolMessage(_Message):
 
 
 Messages = list[Any]
+Message = Any
+"""Any of the four message classes (v1's is a union on ``role``; vfray's messages are read
+duck-typed, so a value of any of them passes)."""
+ID = str
+"""A plugin id (a judge's, a harness's): v1's alias of ``str``."""
 
 
 class Request(BaseModel):
@@ -77,6 +99,9 @@ class Request(BaseModel):
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost: float | None = None
 
 
 class Response(BaseModel):
