@@ -41,12 +41,32 @@ def _content(content: Any) -> str:
         for part in content:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(pre(part["text"], "text"))
+            elif _image_url(part):
+                parts.append(_image(_image_url(part)))
             elif isinstance(part, str):
                 parts.append(pre(part, "text"))
             else:
                 parts.append(f"<div class=part>{value(part)}</div>")
         return "".join(parts)
     return value(content)
+
+
+def _image_url(part: Any) -> str:
+    """The URL of a chat ``image_url`` part (how every dialect records an image), else ''."""
+    source = part.get("image_url") if isinstance(part, dict) else None
+    url = source.get("url") if isinstance(source, dict) else None
+    return url if isinstance(url, str) else ""
+
+
+def _image(url: str) -> str:
+    # An image the trace carries is shown; one on the web is only linked (opening a trace
+    # must not fetch from elsewhere), its URL cut short.
+    if url.startswith("data:image/"):
+        return f'<div class=part><img alt=image style="max-width:100%" src="{esc(url)}"></div>'
+    if url.startswith(("https://", "http://")):
+        link = f'<a href="{esc(url)}" rel=noreferrer>{esc(url[:200])}</a>'
+        return f"<div class=part>image: {link}</div>"
+    return f"<div class=part>image: {esc(url[:200])}</div>"
 
 
 def _tool_call(call: Any) -> str:

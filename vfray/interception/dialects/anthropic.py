@@ -1,7 +1,8 @@
 """The Anthropic Messages dialect (``POST /v1/messages``): content blocks as chat messages.
 
-``text`` blocks become content, ``tool_use`` blocks tool calls, ``thinking`` reasoning, and a user
-turn's ``tool_result`` blocks become ``tool`` messages, so traces of every dialect look alike. A
+``text`` blocks become content, ``image`` blocks (a ``base64`` or ``url`` source) chat
+``image_url`` parts, ``tool_use`` blocks tool calls, ``thinking`` reasoning, and a user turn's
+``tool_result`` blocks become ``tool`` messages, so traces of every dialect look alike. A
 ``system`` given as blocks is recorded as blocks; ``role: "system"`` entries in ``messages``
 (Claude Code sends them) are forwarded and recorded as they are.
 """
@@ -65,7 +66,9 @@ def _blocks_to_message(role: str, content: Any, where: str) -> list[Message]:
             calls.append(tool_call(block.get("id"), block.get("name"), block.get("input")))
         elif kind == "tool_result":
             result = block.get("content")
-            text = content_text(result) if isinstance(result, list) else result
+            # A result's text blocks flatten to its text; one that shows an image keeps its
+            # blocks (the image recorded as a chat image_url part, see chat_message).
+            text = content_text(result) if _text_only(result) else result
             extra = {"is_error": True} if block.get("is_error") else {}
             tools_out.append(
                 chat_message(
@@ -91,6 +94,12 @@ def _blocks_to_message(role: str, content: Any, where: str) -> list[Message]:
             raw["reasoning_content"] = "".join(reasoning)
         messages.append(chat_message(raw, where))
     return messages
+
+
+def _text_only(result: Any) -> bool:
+    return isinstance(result, list) and not any(
+        isinstance(b, dict) and b.get("type") == "image" for b in result
+    )
 
 
 def _system_content(system: str | list[Any]) -> str | list[JSON]:

@@ -228,6 +228,43 @@ def tool_call(call_id: Any, name: Any, arguments: Any) -> JSON:
     }
 
 
+def image_part(url: str, detail: Any = None) -> JSON:
+    """An image as a chat ``image_url`` part, the one shape every dialect records (``detail``
+    kept unless it is the default ``auto``, so the same image is the same part everywhere)."""
+    source: JSON = {"url": url}
+    if isinstance(detail, str) and detail != "auto":
+        source["detail"] = detail
+    return {"type": "image_url", "image_url": source}
+
+
+def _canonical_part(part: Any) -> Any:
+    """One content part in chat shape: Responses ``input_image`` (a URL or data URL), Anthropic
+    ``image`` blocks (a ``base64`` or ``url`` source) and chat ``image_url`` parts become
+    :func:`image_part`; Responses text parts become ``text``. Anything else (a ``file_id``
+    image, a document) is kept as sent."""
+    if not isinstance(part, dict):
+        return part
+    kind = part.get("type")
+    if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return image_part(part["image_url"], part.get("detail"))
+    if kind == "image_url":
+        source = part.get("image_url")
+        if isinstance(source, str):
+            return image_part(source)
+        if isinstance(source, dict) and isinstance(source.get("url"), str):
+            return image_part(source["url"], source.get("detail"))
+    if kind == "image" and isinstance(part.get("source"), dict):
+        source = part["source"]
+        if source.get("type") == "url" and isinstance(source.get("url"), str):
+            return image_part(source["url"])
+        media, data = source.get("media_type"), source.get("data")
+        if source.get("type") == "base64" and isinstance(media, str) and isinstance(data, str):
+            return image_part(f"data:{media};base64,{data}")
+    return part
+
+
 def _canonical_content(content: Any) -> Any:
     # A text-only part list and the plain string are the same message for training purposes.
     if isinstance(content, list) and all(
@@ -235,6 +272,8 @@ def _canonical_content(content: Any) -> Any:
         for p in content
     ):
         return content_text(content)
+    if isinstance(content, list):
+        return [_canonical_part(p) for p in content]
     return content
 
 

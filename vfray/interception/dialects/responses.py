@@ -1,8 +1,10 @@
 """The OpenAI Responses dialect (``POST /v1/responses``): input and output items as chat messages.
 
 An assistant ``message`` item, the ``function_call`` items and ``reasoning`` that follow it fold
-into one assistant chat message; a ``function_call_output`` is a ``tool`` message. Request input
-and response output use the same folding, so a reply sent back as input keeps its content id.
+into one assistant chat message; a ``function_call_output`` is a ``tool`` message. A part list's
+``input_text`` parts are recorded as chat ``text`` parts and its ``input_image`` parts (a URL or a
+data URL) as chat ``image_url`` parts. Request input and response output use the same folding, so
+a reply sent back as input keeps its content id.
 """
 
 from __future__ import annotations

@@ -66,6 +66,10 @@ class Conversation:
     """The system (and developer) messages' text (chat requests)."""
     assistant_texts: tuple[str, ...] = ()
     """Texts of the assistant messages, oldest first (chat requests)."""
+    images: tuple[str, ...] = ()
+    """The image URLs of the last user message, in order (an inline image as a data URL), read
+    from each dialect's parts: chat ``image_url``, Responses ``input_image``, Anthropic
+    ``image`` blocks."""
 
 
 @dataclass(frozen=True)

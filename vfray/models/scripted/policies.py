@@ -7,6 +7,8 @@ wire layer renders that reply in the dialect the request came in.
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
 import json
 import operator
 import random
@@ -27,8 +29,10 @@ from vfray.models.scripted.conversation import (
     tokenize,
 )
 
-POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent", "user", "judge")
-"""Names accepted by ``ScriptedModel(policy=...)``; ``user`` and ``judge`` answer vfray's own
+POLICIES = ("echo", "arithmetic", "bash", "tokens", "agent", "user", "judge", "images")
+"""Names accepted by ``ScriptedModel(policy=...)``; ``images`` names each image of the last user
+message (:func:`describe_images`: what a test of image input asserts); ``user`` and ``judge``
+answer vfray's own
 side calls (:mod:`vfray.models.scripted.side_policies`), and are picked per request by their
 ``x-vfray-role`` header whatever the server's policy."""
 
@@ -140,10 +144,30 @@ class Sampler:
         return random.Random(digest("rng", self.seed, prompt, nonce))
 
 
+def describe_images(images: tuple[str, ...]) -> str:
+    """One line per image: an inline one as its media type, size and the SHA-256 of its bytes
+    (first 12 hex digits), a remote one as its URL."""
+    lines = []
+    for i, url in enumerate(images, 1):
+        head, sep, data = url.partition(";base64,")
+        try:
+            raw = base64.b64decode(data, validate=True) if url.startswith("data:") and sep else None
+        except ValueError:
+            raw = None
+        if raw is not None:
+            digest_ = hashlib.sha256(raw).hexdigest()[:12]
+            lines.append(f"image {i}: {head[5:]}, {len(raw)} bytes, sha256 {digest_}")
+        else:
+            lines.append(f"image {i}: {url}")
+    return "\n".join(lines) or "I see no image."
+
+
 def decide(policy: str, conv: Conversation, accuracy: float, sampler: Sampler) -> Decision:
     """What ``policy`` answers to ``conv`` (before tokenization and ``max_tokens``)."""
     if policy in ("echo", "tokens"):
         return Decision(text=conv.last_user)
+    if policy == "images":
+        return Decision(text=describe_images(conv.images))
     if policy == "arithmetic":
         value = solve(conv.last_user)
         if value is None:

@@ -77,6 +77,27 @@ def _text(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
+def _images(content: Any) -> list[str]:
+    """The image URLs among a content's parts (an Anthropic base64 source as a data URL)."""
+    urls: list[str] = []
+    for part in content if isinstance(content, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        url = None
+        if kind == "image_url":
+            source = part.get("image_url")
+            url = source.get("url") if isinstance(source, dict) else source
+        elif kind == "input_image":
+            url = part.get("image_url")
+        elif kind == "image" and isinstance(part.get("source"), dict):
+            source = part["source"]
+            url = source.get("url")
+            if source.get("type") == "base64":
+                url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+        if isinstance(url, str):
+            urls.append(url)
+    return urls
+
+
 def _objects(body: Json, key: str, *, required: bool) -> list[Json]:
     value = body.get(key)
     if value is None and not required:
@@ -122,6 +143,7 @@ def _common(
     actions: int,
     system: str = "",
     assistant_texts: tuple[str, ...] = (),
+    images: list[str] | None = None,
 ) -> Request:
     stream = _typed(body, "stream", bool, "a boolean") or False
     model = _typed(body, "model", str, "a string")
@@ -142,6 +164,7 @@ def _common(
         actions_taken=actions,
         system=system,
         assistant_texts=assistant_texts,
+        images=tuple(images or ()),
     )
     return Request(conv, model, bool(stream), bool(options.get("include_usage")))
 
@@ -157,6 +180,7 @@ def parse_chat(body: Json) -> Request:
     actions = 0
     system: list[str] = []
     assistant_texts: list[str] = []
+    images: list[str] = []
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool", "function"):
@@ -171,6 +195,7 @@ def parse_chat(body: Json) -> Request:
         texts.append(text)
         if role == "user":
             last_user = text
+            images = _images(message.get("content"))
             user_texts.append(text)
             user_actions.append(actions)
         if role == "assistant" and (message.get("tool_calls") or _has_fence(text)):
@@ -191,6 +216,7 @@ def parse_chat(body: Json) -> Request:
         actions=actions,
         system="\n".join(system),
         assistant_texts=tuple(assistant_texts),
+        images=images,
     )
 
 
@@ -209,6 +235,7 @@ def parse_responses(body: Json) -> Request:
         items = _objects(body, "input", required=True)
     last_user, tool_output = "", None
     user_texts: list[str] = []
+    images: list[str] = []
     user_actions: list[int] = []
     actions = 0
     for i, item in enumerate(items):
@@ -223,6 +250,7 @@ def parse_responses(body: Json) -> Request:
             text = _text(item.get("content"), f"input[{i}].content")
             if item["role"] == "user":
                 last_user = text
+                images = _images(item.get("content"))
                 user_texts.append(text)
                 user_actions.append(actions)
             elif item["role"] == "assistant" and _has_fence(text):
@@ -244,6 +272,7 @@ def parse_responses(body: Json) -> Request:
         user_texts=user_texts,
         user_actions=user_actions,
         actions=actions,
+        images=images,
     )
 
 
@@ -255,6 +284,7 @@ def parse_anthropic(body: Json) -> Request:
     texts = [_text(body.get("system"), "system")]
     last_user, tool_output = "", None
     user_texts: list[str] = []
+    images: list[str] = []
     user_actions: list[int] = []
     actions = 0
     for i, message in enumerate(messages):
@@ -284,6 +314,7 @@ def parse_anthropic(body: Json) -> Request:
         )
         if role == "user" and not results:
             last_user = text
+            images = _images(content)
             user_texts.append(text)
             user_actions.append(actions)
     return _common(
@@ -295,4 +326,5 @@ def parse_anthropic(body: Json) -> Request:
         user_texts=user_texts,
         user_actions=user_actions,
         actions=actions,
+        images=images,
     )
