@@ -24,7 +24,8 @@ from vfray.compat.v1._surface import (
 from vfray.errors import ConfigError
 from vfray.runtimes.provision import ToolSpec, ensure_tool
 
-_OWN = {"UserSimEnv", "UserSimEnvConfig"}  # the user-sim env's names live only in its module
+# Names that live only in their module: the user-sim env's, utils.image's.
+_OWN = {"UserSimEnv", "UserSimEnvConfig", "image_data_url"}
 
 
 @pytest.fixture

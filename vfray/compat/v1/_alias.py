@@ -63,6 +63,7 @@ def install() -> None:
         return
     if importlib.util.find_spec("verifiers") is not None:
         return
+    import vfray.compat.v1._image as _image
     import vfray.compat.v1._surface as _surface
     import vfray.compat.v1._user_sim as _user_sim
 
@@ -80,7 +81,12 @@ def install() -> None:
         package = types.ModuleType(name)
         package.__path__ = []
         served[name] = package
-    extra = {"UserSimEnv": _user_sim.UserSimEnv, "UserSimEnvConfig": _user_sim.UserSimEnvConfig}
+    # Names that live only in their own module, as in v1.
+    extra: dict[str, Any] = {
+        "UserSimEnv": _user_sim.UserSimEnv,
+        "UserSimEnvConfig": _user_sim.UserSimEnvConfig,
+        "image_data_url": _image.image_data_url,
+    }
     for name, names in _surface.SUBMODULES.items():
         module = types.ModuleType(name)
         for attr in names:

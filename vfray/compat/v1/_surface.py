@@ -249,6 +249,7 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
     ),
     "verifiers.v1.utils.artifacts": ("Artifact",),
     "verifiers.v1.utils.decorators": ("intercept", "metric", "reward", "stop", "tool"),
+    "verifiers.v1.utils.image": ("image_data_url",),
     "verifiers.v1.utils.score": (
         "compare_stdout_results",
         "extract_boxed_answer",
