@@ -5,15 +5,20 @@ history) and on (a local chat template renders each turn's bridge; the endpoint 
 The upstream is the scripted model serving a byte-level BPE tokenizer and a ChatML template (as
 ``tests/test_token_in.py`` builds them), in its own process, so the interception's process time
 is measured alone: CPU seconds of this process (the interception and the clients) per turn, and
-wall time per turn. Both runs use the same server, tokenizer and conversations.
+wall time per turn; the upstream's own CPU per turn is read from its process (with token-in it
+renders and tokenizes no history). Both runs use the same server, tokenizer and conversations.
+Each run starts from a full collection with the process's older objects frozen, so a full
+collection of the startup heap landing in one mode's run does not decide the comparison.
+``--tools`` sends a tool list (about 12 KB of schemas, as agents do) with every call.
 
-    python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3]
+    python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -73,11 +78,42 @@ def serve(folder: str, port: Any) -> None:
     asyncio.run(run())
 
 
-async def session(http: aiohttp.ClientSession, url: str, secret: str, turns: int, tag: str) -> None:
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": f"Tool number {i}: runs a command and returns what it printed. " * 4,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "the command line to run"},
+                    "timeout": {"type": "integer", "description": "seconds before it is killed"},
+                    "workdir": {"type": "string", "description": "where it runs"},
+                },
+                "required": ["command"],
+            },
+        },
+    }
+    for i in range(20)
+]
+
+
+def upstream_cpu(pid: int) -> float:
+    """CPU seconds of the upstream's process so far (user + system, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def session(
+    http: aiohttp.ClientSession, url: str, secret: str, turns: int, tag: str, tools: bool
+) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "echo hello world"}]
     headers = {"authorization": f"Bearer {secret}"}
     for turn in range(turns):
-        body = {"model": "m", "messages": messages}
+        body: dict[str, Any] = {"model": "m", "messages": messages}
+        if tools:
+            body["tools"] = TOOLS
         async with http.post(f"{url}/chat/completions", json=body, headers=headers) as response:
             reply = await response.json()
             assert response.status == 200, reply
@@ -93,6 +129,8 @@ async def measure(
     *,
     distinct: bool = False,
     cache: bool = True,
+    tools: bool = False,
+    server_pid: int | None = None,
 ) -> dict[str, float]:
     """``distinct``: every session sends follow-ups of its own (no bridge is rendered twice);
     otherwise they send the same ones, as a group's rollouts send a task's next user turn."""
@@ -104,17 +142,25 @@ async def measure(
         secrets = [icpt.app.register(t) for t in traces]
         connector = aiohttp.TCPConnector(limit=sessions)
         async with aiohttp.ClientSession(connector=connector) as http:
+            gc.collect()
+            gc.freeze()
+            up = upstream_cpu(server_pid) if server_pid else 0.0
             cpu, wall = time.process_time(), time.perf_counter()
             tags = [f" (session {i})" if distinct else "" for i in range(sessions)]
             runs = zip(secrets, tags, strict=True)
-            await asyncio.gather(*(session(http, icpt.url, s, turns, tag) for s, tag in runs))
+            await asyncio.gather(
+                *(session(http, icpt.url, s, turns, tag, tools) for s, tag in runs)
+            )
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            up = (upstream_cpu(server_pid) if server_pid else 0.0) - up
+            gc.unfreeze()
     samples = to_samples(traces).to_pylist()
     lost = sum(1 for row in samples if row["token_error"] is not None)
     n = sessions * turns
     return {
         "cpu_ms": 1000 * cpu / n,
         "wall_ms": 1000 * wall / n,
+        "upstream_ms": 1000 * up / n,
         "lost": lost,
         "samples": len(samples),
     }
@@ -125,6 +171,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tools", action="store_true", help="send ~12 KB of tool schemas")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -150,27 +197,38 @@ def main() -> None:
                 for distinct in (False, True):
                     for mode, (settings, options) in modes.items():
                         run = measure(
-                            url, settings, args.sessions, args.turns, distinct=distinct, **options
+                            url,
+                            settings,
+                            args.sessions,
+                            args.turns,
+                            distinct=distinct,
+                            tools=args.tools,
+                            server_pid=server.pid,
+                            **options,
                         )
                         results.setdefault((mode, distinct), []).append(asyncio.run(run))
         finally:
             server.kill()
     head = f"{args.sessions} sessions x {args.turns} turns, median of {args.repeats}"
-    print(f"{head} (cpu: this process)")
+    tools = f", {len(json.dumps(TOOLS)) // 1000} KB of tools per call" if args.tools else ""
+    print(f"{head}{tools} (cpu: this process; upstream: the model server's)")
     for distinct in (False, True):
         kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
         print(f" {kind}:")
         base_runs = results[("messages (today)", distinct)]
         base = statistics.median(r["cpu_ms"] for r in base_runs)
         base_wall = statistics.median(r["wall_ms"] for r in base_runs)
+        base_up = statistics.median(r["upstream_ms"] for r in base_runs)
         for mode in modes:
             runs = results[(mode, distinct)]
             cpu = statistics.median(r["cpu_ms"] for r in runs)
             wall = statistics.median(r["wall_ms"] for r in runs)
+            up = statistics.median(r["upstream_ms"] for r in runs)
             print(
                 f"  {mode:26s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%})   "
-                f"wall {wall:6.3f} ms/turn ({wall / base_wall - 1:+.1%})   "
-                f"samples lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
+                f"wall {wall:6.3f} ({wall / base_wall - 1:+.1%})   "
+                f"upstream {up:6.3f} ({up / base_up - 1:+.1%})   "
+                f"lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
             )
     print(f"(cpus: {os.cpu_count()})")
 

@@ -357,3 +357,44 @@ async def test_an_anthropic_call_is_sent_as_it_came_and_says_so(
         "(vLLM's tokens route takes chat requests); a multi-turn branch may break"
     ]
     assert len(trace.calls) == 3 and all(c.error is None for c in trace.calls)
+
+
+async def test_a_local_bridge_encodes_only_the_text_after_the_stop_token(
+    template: ChatTemplate,
+) -> None:
+    """The local template's bridge is cut from the rendered text after the stop token and only
+    that is encoded (not the tools' system prompt): the same ids as cutting it from the
+    encoded whole render, for a user turn and for tool results, with tools or not."""
+    from vfray.interception.token_in import TokenIn
+
+    stop = template.eos_token_id
+    assert stop is not None
+    tails: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": "and again, once more  "}],
+        [
+            {"role": "tool", "tool_call_id": "c1", "content": "a b"},
+            {"role": "tool", "tool_call_id": "c2", "content": '{"x": 1}'},
+        ],
+    ]
+    encoded: list[str] = []
+    encode = template.encode
+
+    def recorded(text: str) -> list[int]:
+        encoded.append(text)
+        return encode(text)
+
+    for tools in (None, [BASH_TOOL]):
+        for tail in tails:
+            fast, whole = TokenIn.local(template), TokenIn.local(template)
+            whole.text_bridges = False
+            template.encode = recorded  # type: ignore[method-assign]
+            try:
+                for _ in range(2):  # the first is checked against the whole render, then not
+                    ids = await fast._render_bridge(tail, tools, str(tools), stop)
+            finally:
+                del template.encode
+            assert fast.text_bridges
+            assert ids == await whole._render_bridge(tail, tools, str(tools), stop)
+            assert ids and template.decode(ids).startswith("\n<|im_start|>user\n")
+            assert encoded[-1].startswith("<|im_end|>\n<|im_start|>user")
+            assert "Tools:" not in encoded[-1]

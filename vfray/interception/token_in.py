@@ -93,9 +93,16 @@ class TokenIn:
     ``/tokenize``); the render of the dummy assistant turn alone is cached per tools.
     """
 
-    def __init__(self, tokenize: Tokenize) -> None:
+    def __init__(self, tokenize: Tokenize, template: ChatTemplate | None = None) -> None:
         self._tokenize = tokenize
+        self._template = template
         self._bases: dict[str, list[int]] = {}
+        self._base_texts: dict[str, str] = {}
+        self._stop_texts: dict[int, str | None] = {}
+        self._checked: set[str] = set()
+        self.text_bridges = template is not None
+        """A local template's bridge is cut from the rendered text and only it is encoded
+        (see :meth:`_text_bridge`); False once that disagreed with encoding the whole render."""
         self._bridges: dict[str, list[int]] = {}
         self.cache_bridges = True
         self.bridges_rendered = 0
@@ -111,7 +118,7 @@ class TokenIn:
         ) -> list[int]:
             return template.tokenize_chat(messages, tools=tools, add_generation_prompt=gen)
 
-        return cls(tokenize)
+        return cls(tokenize, template)
 
     @classmethod
     def endpoint(cls, forwarder: Forwarder) -> TokenIn:
@@ -170,8 +177,8 @@ class TokenIn:
         if not tail or any(role not in _TAIL_ROLES for role in roles):
             raise CannotBridge(f"the new messages are not tool results or a user turn: {roles}")
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        context = [*last.prompt_token_ids, *last.completion_token_ids]
-        tokens = context + await self._bridge(tail, tools, context[-1])
+        bridge = await self._bridge(tail, tools, last.completion_token_ids[-1])
+        tokens = [*last.prompt_token_ids, *last.completion_token_ids, *bridge]
         return Bridged(tokens, [*history, *request.messages[len(history) :]])
 
     async def _bridge(
@@ -203,12 +210,88 @@ class TokenIn:
         self.bridges_rendered += 1
         dummy = _dummy_assistant(tail)
         key = json.dumps(dummy) + "\0" + tools_key
+        if self.text_bridges and self._stop_text(stop) is not None:
+            try:
+                bridge = self._text_bridge(dummy, tail, tools, key, stop)
+            except CannotBridge:
+                raise
+            except Exception as exc:
+                message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
+                raise CannotBridge(message) from exc
+            check = f"{'tool_calls' in dummy}\0{tools_key}"
+            if bridge is not None and check in self._checked:
+                return bridge
+            # The first bridge per tools (and kind of turn) is also cut from the encoded whole
+            # render: a tokenizer whose pieces after the stop token depend on the text before it
+            # turns the text bridges off.
+            self._checked.add(check)
+            if bridge is not None and bridge == await self._token_bridge(
+                dummy, tail, tools, key, stop
+            ):
+                return bridge
+            self.text_bridges = False
+        return await self._token_bridge(dummy, tail, tools, key, stop)
+
+    def _stop_text(self, stop: int) -> str | None:
+        """The text of ``stop`` when it is an added token the tokenizer splits the text at
+        (matched as written, stripping no whitespace around it), else None."""
+        if stop not in self._stop_texts:
+            assert self._template is not None
+            added = self._template.tokenizer.get_added_tokens_decoder().get(stop)
+            clean = added is not None and not (added.lstrip or added.rstrip or added.normalized)
+            self._stop_texts[stop] = added.content if clean else None
+        return self._stop_texts[stop]
+
+    def _text_bridge(
+        self,
+        dummy: dict[str, Any],
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        key: str,
+        stop: int,
+    ) -> list[int] | None:
+        """The bridge encoded from the text after the stop token; None where that text does not
+        start with the stop token once encoded (then the whole render is encoded)."""
+        # The tokenizer splits its input at added tokens and encodes the pieces apart, so the
+        # tokens after the stop token are those of the text after it: encoding just that text
+        # (from the stop token on, so a piece's position reads as in the whole render) skips
+        # the tools' system prompt and the dummy turn, most of the text when there are tools.
+        template = self._template
+        assert template is not None
+        base = self._base_texts.get(key)
+        if base is None:
+            base = template.render([dummy], tools=tools, add_generation_prompt=False)
+            if len(self._base_texts) >= 256:  # keyed by the tool call ids answered: many
+                self._base_texts.pop(next(iter(self._base_texts)))
+            self._base_texts[key] = base
+        full = template.render([dummy, *tail], tools=tools, add_generation_prompt=True)
+        if not full.startswith(base):
+            raise CannotBridge("the chat template renders the earlier turns differently")
+        stop_text = self._stop_text(stop)
+        assert stop_text is not None
+        at = base.rfind(stop_text)
+        if at < 0:
+            raise CannotBridge(
+                f"the last sampled token ({stop}) is not the template's end of an assistant turn"
+            )
+        ids = template.encode(full[at:])
+        return ids[1:] if ids and ids[0] == stop else None
+
+    async def _token_bridge(
+        self,
+        dummy: dict[str, Any],
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        key: str,
+        stop: int,
+    ) -> list[int]:
         base = self._bases.get(key)
         try:
             if base is None:
                 base = await self._tokenize([dummy], tools, False)
-                if len(self._bases) < 256:
-                    self._bases[key] = base
+                if len(self._bases) >= 256:
+                    self._bases.pop(next(iter(self._bases)))
+                self._bases[key] = base
             full = await self._tokenize([dummy, *tail], tools, True)
         except CannotBridge:
             raise
