@@ -197,15 +197,25 @@ async def test_a_v1_env_that_reruns_a_seat_plays_each_run_as_a_rollout(tmp_path:
 
 async def test_a_seat_fanned_out_in_a_task_group_plays_every_attempt(tmp_path: Path) -> None:
     # code_golf's shape (vf.Agents as an annotation is served): the attempts run concurrently
-    # in a TaskGroup; vfray's game takes their turns one at a time, each run its own trace.
+    # in a TaskGroup, and so they play on vfray, each run its own trace: each attempt's setup
+    # waits (up to 60 s) for all three to have started, which one at a time never happens.
     pkg = tmp_path / "fanned"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
         "import asyncio\n"
         "import verifiers.v1 as vf\n"
+        "ARRIVED = []\n"
+        "class Met(vf.Task):\n"
+        "    async def setup(self, trace, runtime):\n"
+        "        ARRIVED.append(1)\n"
+        "        for _ in range(1200):\n"
+        "            if len(ARRIVED) >= 3:\n"
+        "                break\n"
+        "            await asyncio.sleep(0.05)\n"
+        "        trace.record_metric('met', float(len(ARRIVED) >= 3))\n"
         "class Tasks(vf.Taskset):\n"
         "    def load(self):\n"
-        "        yield vf.Task(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
+        "        yield Met(vf.TaskData(prompt='What is 1 + 1?'), self.config.task)\n"
         "class Fanned(vf.Env[vf.SingleAgentEnvConfig]):\n"
         "    async def run(self, task: vf.Task, agents: vf.Agents) -> None:\n"
         "        async with asyncio.TaskGroup() as tg:\n"
@@ -218,6 +228,7 @@ async def test_a_seat_fanned_out_in_a_task_group_plays_every_attempt(tmp_path: P
     )
     assert [t.seat for t in traces] == ["agent", "agent#2", "agent#3"]
     assert all(t.ok and t.last_reply == "2" for t in traces)
+    assert [t.metrics.get("met") for t in traces] == [1.0, 1.0, 1.0]
     assert len({t.trace_id for t in traces}) == 3
 
 

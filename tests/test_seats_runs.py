@@ -5,13 +5,15 @@ local farm backend with the scripted model and the real interception."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import ClassVar
 
 import pyarrow.parquet as pq
 import pytest
 
 import vfray as vf
-from vfray.harnesses.seats import Game
+from vfray.harnesses.seats import Ask, Game
 from vfray.run.environment import run_game
 from vfray.run.results import RunResult
 from vfray.traces import read_traces, to_samples
@@ -69,6 +71,41 @@ async def test_a_run_past_the_seats_runs_ends_the_game_in_one_line() -> None:
     error = trace.error()
     assert error is not None and error.type == "TaskError" and "\n" not in error.message
     assert "run 2 of seat 'proposer', which declares runs=1" in error.message
+
+
+class AtOnce(vf.SeatedTask[vf.TaskData]):
+    """Both runs of the solver seat asked at once (``play`` with a gather, as a v1 env's
+    TaskGroup): each run's setup waits for the other run's to start (up to 60 s), so it finds
+    the other there only when the game seats the runs concurrently."""
+
+    arrived: ClassVar[list[str]] = []
+    met: ClassVar[dict[str, bool]] = {}
+
+    def seats(self) -> Sequence[vf.Seat]:
+        return [vf.Seat(name="solver", runs=2)]
+
+    async def play(self, game: Game, ask: Ask) -> None:
+        turns = [vf.Turn(seat="solver", message=q, run=i + 1) for i, q in enumerate(QUESTIONS)]
+        assert await asyncio.gather(*map(ask, turns)) == ["5", "6"]
+
+    async def setup(self, trace: vf.Trace, runtime: object) -> None:
+        assert self.seat is not None
+        AtOnce.arrived.append(self.seat)
+        for _ in range(1200):  # not a timing assertion: a bound on waiting for the other run
+            if len(AtOnce.arrived) == 2:
+                break
+            await asyncio.sleep(0.05)
+        AtOnce.met[self.seat] = len(AtOnce.arrived) == 2
+
+
+async def test_runs_a_task_asks_for_at_once_play_at_once() -> None:
+    solver, solver2 = await run_game(
+        AtOnce(vf.TaskData()), model="scripted:arithmetic", harness="null"
+    )
+    # Each run was set up while the other was too (one at a time, the first would wait alone).
+    assert AtOnce.met == {"solver": True, "solver#2": True}
+    assert [t.seat for t in (solver, solver2)] == ["solver", "solver#2"]
+    assert (solver.last_reply, solver2.last_reply) == ("5", "6") and solver.ok and solver2.ok
 
 
 @pytest.fixture(scope="module")

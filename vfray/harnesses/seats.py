@@ -2,12 +2,13 @@
 :class:`SeatedTask` declares, and the :class:`Game` its ``next_turn`` reads to say which seat acts
 next with what message. Each run of a seat is one rollout with its own trace (a seat declared
 with ``runs > 1`` may be run again in the same game: attempts, one proposer with many solvers);
-:mod:`vfray.run.seating` plays the game.
+a task that overrides :meth:`SeatedTask.play` instead asks for turns itself, several at once (a
+seat's runs played concurrently). :mod:`vfray.run.seating` plays the game.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,7 +18,7 @@ from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.task import Task, TaskData
 
-__all__ = ["Agent", "Game", "Play", "Seat", "SeatedTask", "Turn", "run_name"]
+__all__ = ["Agent", "Ask", "Game", "Play", "Seat", "SeatedTask", "Turn", "run_name"]
 
 
 class Agent(BaseModel):
@@ -111,6 +112,9 @@ class Game:
         return [p.reply for p in self.plays if p.seat == seat]
 
 
+Ask = Callable[[Turn], Awaitable[str | None]]
+"""What :meth:`SeatedTask.play` gets: ``await ask(turn)`` plays one turn and gives its reply."""
+
 DataT = TypeVar("DataT", bound=TaskData)
 
 
@@ -134,6 +138,16 @@ class SeatedTask(Task[DataT]):
     def next_turn(self, game: Game) -> Awaitable[Turn | None] | Turn | None:
         """The next seat to act and its message, or None when the game is over."""
         raise NotImplementedError(f"{type(self).__name__} must define next_turn()")
+
+    async def play(self, game: Game, ask: Ask) -> None:
+        """Play the game by asking for turns: ``await ask(turn)`` is the turn's reply, and the
+        game is over when this returns. Override it instead of :meth:`next_turn` to play turns
+        of different seat runs at once (``asyncio.gather`` / a ``TaskGroup`` of ``ask`` calls:
+        a seat's runs fanned out, as verifiers v1 runs them); each run takes one turn at a
+        time. A turn that ends the game (its seat's rollout ended first) raises, and this
+        coroutine is cancelled; so is one that goes ``env.timeouts.user`` without a turn in play.
+        Not overridden, :mod:`vfray.run.seating` calls :meth:`next_turn` one turn at a time."""
+        raise NotImplementedError(f"{type(self).__name__} must define next_turn() or play()")
 
 
 def check_seats(seats: Sequence[Seat]) -> tuple[Seat, ...]:

@@ -321,8 +321,7 @@ async def play_game(
     others = sum(s.runs for s in seats) - 1
     waiting = timeouts.user + others * (timeouts.agent + timeouts.boot + timeouts.setup)
 
-    async def seat_up(seat: Seat, name: str) -> _Player:
-        player = _Player()
+    async def seat_up(seat: Seat, name: str, player: _Player) -> None:
         player.over = over
         station = await stations.station(seat.agent)
         plan = station.plan.model_copy(
@@ -335,10 +334,10 @@ async def play_game(
         owner = seat.box or name
         runtime: Runtime
         if owner in borrowed:
-            if owner not in boxes:
-                owner_station = (
-                    station if owner == seat.name else await stations.station(by_name[owner].agent)
-                )
+            owner_station = (
+                station if owner == seat.name else await stations.station(by_name[owner].agent)
+            )
+            if owner not in boxes:  # checked after the await: seats are seated concurrently
                 boxes[owner] = _Box(
                     make_runtime(
                         owner_station.plan.runtime_type,
@@ -362,60 +361,118 @@ async def play_game(
                 **ids,
             )
         )
-        return player
 
     ending: TaskError | None = None
-    rollouts: list[asyncio.Future[Trace]] = []
     unseated: list[Trace] = []
-    try:
-        while True:
-            try:
-                # Untimed for the agents, like a user's next message, and under the same deadline.
-                turn = await asyncio.wait_for(call_maybe_async(task.next_turn, game), timeouts.user)
-                if turn is not None and not isinstance(turn, Turn):
-                    raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
-                if turn is not None and turn.seat not in by_name:
-                    raise ValueError(f"no seat named {turn.seat!r}")
-                if turn is not None and turn.run > by_name[turn.seat].runs:
-                    raise ValueError(
-                        f"run {turn.run} of seat {turn.seat!r}, which declares "
-                        f"runs={by_name[turn.seat].runs}"
-                    )
-            except TimeoutError:
-                ending = TaskError(f"next_turn did not answer within {timeouts.user:g}s")
-                break
-            except Exception as exc:
-                ending = TaskError(f"next_turn failed: {type(exc).__name__}: {exc}")
-                break
-            if turn is None:
-                break
-            name = run_name(turn.seat, turn.run)
+    busy: set[str] = set()
+    activity = asyncio.Event()
+    """Set whenever a turn starts or ends (the driver's idle deadline restarts)."""
+
+    def check_turn(turn: object) -> Turn:
+        if not isinstance(turn, Turn):
+            raise TypeError(f"expected a vf.Turn or None, got {type(turn).__name__}")
+        if turn.seat not in by_name:
+            raise ValueError(f"no seat named {turn.seat!r}")
+        declared = by_name[turn.seat].runs
+        if turn.run > declared:
+            seat = turn.seat
+            raise ValueError(f"run {turn.run} of seat {seat!r}, which declares runs={declared}")
+        return turn
+
+    async def take(turn: Turn) -> str | None:
+        """Play one checked turn and give its reply; raises :class:`_GameEnded` when the game
+        ended at it (its seat could not be seated, or its rollout ended before the turn)."""
+        name = run_name(turn.seat, turn.run)
+        if game.over:
+            raise _GameEnded(f"the game is over; {name} got no turn")
+        if name in busy:
+            raise ValueError(f"{name} already has a turn in play (a run takes one at a time)")
+        busy.add(name)
+        activity.set()
+        try:
             player = players.get(name)
             if player is None:
                 seat = by_name[turn.seat]
+                players[name] = player = _Player()  # seats are listed in the order first asked
                 try:
-                    player = players[name] = await seat_up(seat, name)
+                    await seat_up(seat, name, player)
                 except Exception as exc:  # an unknown harness or runtime, a missing key
                     error = exc if isinstance(exc, ConfigError) else TaskError(str(exc))
                     unseated.append(unseatable(task, default_plan, error, seat, name, **ids))
                     game.failed[name] = f"{type(error).__name__}: {error}"
-                    break
-                assert player.rollout is not None
-                rollouts.append(player.rollout)
+                    raise _GameEnded(game.failed[name]) from None
             answered, reply = await player.play(turn.message)
             if not answered:
                 game.failed[name] = player.why()
-                break
+                raise _GameEnded(game.failed[name])
             game.plays.append(Play(seat=name, message=turn.message, reply=reply))
+            return reply
+        finally:
+            busy.discard(name)
+            activity.set()
+
+    async def one_at_a_time() -> TaskError | None:
+        while True:
+            try:
+                # Untimed for the agents, like a user's next message, and under the same deadline.
+                turn = await asyncio.wait_for(call_maybe_async(task.next_turn, game), timeouts.user)
+                if turn is not None:
+                    turn = check_turn(turn)
+            except TimeoutError:
+                return TaskError(f"next_turn did not answer within {timeouts.user:g}s")
+            except Exception as exc:
+                return TaskError(f"next_turn failed: {type(exc).__name__}: {exc}")
+            if turn is None:
+                return None
+            try:
+                await take(turn)
+            except _GameEnded:
+                return None
+
+    async def concurrently() -> TaskError | None:
+        async def ask(turn: Turn) -> str | None:
+            return await take(check_turn(turn))
+
+        driver = asyncio.ensure_future(task.play(game, ask))
+        while not driver.done():
+            activity.clear()
+            # Untimed while a turn is in play; between turns, the user deadline (as next_turn).
+            idle = None if busy else timeouts.user
+            woke = asyncio.ensure_future(activity.wait())
+            await asyncio.wait({driver, woke}, timeout=idle, return_when=asyncio.FIRST_COMPLETED)
+            woke.cancel()
+            if game.failed and not driver.done():
+                driver.cancel()  # a seat ended the game: so does the task's play
+            elif not driver.done() and not activity.is_set() and not busy:
+                driver.cancel()
+                await asyncio.gather(driver, return_exceptions=True)
+                return TaskError(f"play did not ask for a turn within {timeouts.user:g}s")
+        await asyncio.gather(driver, return_exceptions=True)
+        if game.failed or driver.cancelled():
+            return None
+        exc = driver.exception()
+        if exc is None:
+            return None
+        while isinstance(exc, BaseExceptionGroup):  # a TaskGroup's cause, not "1 sub-exception"
+            exc = exc.exceptions[0]
+        return TaskError(f"play failed: {type(exc).__name__}: {exc}")
+
+    def rollouts() -> list[asyncio.Future[Trace]]:
+        # In the order the seat runs were first asked for (not the order their seating ended).
+        return [p.rollout for p in players.values() if p.rollout is not None]
+
+    own_play = type(task).play is not SeatedTask.play
+    try:
+        ending = await (concurrently() if own_play else one_at_a_time())
         game.over = True
         over.set()
         for player in players.values():
             player.inbox.put_nowait(ending)
-        traces = [*await asyncio.gather(*rollouts), *unseated]
+        traces = [*await asyncio.gather(*rollouts()), *unseated]
     except BaseException:
-        for rollout in rollouts:
+        for rollout in rollouts():
             rollout.cancel()
-        await asyncio.gather(*rollouts, return_exceptions=True)
+        await asyncio.gather(*rollouts(), return_exceptions=True)
         raise
     finally:
         for box in boxes.values():
@@ -424,3 +481,7 @@ async def play_game(
     if not traces:
         return [unseatable(task, default_plan, ending or TaskError("no seat got a turn"), **ids)]
     return traces
+
+
+class _GameEnded(Exception):
+    """Raised by a turn the game ended at (inside :meth:`SeatedTask.play`)."""

@@ -25,7 +25,7 @@ from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1._trace import TraceTask, last_response, request_of
 from vfray.compat.v1._types import Request, Response, RuntimeView
 from vfray.errors import ConfigError, TaskError
-from vfray.harnesses.seats import Game, Seat, SeatedTask, Turn
+from vfray.harnesses.seats import Ask, Game, Seat, SeatedTask
 from vfray.interception.sessions import PENDING_REQUEST
 from vfray.task import Artifact, Task, TaskData, TaskResources, TaskTimeout
 from vfray.taskset import Taskset
@@ -199,8 +199,8 @@ class AdaptedSeatedTask(AdaptedTask, SeatedTask[V1Row]):
         assert env is not None
         return seats_of(env)
 
-    async def next_turn(self, game: Game) -> Turn | None:
-        return await self._bridge(game).next_turn(game)
+    async def play(self, game: Game, ask: Ask) -> None:
+        await self._bridge(game).play(ask)
 
     async def setup(self, trace: Trace, runtime: Any) -> None:
         if self.game is not None and self.seat is not None:

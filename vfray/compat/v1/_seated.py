@@ -1,11 +1,12 @@
 """v1 envs with their own ``run(task, agents)`` (user simulation, multi-agent) as vfray seated
 tasks: each top-level ``AgentConfig`` field of the env's config is a
 :class:`~vfray.harnesses.seats.Seat`,
-and the env's ``run`` is driven as the game's ``next_turn`` — every ``interaction.turn(message)``
-it awaits is one vfray :class:`~vfray.harnesses.seats.Turn` of that seat, answered with the
-seat's reply. Each ``run`` / ``interaction`` of a seat is one run of it (v1 fans a seat out:
-attempts, one proposer with many solvers): the first plays as ``golfer``, the next as
-``golfer#2``, ... (v1's ``trace.agent.name`` is ``golfer`` for all of them).
+and the env's ``run`` is the game's :meth:`~vfray.harnesses.seats.SeatedTask.play` — every
+``interaction.turn(message)`` it awaits is one vfray :class:`~vfray.harnesses.seats.Turn` of that
+seat, answered with the seat's reply. Each ``run`` / ``interaction`` of a seat is one run of it
+(v1 fans a seat out: attempts, one proposer with many solvers): the first plays as ``golfer``,
+the next as ``golfer#2``, ... (v1's ``trace.agent.name`` is ``golfer`` for all of them); runs the
+env awaits at once (a ``TaskGroup``, ``gather``) play at once, as in v1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from vfray.compat.v1._trace import Trace as V1Trace
 from vfray.compat.v1.config import HARNESSES, RUNTIMES
 from vfray.episode import seat_role
 from vfray.errors import ConfigError
-from vfray.harnesses.seats import Agent, Game, Seat, Turn, run_name
+from vfray.harnesses.seats import Agent, Ask, Game, Seat, Turn, run_name
 from vfray.interception.limits import Limits
 
 _CLIENT = frozenset({"base_url", "api_key_var"})
@@ -198,8 +199,9 @@ class Agents:
 
 
 class EpisodeBridge:
-    """One game: the v1 env's ``run`` as a coroutine whose turns are handed to vfray's game
-    one at a time, and its ``finalize`` over the seats' traces once every seat has ended."""
+    """One game: the v1 env's ``setup`` and ``run`` as the game's ``play`` (each turn an
+    interaction awaits is asked of vfray's game, concurrently where the env awaits several), and
+    its ``finalize`` over the seats' traces once every seat has ended."""
 
     def __init__(self, env: Env[Any], task: Any, seats: list[str]) -> None:
         self.env, self.task, self.seats = env, task, seats
@@ -211,39 +213,20 @@ class EpisodeBridge:
         self.views: dict[str, V1Trace] = {}
         self.started: set[str] = set()
         self.finished: dict[str, V1Trace] = {}
-        self._requests: asyncio.Queue[tuple[Turn, asyncio.Future[str]]] = asyncio.Queue()
-        self._pending: asyncio.Future[str] | None = None
-        self._runner: asyncio.Task[None] | None = None
+        self._ask: Ask | None = None
+        self._runner: asyncio.Task[Any] | None = None
         self._finalized: asyncio.Future[None] | None = None
         self.agents = Agents(self, self.seats)
 
-    async def _run(self) -> None:
-        agents = self.agents
-        await self.env.setup(agents)
-        await self.env.run(self.task, agents)
+    async def play(self, ask: Ask) -> None:
+        """The env's ``setup`` and ``run``, its interactions' turns asked through ``ask``."""
+        self._ask, self._runner = ask, asyncio.current_task()
+        await self.env.setup(self.agents)
+        await self.env.run(self.task, self.agents)
 
     async def ask(self, turn: Turn) -> str:
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait((turn, reply))
-        return await reply
-
-    async def next_turn(self, game: Game) -> Turn | None:
-        if self._runner is None:
-            self._runner = asyncio.ensure_future(self._run())
-        elif self._pending is not None and not self._pending.done():
-            last = game.last
-            self._pending.set_result((last.reply or "") if last is not None else "")
-        request = asyncio.ensure_future(self._requests.get())
-        await asyncio.wait({request, self._runner}, return_when=asyncio.FIRST_COMPLETED)
-        if request.done():
-            turn, self._pending = request.result()
-            return turn
-        request.cancel()
-        try:
-            self._runner.result()  # the env's own failure ends the game with it
-        except BaseExceptionGroup as group:
-            raise _first_leaf(group) from None  # its TaskGroup's cause, not "1 sub-exception"
-        return None
+        assert self._ask is not None, "a v1 interaction's turn outside the game's play"
+        return (await self._ask(turn)) or ""
 
     def game_over(self) -> None:
         """Called by each seat's ``finalize``: the game is over, the env's ``run`` with it."""
@@ -270,11 +253,6 @@ class EpisodeBridge:
             else:
                 self._finalized.set_result(None)
         await asyncio.shield(self._finalized)
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 _EPISODES: weakref.WeakKeyDictionary[Game, EpisodeBridge] = weakref.WeakKeyDictionary()
