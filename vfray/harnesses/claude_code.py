@@ -8,15 +8,10 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR
+from vfray.runtimes.base import Runtime
 
 CONFIG_DIR = f"{AGENT_DIR}/claude-config"
 EVENTS_PATH = f"{AGENT_DIR}/claude-events.jsonl"
@@ -30,12 +25,10 @@ OPT_OUTS = {
 """With these the program connects only to the interception (observed, see agents.md)."""
 
 
-class ClaudeCodeConfig(AgentHarnessConfig):
-    """Options of the claude-code harness."""
+class ClaudeCodeConfig(NpmAgentConfig):
+    """Options of the claude-code harness (its node: Claude Code needs Node >= 22)."""
 
     version: str = "2.1.332"
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it (Claude Code needs Node >= 22)."""
     allowed_tools: tuple[str, ...] = ("Bash", "Read", "Edit", "Write")
     """Tools the agent may use without asking (print mode cannot ask)."""
     disabled_tools: tuple[str, ...] = ()
@@ -59,36 +52,28 @@ def mcp_args(servers: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
     return args
 
 
-class ClaudeCodeHarness(ProvisionedHarness):
+class ClaudeCodeHarness(NpmAgentHarness):
     """Claude Code in print mode with stream-json output."""
 
     id = "claude-code"
     config_type: ClassVar[type[HarnessConfig]] = ClaudeCodeConfig
     config: ClaudeCodeConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "@anthropic-ai/claude-code"
+    BINARY = "claude"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("CLAUDE_CONFIG_DIR",)
     SKILLS_DIR = f"{CONFIG_DIR}/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="claude-code",
-            kind="npm",
-            package="@anthropic-ai/claude-code",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         # Its config home must exist before the stdout redirect into the same folder.
         await runtime.write(f"{CONFIG_DIR}/.keep", b"")
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
         c = self.config
-        argv = [
-            tool.executable("claude"),
+        allowed = tuple(t for t in c.allowed_tools if t not in c.disabled_tools)
+        return [
             "-p",
-            prompt_text(self.resolve_prompt(ctx.data)),
+            task,
             "--output-format",
             "stream-json",
             "--verbose",
@@ -96,15 +81,13 @@ class ClaudeCodeHarness(ProvisionedHarness):
             ctx.model,
             "--max-turns",
             str(c.max_steps),
-            *mcp_args(
-                ctx.mcp_servers, tuple(t for t in c.allowed_tools if t not in c.disabled_tools)
-            ),
+            *mcp_args(ctx.mcp_servers, allowed),
             *(["--disallowedTools", ",".join(c.disabled_tools)] if c.disabled_tools else []),
             *c.extra_args,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which claude's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             "ANTHROPIC_BASE_URL": anthropic_root(ctx.endpoint),
             "ANTHROPIC_API_KEY": ctx.secret,
             "CLAUDE_CONFIG_DIR": CONFIG_DIR,
@@ -112,13 +95,4 @@ class ClaudeCodeHarness(ProvisionedHarness):
             # Otherwise MCP tools are deferred behind a ToolSearch tool: the model would see
             # only a placeholder, not the task's tools.
             **({"ENABLE_TOOL_SEARCH": "false"} if ctx.mcp_servers else {}),
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("CLAUDE_CONFIG_DIR",),
-        )

@@ -9,16 +9,11 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR
+from vfray.runtimes.base import Runtime
 
 CODEX_HOME = f"{AGENT_DIR}/codex-home"
 EVENTS_PATH = f"{AGENT_DIR}/codex-events.jsonl"
@@ -26,13 +21,11 @@ KEY_VAR = "VFRAY_API_KEY"
 PROVIDER = "vfray"
 
 
-class CodexConfig(AgentHarnessConfig):
-    """Options of the codex harness."""
+class CodexConfig(NpmAgentConfig):
+    """Options of the codex harness (its node runs the ``codex`` command, a Node script in
+    front of the native binary)."""
 
     version: str = "0.171.0"
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it: the ``codex`` command is a Node script
-    (``#!/usr/bin/env node``) in front of the native binary, and a node or box may have none."""
     reasoning_effort: str | None = None
     """``model_reasoning_effort`` in Codex's config; None: Codex's default."""
 
@@ -73,29 +66,19 @@ def config_toml(
     return "\n".join(lines)
 
 
-class CodexHarness(ProvisionedHarness):
+class CodexHarness(NpmAgentHarness):
     """Codex CLI, non-interactive, no approvals and no sandbox of its own (the box is one)."""
 
     id = "codex"
     config_type: ClassVar[type[HarnessConfig]] = CodexConfig
     config: CodexConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "@openai/codex"
+    BINARY = "codex"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("CODEX_HOME",)
     SKILLS_DIR = f"{CODEX_HOME}/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="codex",
-            kind="npm",
-            package="@openai/codex",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         toml = config_toml(
             ctx.model,
             openai_base_url(ctx.endpoint),
@@ -103,9 +86,9 @@ class CodexHarness(ProvisionedHarness):
             ctx.mcp_servers,
         )
         await runtime.write(f"{CODEX_HOME}/config.toml", toml.encode())
-        task = prompt_text(self.resolve_prompt(ctx.data))
-        argv = [
-            tool.executable("codex"),
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
+        return [
             "exec",
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
@@ -114,18 +97,6 @@ class CodexHarness(ProvisionedHarness):
             *self.config.extra_args,
             task,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which codex's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
-            "CODEX_HOME": CODEX_HOME,
-            KEY_VAR: ctx.secret,
-            **self.config.env,
-        }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("CODEX_HOME",),
-        )
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {"CODEX_HOME": CODEX_HOME, KEY_VAR: ctx.secret}

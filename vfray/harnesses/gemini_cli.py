@@ -11,15 +11,10 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR
+from vfray.runtimes.base import Runtime
 
 GEMINI_HOME = f"{AGENT_DIR}/gemini-home"
 """``$GEMINI_CLI_HOME``: Gemini CLI reads ``.gemini/settings.json`` under it."""
@@ -33,12 +28,10 @@ OPT_OUTS = {
 """With these (and :func:`settings`) the program connects only to the interception."""
 
 
-class GeminiCliConfig(AgentHarnessConfig):
-    """Options of the gemini-cli harness."""
+class GeminiCliConfig(NpmAgentConfig):
+    """Options of the gemini-cli harness (its node: Gemini CLI needs Node >= 20)."""
 
     version: str = "0.61.0"
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it (Gemini CLI needs Node >= 20)."""
     disabled_tools: tuple[str, ...] = ()
     """Tools the agent must not get, as Gemini CLI names them (``run_shell_command``,
     ``web_fetch``, ``google_web_search``): its ``tools.exclude`` setting."""
@@ -71,57 +64,39 @@ def settings(
     return found
 
 
-class GeminiCliHarness(ProvisionedHarness):
+class GeminiCliHarness(NpmAgentHarness):
     """Gemini CLI, headless, every tool call approved (``--yolo``: the box is the sandbox)."""
 
     id = "gemini-cli"
     config_type: ClassVar[type[HarnessConfig]] = GeminiCliConfig
     config: GeminiCliConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "@google/gemini-cli"
+    BINARY = "gemini"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("GEMINI_CLI_HOME",)
     SKILLS_DIR = f"{GEMINI_HOME}/.gemini/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="gemini-cli",
-            kind="npm",
-            package="@google/gemini-cli",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         c = self.config
         found = settings(c.max_steps, c.disabled_tools, ctx.mcp_servers)
         await runtime.write(f"{GEMINI_HOME}/.gemini/settings.json", json.dumps(found).encode())
-        argv = [
-            tool.executable("gemini"),
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
+        return [
             "--prompt",
-            prompt_text(self.resolve_prompt(ctx.data)),
+            task,
             "--model",
             ctx.model,
             "--yolo",
             "--output-format",
             "stream-json",
-            *c.extra_args,
+            *self.config.extra_args,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which gemini's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             "GEMINI_CLI_HOME": GEMINI_HOME,
             "GOOGLE_GEMINI_BASE_URL": gemini_root(ctx.endpoint),
             "GEMINI_API_KEY": ctx.secret,
             **OPT_OUTS,
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("GEMINI_CLI_HOME",),
-        )

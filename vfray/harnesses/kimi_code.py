@@ -9,16 +9,11 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR
+from vfray.runtimes.base import Runtime
 
 KIMI_HOME = f"{AGENT_DIR}/kimi-home"
 EVENTS_PATH = f"{AGENT_DIR}/kimi-events.jsonl"
@@ -34,12 +29,10 @@ OPT_OUTS = {
 connections are the model calls, to the interception."""
 
 
-class KimiCodeConfig(AgentHarnessConfig):
+class KimiCodeConfig(NpmAgentConfig):
     """Options of the kimi-code harness."""
 
     version: str = "2.1.0"
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it."""
 
 
 def mcp_json(servers: dict[str, str]) -> str:
@@ -47,61 +40,43 @@ def mcp_json(servers: dict[str, str]) -> str:
     return json.dumps({"mcpServers": {n: {"url": u} for n, u in servers.items()}}, indent=2)
 
 
-class KimiCodeHarness(ProvisionedHarness):
+class KimiCodeHarness(NpmAgentHarness):
     """Kimi Code in prompt mode (which runs its tools without asking)."""
 
     id = "kimi-code"
     config_type: ClassVar[type[HarnessConfig]] = KimiCodeConfig
     config: KimiCodeConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "@moonshot-ai/kimi-code"
+    BINARY = "kimi"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("HOME", "KIMI_CODE_HOME")
     SKILLS_DIR = f"{KIMI_HOME}/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="kimi-code",
-            kind="npm",
-            package="@moonshot-ai/kimi-code",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         # Its home must exist before the stdout redirect into the same folder.
         await runtime.write(f"{KIMI_HOME}/.keep", b"")
         if ctx.mcp_servers:
             await runtime.write(f"{KIMI_HOME}/mcp.json", mcp_json(ctx.mcp_servers).encode())
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
         c = self.config
-        argv = [
-            tool.executable("kimi"),
+        return [
             "--prompt",
-            prompt_text(self.resolve_prompt(ctx.data)),
+            task,
             "--output-format",
             "stream-json",
             *(["--skills-dir", self.SKILLS_DIR] if c.skills else []),
             *c.extra_args,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which kimi's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             "HOME": KIMI_HOME,
             "KIMI_CODE_HOME": KIMI_HOME,
             "KIMI_MODEL_NAME": ctx.model,
             "KIMI_MODEL_API_KEY": ctx.secret,
             "KIMI_MODEL_BASE_URL": openai_base_url(ctx.endpoint),
             "KIMI_MODEL_PROVIDER_TYPE": "openai",
-            "KIMI_LOOP_MAX_STEPS_PER_TURN": str(c.max_steps),
+            "KIMI_LOOP_MAX_STEPS_PER_TURN": str(self.config.max_steps),
             **OPT_OUTS,
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("HOME", "KIMI_CODE_HOME"),
-        )

@@ -10,16 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
+from vfray.harnesses.provisioned import AGENT_DIR
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
 
 STATE_DIR = f"{AGENT_DIR}/openclaw-state"
 CONFIG_PATH = f"{AGENT_DIR}/openclaw.json"
@@ -43,11 +38,12 @@ OPT_OUTS = {
 connects only to the interception."""
 
 
-class OpenClawConfig(AgentHarnessConfig):
+class OpenClawConfig(NpmAgentConfig):
     """Options of the openclaw harness."""
 
     version: str = "2026.9.6"
     node_version: str = "24"
+    """The npm ``node`` package installed beside it (OpenClaw needs Node >= 24.16)."""
     """The npm ``node`` package installed beside it (OpenClaw needs Node >= 24.16)."""
     disabled_tools: tuple[str, ...] = ()
     """Tools the agent must not get, as OpenClaw names them (``exec``, ``write``…): its
@@ -108,29 +104,19 @@ def openclaw_config(
     return json.dumps(config, indent=2)
 
 
-class OpenClawHarness(ProvisionedHarness):
+class OpenClawHarness(NpmAgentHarness):
     """OpenClaw's ``agent exec``: one embedded turn, its state kept in the box's agent dir."""
 
     id = "openclaw"
     config_type: ClassVar[type[HarnessConfig]] = OpenClawConfig
     config: OpenClawConfig
-    ARTIFACTS = (RESULT_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "openclaw"
+    BINARY = "openclaw"
+    EVENTS_PATH = RESULT_PATH
+    BOX_PATHS = ("HOME", "OPENCLAW_HOME", SKILLS_VAR)
     SKILLS_DIR = SKILLS_DIR
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="openclaw",
-            kind="npm",
-            package="openclaw",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         c = self.config
         config = openclaw_config(
             ctx.model,
@@ -142,9 +128,15 @@ class OpenClawHarness(ProvisionedHarness):
         await runtime.write(CONFIG_PATH, config.encode())
         # --state-dir must exist; the task goes in a file (a prompt may start with a dash).
         await runtime.write(f"{STATE_DIR}/.keep", b"")
-        await runtime.write(PROMPT_PATH, prompt_text(self.resolve_prompt(ctx.data)).encode())
-        argv = [
-            tool.executable("openclaw"),
+
+    async def _run(
+        self, ctx: LaunchContext, runtime: Runtime, task: str, *, resumed: bool
+    ) -> ProgramResult:
+        await runtime.write(PROMPT_PATH, task.encode())
+        return await super()._run(ctx, runtime, task, resumed=resumed)
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
+        return [
             "agent",
             "exec",
             "--config",
@@ -159,23 +151,14 @@ class OpenClawHarness(ProvisionedHarness):
             # vfray's agent budget is the deadline.
             "--timeout",
             "0",
-            *c.extra_args,
+            *self.config.extra_args,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which openclaw's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             "HOME": STATE_DIR,
             "OPENCLAW_HOME": STATE_DIR,
             SKILLS_VAR: SKILLS_DIR,
             KEY_VAR: ctx.secret,
             **OPT_OUTS,
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=RESULT_PATH,
-            timeout=ctx.timeout,
-            box_paths=("HOME", "OPENCLAW_HOME", SKILLS_VAR),
-        )

@@ -10,16 +10,11 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR, AgentHarnessConfig
+from vfray.runtimes.base import Runtime
 
 HOME = f"{AGENT_DIR}/opencode-home"
 CONFIG_PATH = f"{HOME}/opencode.json"
@@ -89,25 +84,26 @@ def config_json(
     return config
 
 
-class OpencodeHarness(ProvisionedHarness):
+class OpencodeHarness(NpmAgentHarness):
     """opencode's non-interactive ``run``, every permission approved."""
 
     id = "opencode"
     config_type: ClassVar[type[HarnessConfig]] = OpencodeConfig
     config: OpencodeConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "opencode-ai"
+    BINARY = "opencode"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = (
+        "HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_STATE_HOME",
+        "OPENCODE_CONFIG",
+    )
     SKILLS_DIR = f"{HOME}/config/opencode/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="opencode", kind="npm", package="opencode-ai", version=self.config.version
-        )
-
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         c = self.config
         config = config_json(
             ctx.model, openai_base_url(ctx.endpoint), ctx.mcp_servers, c.disabled_tools, c.max_steps
@@ -115,8 +111,9 @@ class OpencodeHarness(ProvisionedHarness):
         await runtime.write(CONFIG_PATH, json.dumps(config).encode())
         await runtime.write(f"{HOME}/config/opencode/package-lock.json", PLUGIN_LOCK.encode())
         await runtime.write(f"{HOME}/config/opencode/node_modules/.keep", b"")
-        argv = [
-            tool.executable("opencode"),
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
+        return [
             "run",
             "--format",
             "json",
@@ -126,14 +123,15 @@ class OpencodeHarness(ProvisionedHarness):
             # trace beside the task's calls.
             "--title",
             "vfray rollout",
-            *c.extra_args,
+            *self.config.extra_args,
             "--",
             # It joins its message words with spaces but quotes (and escapes) any word that
             # holds one: words without spaces join back into the exact text.
-            *prompt_text(self.resolve_prompt(ctx.data)).split(" "),
+            *task.split(" "),
         ]
-        env = {
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             # Its database, caches and global config go to the box, never the node's home.
             "HOME": HOME,
             "XDG_CONFIG_HOME": f"{HOME}/config",
@@ -143,20 +141,4 @@ class OpencodeHarness(ProvisionedHarness):
             "OPENCODE_CONFIG": CONFIG_PATH,
             KEY_VAR: ctx.secret,
             **OPT_OUTS,
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=(
-                "HOME",
-                "XDG_CONFIG_HOME",
-                "XDG_DATA_HOME",
-                "XDG_CACHE_HOME",
-                "XDG_STATE_HOME",
-                "OPENCODE_CONFIG",
-            ),
-        )

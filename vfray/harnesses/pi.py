@@ -10,16 +10,11 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
+from vfray.harnesses.provisioned import AGENT_DIR
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
 
 PI_DIR = f"{AGENT_DIR}/pi-agent"
 EVENTS_PATH = f"{AGENT_DIR}/pi-events.jsonl"
@@ -35,14 +30,12 @@ OPT_OUTS = {
 only the model calls, to the interception."""
 
 
-class PiConfig(AgentHarnessConfig):
-    """Options of the pi harness."""
+class PiConfig(NpmAgentConfig):
+    """Options of the pi harness (its node: Pi 1.x needs Node >= 22.19)."""
 
     version: str = "1.6.0"
     package: str = "@earendil-works/pi-coding-agent"
     """The npm package: ``@mariozechner/pi-coding-agent`` for versions before 0.74."""
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it (Pi 1.x needs Node >= 22.19)."""
     disabled_tools: tuple[str, ...] = ()
     """Tools Pi must not offer (``bash``, ``edit``…): passed as ``--exclude-tools``."""
 
@@ -86,37 +79,31 @@ def model_failure(events: str) -> str | None:
     return None
 
 
-class PiHarness(ProvisionedHarness):
+class PiHarness(NpmAgentHarness):
     """Pi in print mode with its JSON event stream, no session file, project files ignored."""
 
     id = "pi"
     config_type: ClassVar[type[HarnessConfig]] = PiConfig
     config: PiConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    BINARY = "pi"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("PI_CODING_AGENT_DIR",)
     SKILLS_DIR = f"{PI_DIR}/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="pi",
-            kind="npm",
-            package=self.config.package,
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
+    @property
+    def package(self) -> str:
+        return self.config.package
 
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         await runtime.write(
             f"{PI_DIR}/models.json", models_json(ctx.model, openai_base_url(ctx.endpoint)).encode()
         )
         if ctx.mcp_servers:
             await runtime.write(f"{PI_DIR}/mcp.json", mcp_json(ctx.mcp_servers).encode())
+
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
         c = self.config
-        argv = [
-            tool.executable("pi"),
+        return [
             "--print",
             "--mode",
             "json",
@@ -134,24 +121,13 @@ class PiHarness(ProvisionedHarness):
             *(a for f in c.skills for a in ("--skill", f"{self.SKILLS_DIR}/{Path(f).name}")),
             *c.extra_args,
             "--",
-            prompt_text(self.resolve_prompt(ctx.data)),
+            task,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which pi's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
-            "PI_CODING_AGENT_DIR": PI_DIR,
-            KEY_VAR: ctx.secret,
-            **OPT_OUTS,
-            **c.env,
-        }
-        result = await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("PI_CODING_AGENT_DIR",),
-        )
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {"PI_CODING_AGENT_DIR": PI_DIR, KEY_VAR: ctx.secret, **OPT_OUTS}
+
+    async def checked(self, runtime: Runtime, result: ProgramResult) -> ProgramResult:
         if not result.ok:
             return result
         # Pi's print mode exits 0 when its model call failed (a 401, a refused call): its last

@@ -10,16 +10,11 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
-from vfray.harnesses.provisioned import (
-    AGENT_DIR,
-    AgentHarnessConfig,
-    ProvisionedHarness,
-    prompt_text,
-)
-from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.harnesses.provisioned import AGENT_DIR
+from vfray.runtimes.base import Runtime
 
 QWEN_HOME = f"{AGENT_DIR}/qwen-home"
 EVENTS_PATH = f"{AGENT_DIR}/qwen-events.jsonl"
@@ -34,12 +29,10 @@ OPT_OUTS = {
 """With these (and :func:`settings`) the program connects only to the interception."""
 
 
-class QwenCodeConfig(AgentHarnessConfig):
-    """Options of the qwen-code harness."""
+class QwenCodeConfig(NpmAgentConfig):
+    """Options of the qwen-code harness (its node: Qwen Code needs Node >= 22)."""
 
     version: str = "0.24.4"
-    node_version: str = "22"
-    """The npm ``node`` package installed beside it (Qwen Code needs Node >= 22)."""
     disabled_tools: tuple[str, ...] = ()
     """Tools the agent must not get, as Qwen Code names them (``run_shell_command``,
     ``web_fetch``): passed as ``--exclude-tools``."""
@@ -65,38 +58,28 @@ def settings(mcp_servers: dict[str, str] | None = None) -> dict[str, object]:
     return found
 
 
-class QwenCodeHarness(ProvisionedHarness):
+class QwenCodeHarness(NpmAgentHarness):
     """Qwen Code, headless, every tool call approved (``--yolo``: the box is the sandbox)."""
 
     id = "qwen-code"
     config_type: ClassVar[type[HarnessConfig]] = QwenCodeConfig
     config: QwenCodeConfig
-    ARTIFACTS = (EVENTS_PATH,)
-    APPENDS_SYSTEM_PROMPT = False
-    SUPPORTS_MCP = True
-    SUPPORTS_SKILLS = True
+    PACKAGE = "@qwen-code/qwen-code"
+    BINARY = "qwen"
+    EVENTS_PATH = EVENTS_PATH
+    BOX_PATHS = ("QWEN_HOME",)
     SKILLS_DIR = f"{QWEN_HOME}/skills"
 
-    def tool_spec(self) -> ToolSpec:
-        return ToolSpec(
-            name="qwen-code",
-            kind="npm",
-            package="@qwen-code/qwen-code",
-            version=self.config.version,
-            packages=(f"node@{self.config.node_version}",),
-        )
+    async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
+        found = settings(ctx.mcp_servers)
+        await runtime.write(f"{QWEN_HOME}/settings.json", json.dumps(found).encode())
 
-    async def launch(self, ctx: LaunchContext, runtime: Runtime) -> ProgramResult:
-        tool = await self.box_tool(runtime)
-        await runtime.write(
-            f"{QWEN_HOME}/settings.json", json.dumps(settings(ctx.mcp_servers)).encode()
-        )
+    def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
         c = self.config
-        argv = [
-            tool.executable("qwen"),
+        return [
             # The task as its positional prompt, first: after a flag that takes many values
             # (``--exclude-tools``) it would be read as one of them.
-            prompt_text(self.resolve_prompt(ctx.data)),
+            task,
             "--auth-type",
             "openai",
             "--model",
@@ -109,21 +92,12 @@ class QwenCodeHarness(ProvisionedHarness):
             *(["--exclude-tools", *c.disabled_tools] if c.disabled_tools else []),
             *c.extra_args,
         ]
-        env = {
-            # The tool dir's bin holds its own node, which qwen's #!/usr/bin/env node finds.
-            "PATH": tool.path_env(),
+
+    def environment(self, ctx: LaunchContext) -> dict[str, str]:
+        return {
             "QWEN_HOME": QWEN_HOME,
             "OPENAI_BASE_URL": openai_base_url(ctx.endpoint),
             "OPENAI_API_KEY": ctx.secret,
             "OPENAI_MODEL": ctx.model,
             **OPT_OUTS,
-            **c.env,
         }
-        return await self.run_logged(
-            runtime,
-            argv,
-            env,
-            stdout_path=EVENTS_PATH,
-            timeout=ctx.timeout,
-            box_paths=("QWEN_HOME",),
-        )
