@@ -111,3 +111,32 @@ async def test_without_a_namespace_of_its_own_each_run_goes_through_the_forwarde
     finally:
         await rt.stop()
         server.close()
+
+
+async def test_a_server_of_this_loop_takes_the_boxs_connections_itself() -> None:
+    """A bridged URL that ``serve_in_loop`` serves on this loop (a local run's interception):
+    the box's connection is handed to that server, with no second connection relayed."""
+    from vfray.endpoints.serving import serve_in_loop
+
+    relays: list[int] = []
+    rt = BwrapRuntime(RuntimeSpec())
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        assert scope["type"] == "http"
+        assert rt.bridges is not None
+        relays.append(sum(len(b._conns) for b in rt.bridges.bridges.values()))
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"direct"})  # type: ignore[operator]
+
+    async with serve_in_loop(app) as url:
+        await rt.start()
+        try:
+            await rt.host_url(url)
+            got = await rt.run(
+                [rt.python, "-I", "-S", "-c", _GET.format(url=url + "/x")],
+                env={"NO_PROXY": "127.0.0.1"},
+            )
+        finally:
+            await rt.stop()
+    assert got.stdout.strip() == "direct", got
+    assert relays == [0]  # served with no relay in flight

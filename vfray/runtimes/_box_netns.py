@@ -165,8 +165,14 @@ class BoxNetns:
     def listening(self) -> set[int]:
         return set(self._servers)
 
-    async def listen(self, port: int, handler: Handler) -> None:
-        """Serve box port ``port`` (on the namespace's 127.0.0.1) with ``handler``."""
+    async def listen(
+        self,
+        port: int,
+        handler: Handler,
+        protocol: Callable[[], asyncio.Protocol] | None = None,
+    ) -> None:
+        """Serve box port ``port`` (on the namespace's 127.0.0.1) with ``handler``, or with
+        ``protocol``'s protocols when given (a server of this loop takes the connections)."""
         if port in self._servers:
             return
 
@@ -176,7 +182,8 @@ class BoxNetns:
             try:
                 _check(libc.setns(self.fd, CLONE_NEWNET), "setns into the box's namespace")
                 try:
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on the connections.
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     sock.bind(("127.0.0.1", port))
                     sock.listen(256)
@@ -189,7 +196,11 @@ class BoxNetns:
 
         sock = _run_in_thread(bind)
         assert isinstance(sock, socket.socket)
-        self._servers[port] = await asyncio.start_server(handler, sock=sock)
+        if protocol is not None:
+            loop = asyncio.get_running_loop()
+            self._servers[port] = await loop.create_server(protocol, sock=sock)
+        else:
+            self._servers[port] = await asyncio.start_server(handler, sock=sock)
 
     async def close(self) -> None:
         for server in self._servers.values():

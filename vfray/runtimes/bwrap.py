@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from vfray.endpoints.serving import in_loop_server
 from vfray.errors import ConfigError, SandboxError
 from vfray.runtimes._box_netns import BoxNetns
 from vfray.runtimes._bwrap_args import (
@@ -63,7 +64,7 @@ from vfray.runtimes._executor import blocking
 from vfray.runtimes._foreign_root import NODE_DIR, NodePrograms, in_root
 from vfray.runtimes._overlay import CowRoot, auto_backend
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort
+from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort, UnixBridge
 from vfray.runtimes.egress import EgressGate, open_gate
 from vfray.runtimes.images import ImageConfig, image_config, rootfs
 from vfray.runtimes.network_policy import BoxNetwork, box_network
@@ -194,8 +195,12 @@ class BwrapRuntime(SubprocessRuntime):
         if self.netns is None or self.bridges is None:
             return
         for port, bridge in self.bridges.bridges.items():
-            # The bridge's own connection handler, as if it came through its unix socket.
-            await self.netns.listen(port, bridge._handle)
+            # The bridge's own connection handler, as if it came through its unix socket; a
+            # plain bridge to a server of this loop (the interception, run locally) hands the
+            # connection to that server instead of relaying it over a second connection.
+            plain = type(bridge) is UnixBridge
+            direct = in_loop_server(bridge.host, bridge.port) if plain else None
+            await self.netns.listen(port, bridge._handle, direct)
 
     @classmethod
     def preflight(cls, options: dict[str, Any]) -> None:
