@@ -329,34 +329,100 @@ async def test_a_repeated_follow_up_is_bridged_from_the_cache(
     assert [r["token_error"] for r in to_samples(traces).to_pylist()] == [None, None]
 
 
-async def test_an_anthropic_call_is_sent_as_it_came_and_says_so(
-    server: tuple[ScriptedModel, str], model_dir: Path
-) -> None:
-    """Token-in serves the chat dialect only: a later Anthropic call goes to /v1/messages as
-    the agent sent it, and the trace says so in one line (once), never silently."""
+async def three_turns(icpt: Interception, dialect: str, stream: bool, **extra: Any) -> Trace:
+    """Three turns of an Anthropic or a Responses chat through the SDK, each reply sent back
+    whole (thinking/reasoning included), as Claude Code and Codex send them."""
     import anthropic
 
+    trace = new_trace()
+    secret = icpt.app.register(trace)
+    if dialect == "anthropic":
+        claude = anthropic.AsyncAnthropic(base_url=icpt.root_url, api_key=secret, max_retries=0)
+        history: Any = [{"role": "user", "content": "echo hello world"}]
+        for turn in range(3):
+            if stream:
+                async with claude.messages.stream(
+                    model="x", max_tokens=50, messages=history, **extra
+                ) as events:
+                    message = await events.get_final_message()
+            else:
+                message = await claude.messages.create(
+                    model="x", max_tokens=50, messages=history, **extra
+                )
+            said = message.content[-1].text  # type: ignore[union-attr]
+            assert said.strip() == history[-1]["content"]  # the scripted model echoes
+            blocks = [b.model_dump(exclude_none=True) for b in message.content]
+            history += [{"role": "assistant", "content": blocks}]
+            history.append({"role": "user", "content": f"and again {turn}"})
+    else:
+        openai_client = openai.AsyncOpenAI(base_url=icpt.url, api_key=secret, max_retries=0)
+        items: Any = [{"role": "user", "content": "echo hello world"}]
+        for turn in range(3):
+            if stream:
+                response = None
+                async for event in await openai_client.responses.create(
+                    model="x", input=items, stream=True
+                ):
+                    if event.type == "response.completed":
+                        response = event.response
+                assert response is not None
+            else:
+                response = await openai_client.responses.create(model="x", input=items)
+            assert response.output_text.strip() == items[-1]["content"]
+            items += [o.model_dump(exclude_none=True) for o in response.output]
+            items.append({"role": "user", "content": f"and again {turn}"})
+    return icpt.app.conclude(secret)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "stream"), [("anthropic", False), ("anthropic", True), ("responses", True)]
+)
+async def test_anthropic_and_responses_calls_go_token_in(
+    server: tuple[ScriptedModel, str], model_dir: Path, dialect: str, stream: bool
+) -> None:
+    """An Anthropic or Responses chat goes as chat: its first call to /v1/chat/completions,
+    the later ones with the branch's exact ids to the tokens route, answered in the client's
+    dialect (JSON or its event stream) and recorded as the client sends it back: one branch
+    whose tokens only grow, no sample lost."""
     scripted, url = server
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
     settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
     async with Interception(upstream, settings=settings) as icpt:
-        trace = new_trace()
-        client = anthropic.AsyncAnthropic(
-            base_url=icpt.root_url, api_key=icpt.app.register(trace), max_retries=0
-        )
-        history: Any = [{"role": "user", "content": "echo hello world"}]
-        for turn in range(3):
-            reply = await client.messages.create(model="x", max_tokens=50, messages=history)
-            history.append({"role": "assistant", "content": reply.content[0].text})  # type: ignore[union-attr]
-            history.append({"role": "user", "content": f"and again {turn}"})
-        trace = icpt.app.conclude(client.api_key)
-    assert [r.route for r in scripted.history] == ["/v1/messages"] * 3
-    notes = [n for n in trace.notes if n.startswith("token-in")]
-    assert notes == [
-        "token-in: anthropic calls sent as they came: token-in serves the chat dialect only "
-        "(vLLM's tokens route takes chat requests); a multi-turn branch may break"
+        trace = await three_turns(icpt, dialect, stream)
+    tokens = "/v1/chat/completions/tokens"
+    assert [r.route for r in list(scripted.history)[-3:]] == [
+        "/v1/chat/completions",
+        tokens,
+        tokens,
     ]
-    assert len(trace.calls) == 3 and all(c.error is None for c in trace.calls)
+    assert len(trace.branch_list) == 1 and all(c.error is None for c in trace.calls)
+    assert [c.dialect for c in trace.calls] == [dialect] * 3
+    for before, call in zip(trace.calls, trace.calls[1:], strict=False):
+        context = [*(before.prompt_token_ids or []), *(before.completion_token_ids or [])]
+        assert (call.prompt_token_ids or [])[: len(context)] == context
+    (row,) = to_samples([trace]).to_pylist()
+    assert row["token_error"] is None
+    assert not [n for n in trace.notes if n.startswith("token-in")]
+
+
+async def test_a_call_with_no_chat_form_goes_as_it_came_and_says_so(
+    server: tuple[ScriptedModel, str], model_dir: Path
+) -> None:
+    """An Anthropic server tool has no chat form: the calls go to /v1/messages as the agent
+    sent them, and the trace says why, never silently."""
+    scripted, url = server
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    search = {"type": "web_search_20250305", "name": "web_search"}
+    async with Interception(upstream, settings=settings) as icpt:
+        trace = await three_turns(icpt, "anthropic", False, tools=[search])
+    assert [r.route for r in list(scripted.history)[-3:]] == ["/v1/messages"] * 3
+    notes = [n for n in trace.notes if n.startswith("token-in")]
+    assert notes[0] == (
+        "token-in: call 0 (anthropic) sent as it came: the tool 'web_search' "
+        "(web_search_20250305) is not a function"
+    )
+    assert len(notes) == 3 and len(trace.calls) == 3
 
 
 async def test_a_local_bridge_encodes_only_the_text_after_the_stop_token(

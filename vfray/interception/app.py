@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
 from vfray.errors import TaskError
+from vfray.interception import token_in_dialects
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception._relay import respond
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -345,6 +346,10 @@ class InterceptionApp:
         if self.token_in is not None and isinstance(body, dict):
             if dialect.name == "chat":
                 await self._send_tokens(turn, session, parsed, body)
+            elif dialect.name in token_in_dialects.DIALECTS:
+                chat = token_in_dialects.as_chat(turn, session.trace)
+                if chat is not None:
+                    await self._send_tokens(turn, session, parsed, chat)
             else:
                 unsupported_dialect(session.trace, dialect.name)
         # Its own task: a client that hangs up mid-stream must not cancel the upstream call

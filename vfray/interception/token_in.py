@@ -23,7 +23,8 @@ token, the new messages are not tool/user messages, the template's bridge is not
 the endpoint has no tokens route) it is sent as plain chat and the trace says why, in a note:
 never a silent repair. Its branch may then break, and the samples view drops it or splits it
 into per-turn samples (``env.on_prefix_break``). Calls of the Responses and Anthropic dialects
-go as they came (vLLM's tokens route takes chat requests), noted once per trace.
+are sent as chat the same way and answered in their own dialect
+(:mod:`~vfray.interception.token_in_dialects`); Gemini's go as they came, noted once per trace.
 """
 
 from __future__ import annotations
@@ -346,17 +347,17 @@ def _without_reasoning(message: Message) -> str | None:
 
 
 def unsupported_dialect(trace: Trace, dialect: str) -> None:
-    """Say once on the trace that a call of another dialect than chat went as it came.
+    """Say once on the trace that a call of a dialect token-in does not serve went as it came.
 
-    vLLM's tokens route takes chat requests only; serving a Responses or Anthropic request
-    token-in would mean translating it to chat and the chat reply back, which those relaying
-    dialects do not do (their calls reach the endpoint's own ``/v1/responses`` or
-    ``/v1/messages``). Such a branch may break like any re-rendered one
+    vLLM's tokens route takes chat requests; the chat dialect's calls, and the Anthropic and
+    Responses ones translated to chat (:mod:`~vfray.interception.token_in_dialects`), are
+    served. Another dialect's branch may break like any re-rendered one
     (``env.on_prefix_break``)."""
     if trace.calls:  # the first call opens its branch: nothing to extend yet
         message = (
-            f"{dialect} calls sent as they came: token-in serves the chat dialect only "
-            "(vLLM's tokens route takes chat requests); a multi-turn branch may break"
+            f"{dialect} calls sent as they came: token-in serves the chat, anthropic and "
+            "responses dialects (vLLM's tokens route takes chat requests); a multi-turn "
+            "branch may break"
         )
         if f"{NOTE_PREFIX} {message}" not in trace.notes:
             note(trace, message)
