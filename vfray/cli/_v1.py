@@ -85,7 +85,7 @@ def _not_vfray_taskset(spec: str) -> bool:
 
 def map_v1_eval(positional: list[str], extra: list[str]) -> V1Eval | None:
     from vfray.compat.v1 import config as v1c
-    from vfray.compat.v1.loader import looks_like_v1_package
+    from vfray.compat.v1.loader import LEGACY_HARNESS, is_legacy_spec, looks_like_v1_package
 
     options: dict[str, Any] = {}
     toml: str | None = None
@@ -111,6 +111,10 @@ def map_v1_eval(positional: list[str], extra: list[str]) -> V1Eval | None:
     mapped = v1c.translate(options, taskset)
     if "taskset" not in mapped.overrides:
         raise ConfigError("a v1 eval needs its taskset: positional id/path or env.taskset.id")
+    if "env.harness.id" not in mapped.overrides and is_legacy_spec(mapped.overrides["taskset"]):
+        # A classic env runs its own rollout loop: the legacy harness is the only one it has.
+        mapped.overrides["env.harness.id"] = LEGACY_HARNESS
+        mapped.lines.append(f"classic verifiers env -> env.harness.id = {LEGACY_HARNESS!r}")
     return V1Eval(
         mapped.overrides,
         rest,

@@ -26,10 +26,14 @@ from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset
 from vfray.compat.v1._alias import install
 from vfray.compat.v1._env import Env
 from vfray.compat.v1._kinds import kinds, real_module, taskset_config_type
+from vfray.compat.v1._legacy import HARNESS, LegacyTaskset, is_legacy
 from vfray.compat.v1._seated import runs_itself, seat_configs, to_agent
 from vfray.compat.v1._user_sim import UserSimEnv
 from vfray.compat.v1.config import PREFIX
 from vfray.errors import ConfigError, TasksetError
+
+LEGACY_HARNESS = HARNESS
+"""The harness a classic verifiers env's run uses (its own rollout loop, :mod:`._legacy`)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,15 @@ def looks_like_v1_package(spec: str) -> bool:
             return False
     # The package exists: whatever stops its import (a verifiers module vfray does not serve,
     # a dependency not installed) is the cause to report, not "unknown taskset".
-    return import_package(spec) is not None
+    return is_legacy(_import(spec)) or import_package(spec) is not None
+
+
+def is_legacy_spec(spec: str) -> bool:
+    """Whether ``spec`` (``v1:`` prefix optional) names a classic verifiers environment
+    package (``load_environment``), run through the legacy bridge (:mod:`._legacy`) with
+    the ``LEGACY_HARNESS``."""
+    target = spec[len(PREFIX) :] if is_v1(spec) else spec
+    return is_legacy(_import(target))
 
 
 def module_name(spec: str) -> str:
@@ -217,10 +229,13 @@ def load(
     env_id: str | None = None,
     env_args: dict[str, Any] | None = None,
     harness_chosen: bool = False,
-) -> AdaptedTaskset:
+) -> AdaptedTaskset | LegacyTaskset:
     """The vfray taskset running v1 taskset ``spec`` (``v1:`` prefix optional) with its config
     (``--env.taskset.*``), selection (``--select.*``) and env."""
     target = spec[len(PREFIX) :] if is_v1(spec) else spec
+    module = _import(target)
+    if is_legacy(module):
+        return _load_legacy(module, target, config, select, env_id, env_args)
     package = import_package(target)
     if package is None:
         raise ConfigError(f"{target!r} exports no v1 Taskset subclass via __all__")
@@ -241,6 +256,25 @@ def load(
         taskset = taskset.select(kinds().SelectConfig.model_validate(select))
     env = build_env(package, env_id, dict(env_args or {}), {"id": target, **(config or {})})
     return HubGuarded(taskset, env, name=module_name(target), shared=shared)
+
+
+def _load_legacy(
+    module: ModuleType,
+    target: str,
+    config: dict[str, Any] | None,
+    select: dict[str, Any] | None,
+    env_id: str | None,
+    env_args: dict[str, Any] | None,
+) -> LegacyTaskset:
+    """A classic env's taskset: ``--env.taskset.*`` are its ``load_environment`` arguments."""
+    refused = [f"--select.{k}" for k in sorted(select or {})]
+    refused += [f"--env.id={env_id}"] if env_id else []
+    refused += [f"--env.{k}" for k in sorted(env_args or {})]
+    if refused:
+        raise ConfigError(
+            f"classic env {target!r}: not supported by vfray's legacy bridge: {', '.join(refused)}"
+        )
+    return LegacyTaskset(module, dict(config or {}), module_name(target))
 
 
 class HubGuarded(AdaptedTaskset):
@@ -308,7 +342,7 @@ def hub_error(exc: BaseException) -> str | None:
     )
 
 
-def load_from_args(spec: str, args: dict[str, Any]) -> AdaptedTaskset:
+def load_from_args(spec: str, args: dict[str, Any]) -> AdaptedTaskset | LegacyTaskset:
     """:func:`load` from vfray's ``taskset_args`` (``config``, ``select``, ``env``)."""
     unknown = set(args) - {"config", "select", "env", "harness"}
     if unknown:
