@@ -33,6 +33,7 @@ _BUILTIN: dict[str, str] = {
     "gemini-cli": "vfray.harnesses.gemini_cli:GeminiCliHarness",
     "goose": "vfray.harnesses.goose:GooseHarness",
     "openhands": "vfray.harnesses.openhands:OpenHandsHarness",
+    "swe-agent": "vfray.harnesses.swe_agent:SweAgentHarness",
 }
 HARNESSES = Registry(
     "harness",

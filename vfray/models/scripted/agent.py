@@ -37,6 +37,9 @@ _ARGUMENTS = ("command", "cmd", "script")
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends when a command's output starts with this marker."""
 _SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+SWE_AGENT_SUBMIT = "```bash\nsubmit\n```"
+"""SWE-agent's ``bash_only`` prompt shows its submit command so; a step without a bash block
+is rejected as a format error and asked again, so the plan ends with ``submit``."""
 _TOOL_STEP = "\x00tool\x00"
 """Marks a plan step that calls a tool by name (``tool: NAME {json}``) instead of a shell."""
 _TEXT_FENCE = "mswea_bash_command"
@@ -150,9 +153,10 @@ def decide_agent(conv: Conversation) -> Decision:
     steps, taken = _newest_plan(conv)
     if conv.tool_output is None and conv.last_user.startswith(COMPACT_REQUEST):
         return Decision(text=f"Working through the task's plan. [steps done: {taken}]")
-    submits = any(_SUBMIT_MARKER in text for text in conv.texts)
-    if submits:
+    if any(_SUBMIT_MARKER in text for text in conv.texts):
         steps = [*steps, SUBMIT_COMMAND]
+    elif any(SWE_AGENT_SUBMIT in text for text in conv.texts):
+        steps = [*steps, "submit"]
     if taken < len(steps):
         return _act(conv, steps[taken])
     if not steps:
