@@ -405,6 +405,51 @@ async def test_anthropic_and_responses_calls_go_token_in(
     assert not [n for n in trace.notes if n.startswith("token-in")]
 
 
+async def test_an_anthropic_tool_loop_goes_token_in(
+    template: ChatTemplate, model_dir: Path
+) -> None:
+    """Claude Code's loop: a tool_use answered as chat tool calls, its tool_result bridged as a
+    chat tool message after the branch's exact ids, one branch."""
+    import anthropic
+
+    scripted = ScriptedModel("bash", chat_template=template)
+    bash = {"name": "bash", "input_schema": BASH_TOOL["function"]["parameters"]}
+    with scripted_server(scripted) as url:
+        upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+        settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+        async with Interception(upstream, settings=settings) as icpt:
+            trace = new_trace()
+            secret = icpt.app.register(trace)
+            claude = anthropic.AsyncAnthropic(base_url=icpt.root_url, api_key=secret, max_retries=0)
+            history: Any = [{"role": "user", "content": "run: ls -la"}]
+            options: Any = {"tools": [bash], "tool_choice": {"type": "auto"}, "max_tokens": 50}
+            reply = await claude.messages.create(model="x", messages=history, **options)
+            assert reply.stop_reason == "tool_use"
+            (use,) = [b for b in reply.content if b.type == "tool_use"]
+            assert use.input == {"command": "ls -la"}
+            history.append(
+                {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
+            )
+            result = {"type": "tool_result", "tool_use_id": use.id, "content": "a b"}
+            history.append({"role": "user", "content": [result]})
+            await claude.messages.create(model="x", messages=history, **options)
+            trace = icpt.app.conclude(secret)
+    sent = scripted.history[-1]
+    assert sent.route == "/v1/chat/completions/tokens"
+    assert (
+        sent.body["tool_choice"] == "auto" and sent.body["tools"][0]["function"]["name"] == "bash"
+    )
+    first = trace.calls[0]
+    context = [*(first.prompt_token_ids or []), *(first.completion_token_ids or [])]
+    assert template.decode(sent.body["tokens"][len(context) :]) == (
+        "\n<|im_start|>user\n<tool_response>\na b\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert len(trace.branch_list) == 1
+    (row,) = to_samples([trace]).to_pylist()
+    assert row["token_error"] is None
+
+
 async def test_a_call_with_no_chat_form_goes_as_it_came_and_says_so(
     server: tuple[ScriptedModel, str], model_dir: Path
 ) -> None:

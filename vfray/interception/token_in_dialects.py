@@ -51,6 +51,7 @@ _RESPONSES_SAMPLING = {
     "seed": "seed",
     "top_logprobs": "top_logprobs",
 }
+_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -74,9 +75,15 @@ def as_chat(turn: Turn, trace: Trace) -> JSON | None:
 def chat_request(dialect: str, body: JSON, request: ParsedRequest) -> JSON:
     """The chat request for a call of ``dialect`` (``body`` as imposed for its own route)."""
     renames = _ANTHROPIC_SAMPLING if dialect == "anthropic" else _RESPONSES_SAMPLING
+    if dialect == "responses" and body.get("previous_response_id"):
+        raise NoChatForm("previous_response_id: the conversation is held by the endpoint")
+    messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    for m in messages:
+        if m["role"] not in _CHAT_ROLES:  # a Responses item kept whole (web_search_call, ...)
+            raise NoChatForm(f"a {m['role']!r} item has no chat form")
     chat: JSON = {
         "model": body.get("model"),
-        "messages": [m.model_dump(exclude_none=True) for m in request.messages],
+        "messages": messages,
         "logprobs": True,
         "return_token_ids": True,
     }
@@ -86,13 +93,52 @@ def chat_request(dialect: str, body: JSON, request: ParsedRequest) -> JSON:
     effort = body.get("reasoning")
     if dialect == "responses" and isinstance(effort, dict) and effort.get("effort"):
         chat["reasoning_effort"] = effort["effort"]
+    if dialect == "responses":
+        _responses_format(body.get("text"), chat)
     tools = _chat_tools(dialect, request.tools)
     if tools:
         chat["tools"] = tools
+        choice = _tool_choice(dialect, body.get("tool_choice"))
+        if choice is not None:
+            chat["tool_choice"] = choice
     if request.stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def _tool_choice(dialect: str, choice: Any) -> Any:
+    """The chat ``tool_choice`` of an Anthropic or Responses one (None: the default)."""
+    if choice is None:
+        return None
+    if dialect == "anthropic" and isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind in ("auto", "none"):
+            return kind
+        if kind == "any":
+            return "required"
+        if kind == "tool" and choice.get("name"):
+            return {"type": "function", "function": {"name": choice["name"]}}
+    if dialect == "responses":
+        if choice in ("auto", "none", "required"):
+            return choice
+        if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+            return {"type": "function", "function": {"name": choice["name"]}}
+    raise NoChatForm(f"the tool_choice {json.dumps(choice)[:200]} has no chat form")
+
+
+def _responses_format(text: Any, chat: JSON) -> None:
+    """A Responses ``text.format`` as chat's ``response_format``."""
+    form = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(form, dict) or form.get("type") in (None, "text"):
+        return
+    if form.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif form.get("type") == "json_schema":
+        schema = {k: form[k] for k in ("name", "schema", "strict", "description") if k in form}
+        chat["response_format"] = {"type": "json_schema", "json_schema": schema}
+    else:
+        raise NoChatForm(f"the text format {form.get('type')!r} has no chat form")
 
 
 def _chat_tools(dialect: str, tools: list[JSON] | None) -> list[JSON] | None:
