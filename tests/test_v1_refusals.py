@@ -78,8 +78,9 @@ def test_a_hub_dataset_that_cannot_be_fetched_is_one_line_rc_2(tmp_path: Path) -
             "'a_dependency_not_installed' (the package is there",
         ),
         (
-            "import verifiers.v1 as vf\nfrom verifiers.v1.tasksets import textarena\n",
-            "verifiers.v1.tasksets is not served by vfray's verifiers v1 layer",
+            "import verifiers.v1 as vf\nfrom verifiers.v1.tasksets import harbor\n",
+            "verifiers.v1.tasksets.harbor is not served by vfray's verifiers v1 layer (it serves "
+            "textarena there)",
         ),
         (
             "import verifiers.v1 as vf\nraise RuntimeError('broken at import')\n",
@@ -98,6 +99,48 @@ def test_a_bare_id_whose_import_fails_names_the_cause(
         [line] = done.stderr.strip().splitlines()
         assert cause.replace("'pkg'", repr(spec), 1) in line or cause in line, line
         assert "unknown taskset" not in line and "not a v1 taskset" not in line
+
+
+WORDLE = {  # verifiers' wordle example, as its repository has it
+    "__init__.py": """
+        from verifiers.v1.tasksets.textarena import TextArenaEnv
+        from wordle.taskset import WordleTaskset
+
+        __all__ = ["TextArenaEnv", "WordleTaskset"]
+    """,
+    "taskset.py": """
+        from typing import Literal
+
+        import verifiers.v1 as vf
+        from verifiers.v1.tasksets.textarena import (
+            TextArenaConfig,
+            TextArenaTask,
+            TextArenaTaskset,
+        )
+
+
+        class WordleConfig(TextArenaConfig):
+            game: Literal["Wordle-v0"] = "Wordle-v0"
+
+
+        class WordleTaskset(TextArenaTaskset, vf.Taskset[TextArenaTask, WordleConfig]):
+            pass
+    """,
+}
+
+
+def test_wordle_imports_and_without_textarena_is_one_line_naming_it(tmp_path: Path) -> None:
+    # verifiers.v1.tasksets.textarena is served, so wordle's package imports and its env and
+    # taskset load; its tasks need textarena, nltk and nltk's data (downloaded by v1 at load,
+    # so offline neither framework runs it): here textarena is not installed, one line rc 2.
+    (tmp_path / "wordle").mkdir()
+    for name, body in WORDLE.items():
+        (tmp_path / "wordle" / name).write_text(textwrap.dedent(body))
+    done = _eval(tmp_path, "wordle")
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()
+    assert "verifiers.v1.tasksets.textarena needs textarena and nltk (" in line, line
+    assert "pip install textarena nltk" in line
 
 
 def test_an_id_that_names_no_module_is_an_unknown_taskset(tmp_path: Path) -> None:

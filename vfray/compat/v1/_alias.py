@@ -65,6 +65,7 @@ def install() -> None:
         return
     import vfray.compat.v1._image as _image
     import vfray.compat.v1._surface as _surface
+    import vfray.compat.v1._textarena as _textarena
     import vfray.compat.v1._user_sim as _user_sim
 
     # The layer served as ``verifiers.v1`` is this module's own package, loaded before any of its
@@ -80,12 +81,14 @@ def install() -> None:
     for name in _surface.PACKAGES:
         package = types.ModuleType(name)
         package.__path__ = []
+        package.__getattr__ = _refusing(name)  # type: ignore[method-assign]
         served[name] = package
     # Names that live only in their own module, as in v1.
     extra: dict[str, Any] = {
         "UserSimEnv": _user_sim.UserSimEnv,
         "UserSimEnvConfig": _user_sim.UserSimEnvConfig,
         "image_data_url": _image.image_data_url,
+        **{n: getattr(_textarena, n) for n in _textarena.NAMES},
     }
     for name, names in _surface.SUBMODULES.items():
         module = types.ModuleType(name)

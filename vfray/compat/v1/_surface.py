@@ -227,6 +227,14 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
     "verifiers.v1.state": ("State", "StateT"),
     "verifiers.v1.task": ("Task", "TaskData", "TaskResources", "TaskTimeout", "WireTaskData"),
     "verifiers.v1.taskset": ("Taskset",),
+    "verifiers.v1.tasksets.textarena": (
+        "TextArenaConfig",
+        "TextArenaData",
+        "TextArenaEnv",
+        "TextArenaEnvConfig",
+        "TextArenaTask",
+        "TextArenaTaskset",
+    ),
     "verifiers.v1.trace": ("Reward", "Trace", "TraceTask"),
     "verifiers.v1.types": (
         "AssistantMessage",
@@ -262,7 +270,12 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
 """The v1 submodules served, each with the names vfray serves from it (all also on
 ``verifiers.v1`` itself but the envs', as in v1); their parent packages are served empty."""
 
-PACKAGES = ("verifiers.v1.configs", "verifiers.v1.envs", "verifiers.v1.utils")
+PACKAGES = (
+    "verifiers.v1.configs",
+    "verifiers.v1.envs",
+    "verifiers.v1.tasksets",
+    "verifiers.v1.utils",
+)
 """Parents of served submodules, served as empty packages."""
 
 
@@ -297,6 +310,8 @@ def served_names(module: str) -> str:
     layer = sys.modules[__package__ or ""]
     if module == "verifiers.v1":
         names = [n for n in V1_PUBLIC if n in layer.__all__]
+    elif module in PACKAGES:  # a package served for its submodules
+        names = sorted(m.rpartition(".")[2] for m in SUBMODULES if m.startswith(f"{module}."))
     else:
         names = list(SUBMODULES.get(module, ()))
     return ", ".join(names) if names else "nothing"
