@@ -48,6 +48,7 @@ import psutil
 from rollouts import tree_rss
 
 import vfray as vf
+from vfray.harnesses.swe_agent import UPSTREAM as SWE_AGENT_UPSTREAM
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import TOOLS_DIR_ENV
 
@@ -67,6 +68,7 @@ HARNESSES = (
     "openclaw",
     "gemini-cli",
     "openhands",
+    "swe-agent",
     "claude-code-acp",
     "codex-acp",
     "bash",
@@ -77,6 +79,8 @@ SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
     "compact": (PROMPT, {"compact_at": 1}),
     # One sub-call writes the file, the root checks it: two branches, six calls a rollout.
     "rlm": ('Ask: write "hello agent" to out.txt\nrun: cat out.txt', {}),
+    # Not on PyPI: from a source tree or git URL (the default tag needs the internet).
+    "swe-agent": (PROMPT, {"source": os.environ.get("VFRAY_SWE_AGENT_SOURCE", SWE_AGENT_UPSTREAM)}),
 }
 """Prompt and harness options for the chat-loop harnesses whose own behaviour needs them (any
 other harness: ``PROMPT``, no options). Run with ``--harnesses compact,rlm --no-cold``."""
