@@ -26,7 +26,7 @@ from vfray.errors import ConfigError
 from vfray.runtimes.provision import ToolSpec, ensure_tool
 
 # Names that live only in their module: the user-sim env's, utils.image's.
-_OWN = {"UserSimEnv", "UserSimEnvConfig", "image_data_url", *TEXTARENA}
+_OWN = {"UserSimEnv", "UserSimEnvConfig", "image_data_url", "DataT", *TEXTARENA}
 
 
 @pytest.fixture

@@ -65,6 +65,7 @@ def install() -> None:
         return
     import vfray.compat.v1._image as _image
     import vfray.compat.v1._surface as _surface
+    import vfray.compat.v1._task as _task
     import vfray.compat.v1._textarena as _textarena
     import vfray.compat.v1._user_sim as _user_sim
 
@@ -89,6 +90,7 @@ def install() -> None:
         "UserSimEnvConfig": _user_sim.UserSimEnvConfig,
         "image_data_url": _image.image_data_url,
         **{n: getattr(_textarena, n) for n in _textarena.NAMES},
+        "DataT": _task.DataT,  # typing a Task subclass generic in its data
     }
     for name, names in _surface.SUBMODULES.items():
         module = types.ModuleType(name)

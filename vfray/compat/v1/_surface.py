@@ -225,7 +225,14 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
     "verifiers.v1.mcp": ("SharedToolsetConfig", "Toolset", "ToolsetConfig"),
     "verifiers.v1.runtimes": ("ProgramResult", "Runtime"),
     "verifiers.v1.state": ("State", "StateT"),
-    "verifiers.v1.task": ("Task", "TaskData", "TaskResources", "TaskTimeout", "WireTaskData"),
+    "verifiers.v1.task": (
+        "DataT",
+        "Task",
+        "TaskData",
+        "TaskResources",
+        "TaskTimeout",
+        "WireTaskData",
+    ),
     "verifiers.v1.taskset": ("Taskset",),
     "verifiers.v1.tasksets.textarena": (
         "TextArenaConfig",
