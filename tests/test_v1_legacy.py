@@ -108,3 +108,28 @@ def test_a_group_reward_function_is_refused_in_one_line(result: dict[str, Any]) 
         "vfray: error: classic env 'legacy_envs': group reward functions are not supported "
         "by vfray's legacy bridge: best_of_group"
     ], said
+
+
+@pytest.mark.slow
+def test_without_the_classic_stack_the_cause_is_one_line(tmp_path: Path) -> None:
+    # verifiers 0.4.0 alone (the venv without VFRAY_V1_CLASSIC): the package's own
+    # `class FollowUp(vf.MultiTurnEnv)` fails its import; the line says why.
+    venv, _ = _paths()
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PYTHONPATH"] = str(ENVS)
+    argv = ["eval", "legacy-envs", "-n", "1", "-m", "scripted", "--no-push", "--no-rich"]
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "vfray.cli.main", *argv, "-o", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "vfray: error: v1 taskset 'legacy-envs': importing 'legacy_envs' failed: "
+        "AttributeError: module 'verifiers' has no attribute 'MultiTurnEnv' (verifiers' classic "
+        "stack is not installed here: verifiers 0.4.0 ships v1 alone; 0.3.1 has SingleTurnEnv, "
+        "ToolEnv, ...)"
+    )

@@ -90,10 +90,26 @@ def classic_env(module: ModuleType | str, args: Mapping[str, Any]) -> Any:
         except Exception as exc:
             raise ConfigError(
                 f"classic env {name!r}: load_environment failed: {type(exc).__name__}: {exc}"
+                + NO_CLASSIC * (not _classic_installed())
             ) from None
         _check(name, env)
         _ENVS[key] = env
     return _ENVS[key]
+
+
+NO_CLASSIC = (
+    " (verifiers' classic stack is not installed here: verifiers 0.4.0 ships v1 alone; "
+    "0.3.1 has SingleTurnEnv, ToolEnv, ...)"
+)
+
+
+def _classic_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("verifiers.legacy") is not None
+    except (ImportError, ValueError):  # vfray's shim, or no verifiers at all
+        return False
 
 
 def _check(name: str, env: Any) -> None:

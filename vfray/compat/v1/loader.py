@@ -26,7 +26,7 @@ from vfray.compat.v1._adapt import AdaptedTask, AdaptedTaskset
 from vfray.compat.v1._alias import install
 from vfray.compat.v1._env import Env
 from vfray.compat.v1._kinds import kinds, real_module, taskset_config_type
-from vfray.compat.v1._legacy import HARNESS, LegacyTaskset, is_legacy
+from vfray.compat.v1._legacy import HARNESS, NO_CLASSIC, LegacyTaskset, is_legacy
 from vfray.compat.v1._seated import runs_itself, seat_configs, to_agent
 from vfray.compat.v1._user_sim import UserSimEnv
 from vfray.compat.v1.config import PREFIX
@@ -126,8 +126,11 @@ def _import_errors(spec: str, name: str) -> Iterator[None]:
             "what it imports is not installed here)"
         ) from None
     except Exception as exc:
+        # A classic env package on verifiers 0.4.0, which has no classic classes.
+        classic = isinstance(exc, AttributeError) and "module 'verifiers'" in str(exc)
         raise ConfigError(
             f"v1 taskset {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}"
+            + NO_CLASSIC * classic
         ) from None
 
 
