@@ -317,7 +317,8 @@ async def open_gate(network: BoxNetwork, bridges: BridgeSet, where: str) -> Egre
     resolve here: a :class:`SandboxError` names those that do not (``where``: the box)."""
     if not network.proxied:
         return None
-    missing = await blocking(unresolved, network.named_hosts)
+    # No thread hop for a box that names no host (most): nothing to resolve.
+    missing = await blocking(unresolved, network.named_hosts) if network.named_hosts else []
     if missing:
         raise SandboxError(f"{where}: network_allow host(s) {', '.join(missing)} do not resolve")
     proxy = node_proxy()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import shutil
 import signal
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import ClassVar
 
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
+from vfray.runtimes._remove import remove_tree
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
@@ -288,4 +288,4 @@ class SubprocessRuntime(Runtime):
             await stray_sweeper().sweep(self.box_id)
         self._pgids.clear()
         if self.workdir is not None:
-            await blocking(shutil.rmtree, self.workdir, True)
+            await blocking(remove_tree, self.workdir)
