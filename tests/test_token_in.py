@@ -400,6 +400,8 @@ async def test_anthropic_and_responses_calls_go_token_in(
     for before, call in zip(trace.calls, trace.calls[1:], strict=False):
         context = [*(before.prompt_token_ids or []), *(before.completion_token_ids or [])]
         assert (call.prompt_token_ids or [])[: len(context)] == context
+    # The third call's ids were sent as the second's JSON plus the new ids: the same ids.
+    assert scripted.history[-1].body["tokens"] == trace.calls[-1].prompt_token_ids
     (row,) = to_samples([trace]).to_pylist()
     assert row["token_error"] is None
     assert not [n for n in trace.notes if n.startswith("token-in")]

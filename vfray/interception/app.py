@@ -41,6 +41,7 @@ from vfray.interception.settings import InterceptionSettings
 from vfray.interception.token_in import (
     TOKENS_PATH,
     CannotBridge,
+    SentTokens,
     TokenIn,
     note,
     unsupported_dialect,
@@ -370,7 +371,7 @@ class InterceptionApp:
         for key, value in turn.dialect.token_fields(body).items():
             turn.upstream_body.setdefault(key, value)
         try:
-            bridged = await token_in.prompt(session.trace, parsed, body)
+            bridged = await token_in.prompt(session.trace, parsed, body, session.sent_tokens)
         except CannotBridge as exc:
             note(session.trace, f"call {len(session.trace.calls)} sent as messages: {exc}")
             return
@@ -378,6 +379,8 @@ class InterceptionApp:
             turn.upstream_body["tokens"] = bridged.tokens
             turn.path = TOKENS_PATH
             turn.sent_tokens = bridged.tokens
+            turn.tokens_json = bridged.json
+            session.sent_tokens = SentTokens(bridged.tokens, bridged.json)
             # Recorded as what the model saw, so the call stays on the branch it extends.
             turn.plain_request = parsed
             turn.request = ParsedRequest(bridged.messages, parsed.tools, parsed.stream)

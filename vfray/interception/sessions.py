@@ -21,6 +21,7 @@ from vfray.interception.dialects.base import ParsedRequest
 from vfray.interception.dialects.prefix import PrefixCache
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
+from vfray.interception.token_in import SentTokens
 from vfray.trace import Trace
 
 StopCheck = Callable[[Trace], Awaitable[str | None]]
@@ -69,6 +70,8 @@ class Session:
     """Calls refused as bad client input (malformed, oversized)."""
     parsed: PrefixCache = field(default_factory=PrefixCache)
     """The session's recent requests as parsed, so each call parses only its new messages."""
+    sent_tokens: SentTokens | None = None
+    """What token-in last sent as token ids, with their JSON (reused by the next call)."""
 
     def same_call(
         self,

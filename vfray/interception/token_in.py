@@ -63,6 +63,18 @@ class Bridged:
 
     tokens: list[int]
     messages: list[Message]
+    json: str
+    """``tokens`` as JSON, built from the previous call's where the session kept it."""
+
+
+@dataclass
+class SentTokens:
+    """The ids a session last sent as tokens and their JSON: the next call on that branch sends
+    them again plus a few new ids, so only the new ids are encoded (a long branch's prompt is
+    thousands of ids; encoding them all again on every turn was most of token-in's cost)."""
+
+    ids: list[int]
+    json: str
 
 
 class CannotBridge(Exception):
@@ -101,6 +113,7 @@ class TokenIn:
         self._base_texts: dict[str, str] = {}
         self._stop_texts: dict[int, str | None] = {}
         self._checked: set[str] = set()
+        self._last_tools: tuple[list[dict[str, Any]], str] | None = None
         self.text_bridges = template is not None
         """A local template's bridge is cut from the rendered text and only it is encoded
         (see :meth:`_text_bridge`); False once that disagreed with encoding the whole render."""
@@ -154,11 +167,16 @@ class TokenIn:
         return cls(tokenize)
 
     async def prompt(
-        self, trace: Trace, request: ParsedRequest, body: dict[str, Any]
+        self,
+        trace: Trace,
+        request: ParsedRequest,
+        body: dict[str, Any],
+        sent: SentTokens | None = None,
     ) -> Bridged | None:
         """The token ids to send for this request, with the history they stand for; None when
         it opens a branch (the first turn goes as chat). Raises :class:`CannotBridge` when the
-        branch has tokens to extend but this call cannot extend them."""
+        branch has tokens to extend but this call cannot extend them. ``sent``: what the
+        session last sent as tokens, whose JSON is reused when the branch's prompt is it."""
         if not self.supported:
             raise CannotBridge("the endpoint has no tokens route (404)")
         found = _extended_branch(trace, request.messages)
@@ -179,8 +197,16 @@ class TokenIn:
             raise CannotBridge(f"the new messages are not tool results or a user turn: {roles}")
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         bridge = await self._bridge(tail, tools, last.completion_token_ids[-1])
-        tokens = [*last.prompt_token_ids, *last.completion_token_ids, *bridge]
-        return Bridged(tokens, [*history, *request.messages[len(history) :]])
+        prompt = last.prompt_token_ids
+        new = [*last.completion_token_ids, *bridge]
+        # The recorded prompt is the endpoint's echo of what was sent: equal lists compare in C
+        # at a fraction of encoding them.
+        if sent is not None and sent.json != "[]" and sent.ids == prompt:
+            text = f"{sent.json[:-1]}, {json.dumps(new)[1:]}"
+        else:
+            text = json.dumps([*prompt, *new])
+        messages = [*history, *request.messages[len(history) :]]
+        return Bridged([*prompt, *new], messages, text)
 
     async def _bridge(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop: int
@@ -188,7 +214,7 @@ class TokenIn:
         # The bridge depends only on the new messages, the tools and the stop token: rendering
         # it is most of what token-in costs per turn, so a repeat is served from the cache.
         # Tools (often tens of KB of schemas) enter the key as a digest, so entries stay small.
-        tools_key = hashlib.blake2b(json.dumps(tools).encode()).hexdigest() if tools else ""
+        tools_key = self._tools_key(tools) if tools else ""
         tail_key = json.dumps(tail)
         key = f"{tail_key}\0{tools_key}\0{stop}"
         cached = self._bridges.get(key) if self.cache_bridges else None
@@ -200,6 +226,16 @@ class TokenIn:
                 self._bridges.pop(next(iter(self._bridges)))  # the oldest
             self._bridges[key] = bridge
         return bridge
+
+    def _tools_key(self, tools: list[dict[str, Any]]) -> str:
+        # An agent sends the same tools on every call: compared (in C, no copy) with the last
+        # ones seen before their JSON is digested again.
+        last = self._last_tools
+        if last is not None and last[0] == tools:
+            return last[1]
+        key = hashlib.blake2b(json.dumps(tools).encode()).hexdigest()
+        self._last_tools = (tools, key)
+        return key
 
     async def _render_bridge(
         self,

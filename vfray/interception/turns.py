@@ -71,6 +71,8 @@ class Turn:
     """Where the body goes when not the dialect's own route (the token-in route)."""
     sent_tokens: list[int] | None = None
     """The prompt sent as token ids (token-in), recorded when the reply does not echo them."""
+    tokens_json: str | None = None
+    """``sent_tokens`` as JSON, spliced into the body rather than encoded again."""
     token_in: TokenIn | None = None
     plain_request: ParsedRequest | None = None
     """The request as the client sent it, when token-in recorded the branch's history instead."""
@@ -127,7 +129,7 @@ class Turn:
 async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None:
     """Forward ``turn`` upstream, feeding ``exchange``; always records and finishes it."""
     turn.started_at = time.time()
-    body = json.dumps(turn.upstream_body).encode()
+    body = _body(turn)
     headers = turn.dialect.upstream_headers(turn.api_key, turn.client_headers)
     try:
         stream = turn.request.stream
@@ -144,7 +146,7 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
             if turn.token_in is not None:
                 turn.token_in.supported = False
             note(turn.session.trace, f"{path} answered 404: calls go as messages")
-            turn.path = turn.sent_tokens = None
+            turn.path = turn.sent_tokens = turn.tokens_json = None
             if turn.plain_request is not None:
                 turn.request = turn.plain_request
             plain = {k: v for k, v in turn.upstream_body.items() if k != "tokens"}
@@ -179,6 +181,15 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
         turn.fail(exchange, 502, message, "InterceptionError")
     finally:
         exchange.finish()
+
+
+def _body(turn: Turn) -> bytes:
+    body = turn.upstream_body
+    if turn.tokens_json is None or body.get("tokens") is not turn.sent_tokens:
+        return json.dumps(body).encode()
+    rest = json.dumps({k: v for k, v in body.items() if k != "tokens"})
+    comma = ", " if rest != "{}" else ""
+    return f'{rest[:-1]}{comma}"tokens": {turn.tokens_json}}}'.encode()
 
 
 async def _relay(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
