@@ -108,6 +108,26 @@ async def test_runs_a_task_asks_for_at_once_play_at_once() -> None:
     assert (solver.last_reply, solver2.last_reply) == ("5", "6") and solver.ok and solver2.ok
 
 
+class AsksTwice(vf.SeatedTask[vf.TaskData]):
+    def seats(self) -> Sequence[vf.Seat]:
+        return [vf.Seat(name="solver")]
+
+    async def play(self, game: Game, ask: Ask) -> None:
+        turn = vf.Turn(seat="solver", message=QUESTIONS[0])
+        await asyncio.gather(ask(turn), ask(turn))
+
+
+async def test_a_play_that_asks_one_run_twice_at_once_ends_in_one_line() -> None:
+    # A run takes one turn at a time: the second ask fails the play, named, on the run's trace.
+    (trace,) = await run_game(AsksTwice(vf.TaskData()), model="scripted:arithmetic", harness="null")
+    error = trace.error()
+    assert error is not None and error.type == "TaskError" and "\n" not in error.message
+    assert (
+        "play failed: ValueError: solver already has a turn in play (a run takes one at a time)"
+        in error.message
+    )
+
+
 @pytest.fixture(scope="module")
 def farm_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     out = tmp_path_factory.mktemp("runs")
