@@ -21,7 +21,6 @@ from starlette.types import Receive, Scope, Send
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
 from vfray.errors import TaskError
-from vfray.interception import token_in_dialects
 from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
 from vfray.interception._relay import respond
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -46,6 +45,8 @@ from vfray.interception.token_in import (
     note,
     unsupported_dialect,
 )
+from vfray.interception.token_in_dialects import DIALECTS as AS_CHAT_DIALECTS
+from vfray.interception.token_in_dialects import as_chat
 from vfray.interception.turns import Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
@@ -347,8 +348,8 @@ class InterceptionApp:
         if self.token_in is not None and isinstance(body, dict):
             if dialect.name == "chat":
                 await self._send_tokens(turn, session, parsed, body)
-            elif dialect.name in token_in_dialects.DIALECTS:
-                chat = token_in_dialects.as_chat(turn, session.trace)
+            elif dialect.name in AS_CHAT_DIALECTS:
+                chat = as_chat(turn, session.trace)
                 if chat is not None:
                     await self._send_tokens(turn, session, parsed, chat)
             else:
