@@ -115,11 +115,17 @@ def box_etc() -> list[str]:
     return [name for name in ETC_ENTRIES if os.path.lexists(f"/etc/{name}")]
 
 
+@functools.cache
+def _executable_dir() -> str:
+    """The dir of this interpreter's real executable (resolved once: a walk of its links)."""
+    return os.path.dirname(os.path.realpath(sys.executable))
+
+
 def host_paths(extra: Sequence[str] = ()) -> list[str]:
     """Host paths a box mounts read-only besides ``/usr``: this process's interpreter (its
     venv, its base installation, the real executable's dir) and ``extra``. Outer paths first,
     so a nested one is mounted on top and stays visible."""
-    pythons = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    pythons = {sys.prefix, sys.base_prefix, _executable_dir()}
     return sorted(
         (
             p

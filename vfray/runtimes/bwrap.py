@@ -390,7 +390,8 @@ class BwrapRuntime(SubprocessRuntime):
                 *command,
             ]
         base_env = {"PATH": path}
-        base_env.update({k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")})
+        # By name: iterating os.environ decodes every variable of the owner's, per command.
+        base_env.update({k: os.environ[k] for k in ("LANG", "LC_ALL", "TZ") if k in os.environ})
         if self._isolated():
             # Name lookups from files only: a phone-home lookup fails at once as unknown
             # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
