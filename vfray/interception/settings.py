@@ -53,8 +53,9 @@ class InterceptionSettings(BaseModel):
         False,
         description="token-in/token-out: send each later turn of a branch as the branch's exact "
         "token ids plus the new messages' bridge tokens (vLLM's /v1/chat/completions/tokens, "
-        "vLLM >= 0.20; chat dialect), so a re-rendered history never breaks a training sample; "
-        "a call that cannot be sent so goes as messages, with a note on its trace",
+        "vLLM >= 0.20), so a re-rendered history never breaks a training sample; Anthropic and "
+        "Responses calls go as chat and are answered in their dialect; a call that cannot be "
+        "sent so goes as messages (or as it came), with a note on its trace",
     )
     tokenizer: str | None = Field(
         None,
