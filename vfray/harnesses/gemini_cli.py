@@ -65,7 +65,8 @@ def settings(
 
 
 class GeminiCliHarness(NpmAgentHarness):
-    """Gemini CLI, headless, every tool call approved (``--yolo``: the box is the sandbox)."""
+    """Gemini CLI, headless, every tool call approved (``--yolo``: the box is the sandbox); a
+    later segment continues the session it saved in its home (``--resume latest``)."""
 
     id = "gemini-cli"
     config_type: ClassVar[type[HarnessConfig]] = GeminiCliConfig
@@ -75,6 +76,7 @@ class GeminiCliHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("GEMINI_CLI_HOME",)
     SKILLS_DIR = f"{GEMINI_HOME}/.gemini/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         c = self.config
@@ -90,6 +92,8 @@ class GeminiCliHarness(NpmAgentHarness):
             "--yolo",
             "--output-format",
             "stream-json",
+            # A later segment continues the session the last one saved in its home.
+            *(["--resume", "latest"] if resumed else []),
             *self.config.extra_args,
         ]
 

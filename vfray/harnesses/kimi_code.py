@@ -41,7 +41,8 @@ def mcp_json(servers: dict[str, str]) -> str:
 
 
 class KimiCodeHarness(NpmAgentHarness):
-    """Kimi Code in prompt mode (which runs its tools without asking)."""
+    """Kimi Code in prompt mode (which runs its tools without asking); a later segment
+    continues the work dir's session it saved in its home (``--continue``)."""
 
     id = "kimi-code"
     config_type: ClassVar[type[HarnessConfig]] = KimiCodeConfig
@@ -51,6 +52,7 @@ class KimiCodeHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("HOME", "KIMI_CODE_HOME")
     SKILLS_DIR = f"{KIMI_HOME}/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         # Its home must exist before the stdout redirect into the same folder.
@@ -65,6 +67,8 @@ class KimiCodeHarness(NpmAgentHarness):
             task,
             "--output-format",
             "stream-json",
+            # A later segment continues the session the last one left for this work dir.
+            *(["--continue"] if resumed else []),
             *(["--skills-dir", self.SKILLS_DIR] if c.skills else []),
             *c.extra_args,
         ]

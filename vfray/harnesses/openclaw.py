@@ -105,7 +105,12 @@ def openclaw_config(
 
 
 class OpenClawHarness(NpmAgentHarness):
-    """OpenClaw's ``agent exec``: one embedded turn, its state kept in the box's agent dir."""
+    """OpenClaw's ``agent exec``: one embedded turn, its state kept in the box's agent dir.
+
+    It cannot resume (a task that continues through ``next_message`` is refused up front):
+    ``agent exec`` runs "one isolated headless embedded agent turn" and has no session flag;
+    sessions belong to ``openclaw agent`` (``--session-id``), which runs through a Gateway, or
+    ``--local`` on the ambient config, not the pinned one this harness gives it."""
 
     id = "openclaw"
     config_type: ClassVar[type[HarnessConfig]] = OpenClawConfig

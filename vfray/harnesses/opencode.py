@@ -85,7 +85,8 @@ def config_json(
 
 
 class OpencodeHarness(NpmAgentHarness):
-    """opencode's non-interactive ``run``, every permission approved."""
+    """opencode's non-interactive ``run``, every permission approved; a later segment continues
+    the session it saved in its data home (``run --continue``)."""
 
     id = "opencode"
     config_type: ClassVar[type[HarnessConfig]] = OpencodeConfig
@@ -102,6 +103,7 @@ class OpencodeHarness(NpmAgentHarness):
         "OPENCODE_CONFIG",
     )
     SKILLS_DIR = f"{HOME}/config/opencode/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         c = self.config
@@ -123,6 +125,8 @@ class OpencodeHarness(NpmAgentHarness):
             # trace beside the task's calls.
             "--title",
             "vfray rollout",
+            # A later segment continues the session the last one left in its data home.
+            *(["--continue"] if resumed else []),
             *self.config.extra_args,
             "--",
             # It joins its message words with spaces but quotes (and escapes) any word that

@@ -80,7 +80,8 @@ def model_failure(events: str) -> str | None:
 
 
 class PiHarness(NpmAgentHarness):
-    """Pi in print mode with its JSON event stream, no session file, project files ignored."""
+    """Pi in print mode with its JSON event stream, project files ignored; its session file
+    stays in its own dir in the box, so a later segment continues it (``--continue``)."""
 
     id = "pi"
     config_type: ClassVar[type[HarnessConfig]] = PiConfig
@@ -89,6 +90,7 @@ class PiHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("PI_CODING_AGENT_DIR",)
     SKILLS_DIR = f"{PI_DIR}/skills"
+    SUPPORTS_RESUME = True
 
     @property
     def package(self) -> str:
@@ -107,7 +109,8 @@ class PiHarness(NpmAgentHarness):
             "--print",
             "--mode",
             "json",
-            "--no-session",
+            # Its session file goes to its own dir in the box; a later segment continues it.
+            *(["--continue"] if resumed else []),
             "--offline",
             # Project-local settings, extensions and MCP servers are the task's files, not ours.
             "--no-approve",

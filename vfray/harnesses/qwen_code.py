@@ -59,7 +59,8 @@ def settings(mcp_servers: dict[str, str] | None = None) -> dict[str, object]:
 
 
 class QwenCodeHarness(NpmAgentHarness):
-    """Qwen Code, headless, every tool call approved (``--yolo``: the box is the sandbox)."""
+    """Qwen Code, headless, every tool call approved (``--yolo``: the box is the sandbox); a
+    later segment continues the session it recorded in its home (``--continue``)."""
 
     id = "qwen-code"
     config_type: ClassVar[type[HarnessConfig]] = QwenCodeConfig
@@ -69,6 +70,7 @@ class QwenCodeHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("QWEN_HOME",)
     SKILLS_DIR = f"{QWEN_HOME}/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         found = settings(ctx.mcp_servers)
@@ -89,6 +91,8 @@ class QwenCodeHarness(NpmAgentHarness):
             "stream-json",
             "--max-session-turns",
             str(c.max_steps),
+            # A later segment continues the session the last one recorded in its home.
+            *(["--continue"] if resumed else []),
             *(["--exclude-tools", *c.disabled_tools] if c.disabled_tools else []),
             *c.extra_args,
         ]
