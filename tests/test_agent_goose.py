@@ -52,6 +52,10 @@ def _check_solved(trace: vf.Trace) -> None:
     # write, cat, answer; and goose's session-title request (no tools), answered beside them.
     assert len(trace.calls) == 4 and all(c.error is None for c in trace.calls)
     assert sum(1 for c in trace.calls if not c.tools) == 1
+    # goose sends each reply back with its arguments re-serialized ({"command":"ls"}): the
+    # agent's calls still extend one branch (the title request is a conversation of its own).
+    assert len({c.branch for c in trace.calls if c.tools}) == 1
+    assert len(trace.branch_list) == 2
     (artifact,) = trace.artifacts
     events = [json.loads(line) for line in artifact.content.splitlines() if line.startswith("{")]
     assert events[-1]["type"] == "complete"

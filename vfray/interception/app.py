@@ -29,6 +29,7 @@ from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedR
 from vfray.interception.dialects.gemini import GeminiDialect, counted_fields, gemini_method
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
+from vfray.interception.resent import as_replied
 from vfray.interception.sessions import (
     PENDING_REQUEST,
     PendingRequest,
@@ -303,6 +304,9 @@ class InterceptionApp:
         except Exception as exc:  # anything else in a client's body is still the client's
             message = f"invalid {dialect.name} request: {type(exc).__name__}: {exc}"
             raise RequestError(400, message, client_input=True) from None
+        # A reply the agent sends back with its tool-call arguments re-serialized (goose) is
+        # the reply: its branch extends (and token-in finds it).
+        parsed.messages = as_replied(session.trace, parsed.messages)
 
         digest = hashlib.sha256(raw).digest()
         same = session.same_call(digest, _is_retry(request), self.retry_window_s, raw, body)
