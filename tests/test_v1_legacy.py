@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SIDE = ROOT / "benchmarks" / "vs_verifiers" / "legacy_side.py"
 ENVS = Path(__file__).parent / "v1_tasksets"
 CASES = [["single", "arithmetic", 3], ["tools", "agent", 2], ["multi", "arithmetic", 2]]
-CASES += [["group", "refused", 0]]
+CASES += [["group", "refused", 0], ["single", "thread", 0]]
 
 
 def _paths() -> tuple[Path, Path]:
@@ -133,3 +133,10 @@ def test_without_the_classic_stack_the_cause_is_one_line(tmp_path: Path) -> None
         "stack is not installed here: verifiers 0.4.0 ships v1 alone; 0.3.1 has SingleTurnEnv, "
         "ToolEnv, ...)"
     )
+
+
+@pytest.mark.slow
+def test_an_env_built_off_the_main_thread_as_on_ray(result: dict[str, Any]) -> None:
+    # verifiers' Environment installs signal handlers when built, which only the main thread
+    # may do; a Ray actor builds it on its loop's thread ("signal only works in main thread").
+    assert result["cases"]["single@thread"] == "SingleTurnEnv"

@@ -94,6 +94,28 @@ def _refused(out: str, env_id: str, kind: str) -> dict[str, Any]:
     return {"rc": rc, "stderr": said.getvalue().strip().splitlines()}
 
 
+def _off_main_thread(env_id: str, kind: str) -> str:
+    import importlib
+    import threading
+
+    from vfray.compat.v1._legacy import _ENVS, classic_env
+
+    module = importlib.import_module(env_id.replace("-", "_"))
+    said: list[str] = []
+    _ENVS.clear()  # built afresh, not the one the eval above left
+
+    def build() -> None:
+        try:
+            said.append(type(classic_env(module, {"kind": kind})).__name__)
+        except Exception as exc:
+            said.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    thread.join()
+    return said[0]
+
+
 def main(argv: list[str]) -> int:
     out, env_id, cases = argv[0], argv[1], json.loads(argv[2])
     from vfray.models.scripted.server import scripted_server
@@ -103,6 +125,9 @@ def main(argv: list[str]) -> int:
     for kind, policy, n in cases:
         if policy == "refused":  # what vfray says, and its exit code, for an env it refuses
             result[kind] = _refused(out, env_id, kind)
+            continue
+        if policy == "thread":  # built off the main thread, as a Ray actor builds it
+            result[f"{kind}@thread"] = _off_main_thread(env_id, kind)
             continue
         with scripted_server(policy) as url:
             theirs = asyncio.run(_theirs(env_id, kind, url, n))

@@ -26,7 +26,10 @@ Internal: importable, but not the public API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -86,7 +89,8 @@ def classic_env(module: ModuleType | str, args: Mapping[str, Any]) -> Any:
     if key not in _ENVS:
         mod = importlib.import_module(module) if isinstance(module, str) else module
         try:
-            env = mod.load_environment(**dict(args))
+            with _signals_left_alone():
+                env = mod.load_environment(**dict(args))
         except Exception as exc:
             raise ConfigError(
                 f"classic env {name!r}: load_environment failed: {type(exc).__name__}: {exc}"
@@ -95,6 +99,23 @@ def classic_env(module: ModuleType | str, args: Mapping[str, Any]) -> Any:
         _check(name, env)
         _ENVS[key] = env
     return _ENVS[key]
+
+
+@contextlib.contextmanager
+def _signals_left_alone() -> Iterator[None]:
+    """verifiers' ``Environment`` installs SIGINT/SIGTERM handlers (its teardown) when built,
+    which Python allows only on the main thread: a Ray actor builds it on its loop's thread
+    (measured: "signal only works in main thread"). There the handlers are not installed (the
+    worker keeps Ray's own); on the main thread they are, as in verifiers."""
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    original = signal.signal
+    signal.signal = lambda sig, handler: signal.getsignal(sig)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        signal.signal = original
 
 
 NO_CLASSIC = (
