@@ -37,6 +37,7 @@ from vfray.compat.v1._env import (
 )
 from vfray.compat.v1._errors import EnvError, RolloutError, ToolsetError, TunnelError
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
+from vfray.compat.v1._judge import Judge, JudgeConfig, JudgeResponse, Judges, JudgeView
 from vfray.compat.v1._score import (
     compare_stdout_results,
     extract_boxed_answer,
@@ -100,6 +101,11 @@ __all__ = [
     "ImageUrlContentPart",
     "ImageUrlSource",
     "InterceptionError",
+    "Judge",
+    "JudgeConfig",
+    "JudgeResponse",
+    "JudgeView",
+    "Judges",
     "Message",
     "MessageContent",
     "Messages",
