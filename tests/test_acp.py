@@ -169,6 +169,27 @@ async def test_an_agent_that_dies_is_a_harness_error_with_its_stderr() -> None:
     assert kinds[0] == "process" and "agent_stderr" in kinds
 
 
+async def test_an_image_turn_is_refused_by_the_live_text_session_in_one_line() -> None:
+    # The ACP session sends text prompts to one live process: a user turn with an image is
+    # refused before the agent starts, naming the harness.
+    register_harness(CrashingAgent)
+
+    class Shows(vf.Task[vf.TaskData]):
+        def next_message(self, trace: vf.Trace) -> list[dict[str, Any]]:
+            return [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
+
+    trace = await vf.run_rollout(
+        Shows(vf.TaskData()),
+        model="scripted:agent",
+        harness="test_crashing_acp",
+        harness_options={"version": "0"},
+    )
+    (error,) = trace.errors
+    assert error.type == "HarnessError" and "\n" not in error.message
+    assert error.message.startswith("harness 'test_crashing_acp' keeps one live text-only agent")
+    assert "image_url parts" in error.message and trace.calls == []
+
+
 # -- the real agents -----------------------------------------------------------------------------
 
 

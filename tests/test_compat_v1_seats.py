@@ -5,6 +5,7 @@ env (tests/v1_tasksets/v1seats) and v1's ``user-sim`` env over a user-simulation
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -17,8 +18,10 @@ import pytest
 import vfray as vf
 from vfray.cli.main import main
 from vfray.compat.v1 import loader
-from vfray.compat.v1.traces import export_run, read_v1_traces, to_v1_trace
+from vfray.compat.v1._seated import turn_content
+from vfray.compat.v1.traces import export_run, plain_message, read_v1_traces, to_v1_trace
 from vfray.errors import ConfigError
+from vfray.models.scripted.policies import describe_images
 from vfray.models.scripted.server import scripted_server
 from vfray.run.environment import run_game
 from vfray.trace import Trace
@@ -567,3 +570,51 @@ async def test_a_list_of_content_parts_prompt_reaches_the_model_and_the_trace(
         {"type": "text", "text": "What is 2 + 3?"},
         {"type": "image_url", "image_url": {"url": _IMAGE}},
     ]
+
+
+_OTHER = "data:image/png;base64," + base64.b64encode(b"another image").decode()
+_CODEWORD = f"""
+import verifiers.v1 as vf
+
+def shown(url, text):
+    return [vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url=url)),
+            vf.TextContentPart(text=text)]
+
+class Tasks(vf.Taskset):
+    def load(self):
+        prompt = [vf.UserMessage(content=shown({_IMAGE!r}, "one"))]
+        yield vf.Task(vf.TaskData(prompt=prompt), self.config.task)
+
+class Codeword(vf.Env[vf.SingleAgentEnvConfig]):
+    async def run(self, task, agents):
+        async with agents.agent.interaction(task) as interaction:
+            await interaction.turn()
+            await interaction.turn([vf.UserMessage(content=shown({_OTHER!r}, "two"))])
+            await interaction.turn("three")
+
+__all__ = ["Tasks", "Codeword"]
+"""
+
+
+async def test_a_v1_envs_turns_carry_their_images_to_the_model(tmp_path: Path) -> None:
+    # color_codeword's shape: the prompt's image opens the exchange, a later turn is a user
+    # message of content parts. The `images` model names each image of the last user turn, so
+    # a turn that lost its image is answered "I see no image."
+    task = _first(loader.load(str(_tooled(tmp_path, _CODEWORD))))
+    [trace] = await run_game(task, model="scripted:images", harness="null")
+    assert trace.ok, trace.errors
+    first, second = ({"type": "image_url", "image_url": {"url": u}} for u in (_IMAGE, _OTHER))
+    assert [m.content for m in trace.messages if m.role == "user"] == [
+        [first, {"type": "text", "text": "one"}],
+        [second, {"type": "text", "text": "two"}],
+        "three",
+    ]
+    expected = [describe_images((_IMAGE,)), describe_images((_OTHER,)), "I see no image."]
+    assert _said(trace, "assistant") == expected
+    # The v1 export keeps the images, and the side-by-side comparison compares their URLs.
+    users = [plain_message(n["message"]) for n in to_v1_trace(trace)["nodes"]]
+    assert [m.get("images") for m in users if m["role"] == "user"] == [[_IMAGE], [_OTHER], None]
+    # A turn of more than one message is refused in one line (vfray sends one user message).
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ConfigError, match=r"^interaction.turn\(\) got messages with roles"):
+        turn_content(two)

@@ -152,6 +152,27 @@ async def test_a_failing_next_message_is_a_task_error() -> None:
     assert len(trace.calls) == 1
 
 
+async def test_a_user_turn_of_content_parts_reaches_the_model_with_its_image() -> None:
+    # A user turn may be content parts (images too), as a prompt may: the chat loop resumes on
+    # them and the `images` model names the image; anything else is one TaskError line.
+    image = "data:image/png;base64,aW1hZ2U="
+
+    class Shows(vf.Task[vf.TaskData]):
+        def next_message(self, trace: vf.Trace) -> Any:
+            if len(trace.calls) == 1:
+                return [{"type": "image_url", "image_url": {"url": image}}]
+            return 42 if len(trace.calls) == 2 else None
+
+    trace = await vf.run_rollout(Shows(vf.TaskData(prompt="a")), model="scripted:images")
+    assert [m.content for m in trace.messages if m.role == "user"][1] == [
+        {"type": "image_url", "image_url": {"url": image}}
+    ]
+    assert trace.last_reply == "image 1: image/png, 5 bytes, sha256 6105d6cc76af"
+    assert trace.errors[0].type == "TaskError" and trace.errors[0].message.startswith(
+        "next_message must return a str, a list of content parts (dicts with a 'type') or None"
+    )
+
+
 class CopyingBroker(InProcessBroker):
     """Records into a copy of the trace, as a broker across a process boundary (the node's
     interception deployment) does: the rollout's own trace never sees the calls."""

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from vfray.trace import Message, TaskRecord, canonical_json
+from vfray.trace.messages import UserContent
 
 if TYPE_CHECKING:
     from vfray.runtimes.base import Runtime
@@ -197,8 +198,9 @@ class Task(Generic[DataT]):
         """Run after the agent, before scoring (collect artifacts, run a test suite)."""
         return None
 
-    def next_message(self, trace: Trace) -> Awaitable[str | None] | str | None:
-        """What the user says once the agent's segment has ended, or None to end the exchange.
+    def next_message(self, trace: Trace) -> Awaitable[UserContent | None] | UserContent | None:
+        """What the user says once the agent's segment has ended (text, or a list of chat
+        content parts: images too), or None to end the exchange.
 
         Each message starts one more segment of the same agent session (a harness with
         ``SUPPORTS_RESUME``), recorded on the same trace; ``trace`` holds the calls so far. Time

@@ -33,6 +33,7 @@ from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.processes import is_secret
 from vfray.task import TaskData
 from vfray.trace import AgentArtifact, Message, Trace
+from vfray.trace.messages import UserContent
 
 if TYPE_CHECKING:
     from vfray.runtimes.provision import ToolSpec
@@ -425,10 +426,11 @@ class AgentSession:
         """The conversation as the interception recorded it (used when the box has none)."""
         self.segments = 0
 
-    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+    async def segment(self, ctx: LaunchContext, message: UserContent | None) -> ProgramResult:
         """Run the next segment and wait for it to end. The first is the launch on the task's
         prompt (with ``message`` appended when the user speaks first); each later one resumes
-        the conversation with ``message`` as the new user turn."""
+        the conversation with ``message`` (text, or content parts: images) as the new user
+        turn."""
         self.segments += 1
         new = [] if message is None else [Message(role="user", content=message)]
         if self.segments == 1:

@@ -17,6 +17,7 @@ from vfray.episode import RUN_MARK
 from vfray.errors import ConfigError
 from vfray.interception.limits import Limits
 from vfray.task import Task, TaskData
+from vfray.trace.messages import UserContent
 
 __all__ = ["Agent", "Ask", "Game", "Play", "Seat", "SeatedTask", "Turn", "run_name"]
 
@@ -70,14 +71,15 @@ def run_name(seat: str, run: int = 1) -> str:
 
 
 class Turn(BaseModel):
-    """What ``next_turn`` asks for: ``seat`` acts on ``message``; ``run`` picks which of the
-    seat's runs (1 by default; a new number starts another rollout of the seat, up to
-    ``Seat.runs``)."""
+    """What ``next_turn`` asks for: ``seat`` acts on ``message`` (text, or chat content parts:
+    images; a harness that keeps one live text-only session refuses an image); ``run`` picks
+    which of the seat's runs (1 by default; a new number starts another rollout of the seat,
+    up to ``Seat.runs``)."""
 
     model_config = ConfigDict(frozen=True)
 
     seat: str
-    message: str
+    message: UserContent
     run: int = Field(1, ge=1)
 
 
@@ -88,7 +90,7 @@ class Play(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     seat: str
-    message: str
+    message: UserContent
     reply: str | None
 
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from vfray.errors import TaskError
 from vfray.harnesses.base import AgentSession, LaunchContext, run_until_stopped
@@ -21,6 +21,7 @@ from vfray.harnesses.users import TaskUser, task_user
 from vfray.runtimes.base import ProgramResult
 from vfray.task import Task
 from vfray.trace import PhaseTiming, StopCondition, Trace
+from vfray.trace.messages import UserContent, is_user_content
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ MAX_SEGMENTS = 100
 async def _segment_until_stopped(
     session: AgentSession,
     ctx: LaunchContext,
-    message: str | None,
+    message: UserContent | None,
     stopped: Callable[[], bool],
     grace: float,
     interrupt: Callable[[], Awaitable[None]] | None,
@@ -68,7 +69,7 @@ async def run_segments(
     user = task_user(task)
     said = 0
     current = view or _local(trace)
-    message: str | None = None
+    message: UserContent | None = None
     if task.data.prompt is None:  # the user speaks first
         if max_user_turns == 0:
             raise TaskError("the task has no prompt and max_user_turns=0 lets no user open it")
@@ -127,7 +128,9 @@ def _local(trace: Trace) -> Callable[[], Awaitable[Trace]]:
     return view
 
 
-async def _next_message(user: TaskUser, trace: Trace, seen: Trace, deadline: float) -> str | None:
+async def _next_message(
+    user: TaskUser, trace: Trace, seen: Trace, deadline: float
+) -> UserContent | None:
     """The user's next message (under its own deadline, not the agent's), asked on ``seen``;
     the side calls it made there are kept on ``trace``."""
     before = len(seen.side_calls)
@@ -140,6 +143,9 @@ async def _next_message(user: TaskUser, trace: Trace, seen: Trace, deadline: flo
     finally:
         if seen is not trace:
             trace.side_calls.extend(seen.side_calls[before:])
-    if message is not None and not isinstance(message, str):
-        raise TaskError(f"{user.name} must return a str or None, got {type(message).__name__}")
-    return message
+    if message is not None and not is_user_content(message):
+        raise TaskError(
+            f"{user.name} must return a str, a list of content parts (dicts with a 'type') or "
+            f"None, got {type(message).__name__}"
+        )
+    return cast("UserContent | None", message)

@@ -35,6 +35,7 @@ from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime, task_spec
 from vfray.task import call_maybe_async
 from vfray.trace import StopCondition, Trace
+from vfray.trace.messages import UserContent
 
 EndpointOpener = Callable[[Agent, str], AbstractAsyncContextManager[Any]]
 """Opens a seat's own model endpoint and interception (``agent``, the model it names): the
@@ -169,7 +170,7 @@ class _Player:
     it (read by its task copy's ``next_message``) and the replies of its segments."""
 
     def __init__(self) -> None:
-        self.inbox: asyncio.Queue[str | TaskError | None] = asyncio.Queue()
+        self.inbox: asyncio.Queue[UserContent | TaskError | None] = asyncio.Queue()
         self.replies: asyncio.Queue[str | None] = asyncio.Queue()
         self.asked = False
         self.rollout: asyncio.Future[Trace] | None = None
@@ -185,7 +186,7 @@ class _Player:
         # game's queues, events and futures stay here: the replica never plays a turn.
         return (_Player, ())
 
-    async def next_message(self, trace: Trace) -> str | None:
+    async def next_message(self, trace: Trace) -> UserContent | None:
         if self.asked:  # a segment just ended: its reply is this turn's
             self.replies.put_nowait(trace.last_reply)
         self.asked = True
@@ -194,7 +195,7 @@ class _Player:
             raise item
         return item
 
-    async def play(self, message: str) -> tuple[bool, str | None]:
+    async def play(self, message: UserContent) -> tuple[bool, str | None]:
         """Send one turn; (True, reply) once the segment ended, (False, None) when the rollout
         ended instead (a crash, a limit, a timeout)."""
         assert self.rollout is not None

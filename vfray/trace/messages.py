@@ -61,6 +61,20 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
+UserContent = str | list[dict[str, Any]]
+"""What one user turn says: text, or chat content parts (``{"type": "text", "text": ...}``,
+``{"type": "image_url", "image_url": {"url": ...}}``), as a user message's ``content``."""
+
+
+def is_user_content(value: object) -> bool:
+    """Whether ``value`` is :data:`UserContent`: a str, or a list of parts each with a type."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, list) and all(
+        isinstance(p, dict) and isinstance(p.get("type"), str) for p in value
+    )
+
+
 class Branch(BaseModel):
     """One linear, append-only context: message ids in order, and the calls that grew it."""
 

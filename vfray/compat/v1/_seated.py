@@ -16,7 +16,7 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from vfray.compat.v1._env import AgentConfig, Env, Episode
 from vfray.compat.v1._trace import Trace as V1Trace
@@ -25,6 +25,7 @@ from vfray.episode import seat_role
 from vfray.errors import ConfigError
 from vfray.harnesses.seats import Agent, Ask, Game, Seat, Turn, run_name
 from vfray.interception.limits import Limits
+from vfray.trace.messages import UserContent, is_user_content
 
 _CLIENT = frozenset({"base_url", "api_key_var"})
 _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens")
@@ -131,15 +132,62 @@ class Interaction:
             found = self._episode.views[self._name] = _detached(self._name, self._task)
         return found
 
-    async def turn(self, message: str | None = None) -> Segment:
+    async def turn(self, message: str | list[Any] | None = None) -> Segment:
+        """One user turn: text, or v1 ``Messages`` (one user message, its content parts
+        images too); without one, the task's prompt opens the exchange."""
         if message is None:
             if self._started:
                 raise ValueError("turn() without a message only opens a prompted task")
-            message = self._task.data.prompt_text
+            content = prompt_content(self._task.data)
+        else:
+            content = turn_content(message)
         self._started = True
-        turn = Turn(seat=self._seat, message=message, run=self._run)
+        turn = Turn(seat=self._seat, message=content, run=self._run)
         reply = await self._episode.ask(turn)
         return Segment(root_reply=reply)
+
+
+def _plain(value: Any) -> Any:
+    """v1 messages and content parts (verifiers' or this layer's models, or wire dicts) as
+    plain JSON data."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_none=True)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def turn_content(messages: str | list[Any]) -> UserContent:
+    """What a v1 ``interaction.turn(messages)`` sends: text, or its one user message's content
+    (parts kept, images too). vfray sends one user message per turn: more is refused."""
+    if isinstance(messages, str):
+        return messages
+    dumped = [_plain(m) for m in messages]
+    if len(dumped) != 1 or not isinstance(dumped[0], dict) or dumped[0].get("role") != "user":
+        roles = [m.get("role") if isinstance(m, dict) else type(m).__name__ for m in dumped]
+        raise ConfigError(
+            f"interaction.turn() got messages with roles {roles}: vfray sends a turn as one "
+            "user message (text or content parts)"
+        )
+    content = dumped[0].get("content")
+    if not is_user_content(content):
+        raise ConfigError(f"interaction.turn(): a user message's content of {content!r:.80}")
+    return cast(UserContent, content)
+
+
+def prompt_content(data: Any) -> UserContent:
+    """What opens a prompted task's exchange: its prompt's text, as before, unless the prompt
+    has images: then its one user message's parts."""
+    prompt = data.prompt
+    if isinstance(prompt, str) or not prompt:
+        return str(data.prompt_text)
+    dumped = _plain(list(prompt))
+    parts = [p for m in dumped if isinstance(m.get("content"), list) for p in m["content"]]
+    if all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        return str(data.prompt_text)
+    return turn_content(dumped)
 
 
 def _detached(seat: str, task: Any) -> V1Trace:

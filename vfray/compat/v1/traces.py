@@ -224,11 +224,17 @@ class Outcome:
 
 def plain_message(message: dict[str, Any]) -> dict[str, Any]:
     """A v1 message without what differs run to run (call ids): role, content (text; parts
-    joined), tool calls as (name, parsed arguments), a tool result's content."""
+    joined), its images' URLs (when it has any), tool calls as (name, parsed arguments), a tool
+    result's content."""
     content = message.get("content")
+    images: list[str] = []
     if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts = [p for p in content if isinstance(p, dict)]
+        images = [_image_url(p) for p in parts if p.get("type") == "image_url"]
+        content = "".join(str(p.get("text", "")) for p in parts)
     out: dict[str, Any] = {"role": message.get("role"), "content": str(content or "").strip()}
+    if images:
+        out["images"] = images
     calls = []
     for call in message.get("tool_calls") or []:
         raw = call.get("arguments", "")
@@ -240,6 +246,11 @@ def plain_message(message: dict[str, Any]) -> dict[str, Any]:
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def _image_url(part: dict[str, Any]) -> str:
+    source = part.get("image_url")
+    return str(source.get("url", "") if isinstance(source, dict) else source or "")
 
 
 def _path(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.live import LiveProcess
 from vfray.runtimes.provision import InstalledTool
 from vfray.trace import Message
+from vfray.trace.messages import UserContent, content_text
 
 TRANSCRIPT_PATH = f"{AGENT_DIR}/acp-transcript.jsonl"
 """Where the session's ACP transcript is written in the box when it closes (then kept)."""
@@ -165,10 +166,12 @@ class AcpSession(AgentSession):
         self._stderr = bytearray()
         self._stderr_reader: asyncio.Future[None] | None = None
 
-    async def segment(self, ctx: LaunchContext, message: str | None) -> ProgramResult:
+    async def segment(self, ctx: LaunchContext, message: UserContent | None) -> ProgramResult:
         """Start the agent on the first segment, then send the segment's prompt. An agent that
         dies or breaks the protocol is a failed program (its exit status and stderr), like a
-        one-shot harness's, and the rollout goes on to keep its transcript."""
+        one-shot harness's, and the rollout goes on to keep its transcript. A turn of content
+        parts is sent as its text; one with an image is refused (the session takes text)."""
+        message = _turn_text(self.harness.id, message)
         self.segments += 1
         started = asyncio.get_running_loop().time()
         try:
@@ -297,3 +300,18 @@ class AcpSession(AgentSession):
         if self.transcript.lines:
             with contextlib.suppress(SandboxError, OSError):
                 await self.runtime.write(TRANSCRIPT_PATH, self.transcript.text().encode())
+
+
+def _turn_text(harness: str, message: UserContent | None) -> str | None:
+    """A user turn as the text a live ACP session takes; a turn with other than text parts
+    (an image) is refused, naming the harness."""
+    if message is None or isinstance(message, str):
+        return message
+    other = sorted({str(p.get("type")) for p in message if p.get("type") != "text"})
+    if other:
+        raise HarnessError(
+            f"harness {harness!r} keeps one live text-only agent session and cannot send a "
+            f"user turn with {', '.join(other)} parts; use a harness that relaunches on the "
+            "conversation (e.g. 'null' or 'bash')"
+        )
+    return content_text(message)
