@@ -66,6 +66,10 @@ def _compare(case: dict[str, Any]) -> list[dict[str, Any]]:
     assert len(theirs) == len(ours) > 0
     assert {r["stop_condition"] for r in theirs} <= STOPS
     assert {r["stop_condition"] for r in ours} == {"agent_completed"}
+    for theirs_row, ours_row in zip(theirs, ours, strict=True):
+        # vfray keeps verifiers' stop as a note on its own trace
+        note = f"verifiers' stop condition: {theirs_row['stop_condition']}"
+        assert ours_row.pop("trace")["notes"] == [note]
     for row in (*theirs, *ours):
         row.pop("stop_condition")
     assert ours == theirs  # keys, rewards, every function's score, transcripts, errors
@@ -85,7 +89,13 @@ def test_single_turn_env_scores_the_same(result: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_tool_env_runs_its_python_tools_and_scores_the_same(result: dict[str, Any]) -> None:
+    calls = {r["key"]: r["trace"]["tool_calls"] for r in result["cases"]["tools"]["ours"]}
     rows = _compare(result["cases"]["tools"])
+    # On vfray's trace too, as a vfray tool call: server, name, arguments, result.
+    assert calls == {
+        "0": [["legacy", "add", {"a": 2, "b": 3}, "5"]],
+        "1": [["legacy", "add", {"a": 20, "b": 22}, "42"]],
+    }
     assert [r["reward"] for r in rows] == [2.0, 2.0]
     assert all(r["scores"]["add_calls"] == 1.0 for r in rows)
     roles = [m["role"] for m in rows[0]["messages"]]

@@ -69,6 +69,18 @@ def _ours(out: str, env_id: str, kind: str, url: str, n: int) -> list[dict[str, 
     if rc != 0:
         raise SystemExit(f"vfray eval {kind} exited {rc}: {log.getvalue()[-2000:]}")
     [run_dir] = Path(out, kind).glob("*/*")
+    from vfray.run.results import final_rows
+    from vfray.traces.convert import table_to_traces
+    from vfray.traces.io import read_traces
+
+    # What only vfray's own trace keeps: the tool calls and the notes, by task key.
+    kept = {
+        t.task.key: {
+            "tool_calls": [[c.server, c.name, c.arguments, c.result] for c in t.tool_calls],
+            "notes": [n for n in t.notes if n.startswith("verifiers'")],
+        }
+        for t in table_to_traces(final_rows(read_traces(run_dir / "traces")))
+    }
     rows = []
     for o in map(dataclasses.asdict, read_v1_traces(export_run(run_dir))):
         rows.append(
@@ -79,6 +91,7 @@ def _ours(out: str, env_id: str, kind: str, url: str, n: int) -> list[dict[str, 
                 "stop_condition": o["stop_condition"],
                 "messages": list(o["messages"]),
                 "errors": list(o["errors"]),
+                "trace": kept[o["key"]],
             }
         )
     return rows

@@ -42,6 +42,7 @@ from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.scoring import metric, reward
 from vfray.task import Task, TaskData
 from vfray.taskset import Taskset
+from vfray.trace import ToolCall, Trace
 
 HARNESS = "vfray.compat.v1._legacy:LegacyHarness"
 """The harness id (an import path) a classic env's run uses; ``vfray eval`` sets it."""
@@ -314,8 +315,52 @@ class LegacyHarness(Harness):
             duration=loop.time() - start,
         )
 
+    async def score(self, trace: Trace, runtime: Runtime) -> Mapping[str, float | None]:
+        """After the rubric: what verifiers' state says that a vfray trace keeps elsewhere: each
+        python-function tool call on ``trace.tool_calls`` (server ``legacy``; verifiers times
+        none), and verifiers' stop condition as a note (vfray's says the harness completed)."""
+        entry = _ROLLOUTS.get(id(runtime))
+        if entry is None:
+            return {}
+        stop = entry.state.get("stop_condition")
+        if stop:
+            trace.notes.append(f"verifiers' stop condition: {stop}")
+        trace.tool_calls.extend(_tool_calls(entry.state.get("completion") or []))
+        return {}
+
     async def cleanup(self, runtime: Runtime) -> None:
         _ROLLOUTS.pop(id(runtime), None)
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _tool_calls(completion: list[Any]) -> list[ToolCall]:
+    """The tool calls of a classic completion, each with the tool message that answered it."""
+    results = {
+        _field(m, "tool_call_id"): _field(m, "content")
+        for m in completion
+        if _field(m, "role") == "tool"
+    }
+    calls = []
+    for message in completion:
+        for raw in _field(message, "tool_calls") or []:
+            call = json.loads(raw) if isinstance(raw, str) else raw
+            try:
+                arguments = json.loads(_field(call, "arguments") or "{}")
+            except ValueError:
+                arguments = {"_raw": _field(call, "arguments")}
+            result = results.get(_field(call, "id"))
+            calls.append(
+                ToolCall(
+                    server="legacy",
+                    name=str(_field(call, "name") or ""),
+                    arguments=arguments if isinstance(arguments, dict) else {"_raw": arguments},
+                    result=None if result is None else str(result),
+                )
+            )
+    return calls
 
 
 def _client_type() -> Any:
