@@ -14,7 +14,7 @@ from test_agents import PROMPT, WriteFile, _check_solved, _timed_install
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.harnesses.aider import AiderConfig, AiderHarness, model_metadata
+from vfray.harnesses.aider import AiderConfig, AiderHarness, model_failure, model_metadata
 from vfray.interception import Limits
 from vfray.models.scripted import aider as policy
 from vfray.models.scripted.conversation import Conversation
@@ -35,6 +35,15 @@ def test_the_command_line_opts_out_of_everything_but_the_interception() -> None:
     assert isinstance(with_git, AiderHarness) and "--git" in with_git.argv("aider", "x", "m")
     entry = json.loads(model_metadata("m", 4096))["openai/m"]
     assert entry["max_input_tokens"] == 4096 and entry["input_cost_per_token"] == 0.0
+
+
+def test_a_model_call_aider_gave_up_on_is_read_from_its_history() -> None:
+    refused = "> litellm.AuthenticationError: AuthenticationError: OpenAIException - unknown key  "
+    history = f"#### task  \n{refused}\n> Check your API key.  \n"
+    assert model_failure(history) == refused[2:].strip()
+    retried = f"{refused}\n> Retrying in 0.2 seconds...  \nout.txt\n> Applied edit to out.txt  \n"
+    assert model_failure(retried) is None
+    assert model_failure("#### task  \n> Applied edit to out.txt  \n") is None
 
 
 def _conversation(system: str, user: str) -> Conversation:

@@ -262,6 +262,7 @@ KEY_VARS = {
     "mini-swe-agent": "OPENAI_API_KEY",
     "codex": "VFRAY_API_KEY",
     "claude-code": "ANTHROPIC_API_KEY",
+    "aider": "OPENAI_API_KEY",
 }
 
 
@@ -272,6 +273,7 @@ KEY_VARS = {
         ("mini-swe-agent", "pypi", {"model_retries": 10}),
         ("codex", "npm", {}),
         ("claude-code", "npm", {}),
+        ("aider", "pypi", {}),  # exits 0 after the refusal: its history says the call failed
     ],
 )
 async def test_an_unknown_key_ends_the_agent_by_itself(

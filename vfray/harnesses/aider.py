@@ -1,16 +1,20 @@
 """The ``aider`` harness: Aider (PyPI ``aider-chat``), in its own uv venv from the node's tool dir,
 run on one message (``aider --message TASK --yes-always``) in the chat dialect through litellm
 against the interception. Aider edits files through the edit blocks of its replies (its own text
-formats), not a shell tool; its chat history file is kept on the trace.
+formats), not a shell tool; its chat history file is kept on the trace. Aider exits 0 when it
+gave up on a model call (an unknown key, a refused call, its retries spent): the error it ended
+on, read from that file, makes the program count as failed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import ClassVar
 
 from pydantic import Field
 
+from vfray.errors import SandboxError
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.provisioned import (
@@ -43,6 +47,23 @@ OPT_OUT_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else litellm downloads its cost map at import
     "AIDER_ANALYTICS": "false",
 }
+
+
+MODEL_ERROR = re.compile(r"litellm\.\w+Error: ")
+"""How Aider reports a failed model call (``litellm.AuthenticationError: ...``)."""
+
+
+def model_failure(history: str) -> str | None:
+    """The model call error Aider gave up on: the last ``litellm.<Name>Error`` line of its chat
+    history when no ``Retrying in ...`` follows it (a retried call may still succeed)."""
+    failure = None
+    for line in history.splitlines():
+        text = line.removeprefix(">").strip()
+        if MODEL_ERROR.match(text):
+            failure = text
+        elif text.startswith("Retrying in "):
+            failure = None
+    return failure
 
 
 class AiderConfig(AgentHarnessConfig):
@@ -132,7 +153,7 @@ class AiderHarness(ProvisionedHarness):
         metadata = model_metadata(ctx.model, self.config.context_length)
         await runtime.write(METADATA_PATH, metadata.encode())
         task = prompt_text(self.resolve_prompt(ctx.data))
-        return await self.run_logged(
+        result = await self.run_logged(
             runtime,
             self.argv(tool.executable("aider"), task, ctx.model),
             self.env(ctx, tool.path_env()),
@@ -140,3 +161,16 @@ class AiderHarness(ProvisionedHarness):
             timeout=ctx.timeout,
             box_paths=("HOME",),
         )
+        if not result.ok:
+            return result
+        try:
+            history = (await runtime.read(HISTORY_PATH)).decode("utf-8", errors="replace")
+        except (SandboxError, OSError):
+            return result  # no history: it never got to the model
+        failure = model_failure(history)
+        if failure is None:
+            return result
+        # Exit 0 after giving up on the model: the rollout must see a failed program (a
+        # refusal after a limit stop still ends cleanly: the stop is checked first).
+        stderr = f"{result.stderr}aider: the model call failed: {failure[:500]}"
+        return result.model_copy(update={"exit_code": 1, "stderr": stderr})
