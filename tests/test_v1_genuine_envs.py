@@ -2,8 +2,9 @@
 the one side-by-side virtualenv (see tests/test_v1_genuine.py, whose runner this reuses; a file
 of its own so that CI's workers split the two): glossary (a task's own verifiers ``Toolset``),
 alphabet_sort (an env whose ``run`` drives a prompt-less task through an interaction, a hub
-dataset replaced by local rows) and kuhn_poker (two seats, one of which never plays). Each
-difference asserted here is listed in docs/guides/v1.md. Skipped without that venv.
+dataset replaced by local rows), kuhn_poker (two seats, one of which never plays), code_golf (a
+seat fanned out into attempts) and color_codeword (images in the prompt and in each later user
+turn). Each difference asserted here is listed in docs/guides/v1.md. Skipped without that venv.
 """
 
 from __future__ import annotations
@@ -106,3 +107,23 @@ def test_code_golf_with_its_default_attempts_scores_the_same(tmp_path: Path) -> 
         assert r["metrics"].pop("latency") > 0
     assert _rows(ours) == _rows(theirs)
     assert {r["rewards"]["most_concise"] for r in theirs} == {0.0}  # env finalize ran
+
+
+@pytest.mark.slow
+def test_color_codeword_shows_each_turns_images_and_scores_the_same(tmp_path: Path) -> None:
+    # The prompt's two squares open the exchange; the env's run() sends each later turn's as a
+    # user message of image parts. The `images` model names each image of the last user turn
+    # (its bytes' hash), and the transcripts compare every image's URL: a side that dropped or
+    # reordered an image would differ. v1 ends the exchange as `user_closed`, vfray as
+    # `agent_completed`.
+    flags = ["color-codeword", "-n", "2", "--env.agent.harness.id", "null", *SUBPROCESS]
+    result = _both(tmp_path, "images", *flags)
+    theirs, ours = result["theirs"], result["ours"]
+    assert len(theirs) == len(ours) == 2
+    assert {r["stop_condition"] for r in theirs} == {"user_closed"}
+    assert _rows(ours) == _rows(theirs, stop={"user_closed": "agent_completed"})
+    for r in theirs:
+        users = [m for m in r["messages"] if m["role"] == "user"]
+        replies = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        assert [len(m["images"]) for m in users] == [2, 2, 2]
+        assert [reply.count("image/png") for reply in replies] == [2, 2, 2]
