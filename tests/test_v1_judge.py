@@ -50,9 +50,9 @@ __all__ = ["Tasks"]
 async def test_a_v1_judge_called_in_a_reward_grades_at_the_rollouts_endpoint(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "v1judged").mkdir()
-    (tmp_path / "v1judged" / "__init__.py").write_text(PACKAGE)
-    right, wrong = loader.load(str(tmp_path / "v1judged")).load()
+    (tmp_path / "v1judgecall").mkdir()
+    (tmp_path / "v1judgecall" / "__init__.py").write_text(PACKAGE)
+    right, wrong = loader.load(str(tmp_path / "v1judgecall")).load()
     rewards, judged = [], []
     for task in (right, wrong):
         episode = await run_episode(task, n=1, model="scripted:arithmetic", harness="null")
