@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SIDE = ROOT / "benchmarks" / "vs_verifiers" / "legacy_side.py"
 ENVS = Path(__file__).parent / "v1_tasksets"
 CASES = [["single", "arithmetic", 3], ["tools", "agent", 2], ["multi", "arithmetic", 2]]
-CASES += [["group", "refused", 0], ["single", "thread", 0]]
+CASES += [["group", "refused", 0], ["envgroup", "refused", 0], ["single", "thread", 0]]
 
 
 def _paths() -> tuple[Path, Path]:
@@ -111,12 +111,18 @@ def test_multi_turn_env_response_loop_scores_the_same(result: dict[str, Any]) ->
 
 
 @pytest.mark.slow
-def test_a_group_reward_function_is_refused_in_one_line(result: dict[str, Any]) -> None:
+def test_group_rewards_and_env_groups_are_refused_in_one_line(result: dict[str, Any]) -> None:
     said = result["cases"]["group"]
     assert said["rc"] == 2, said
     assert said["stderr"][-1:] == [
         "vfray: error: classic env 'legacy_envs': group reward functions are not supported "
         "by vfray's legacy bridge: best_of_group"
+    ], said
+    said = result["cases"]["envgroup"]
+    assert said["rc"] == 2, said
+    assert said["stderr"][-1:] == [
+        "vfray: error: classic env 'legacy_envs': an EnvGroup is not supported by vfray's legacy "
+        "bridge (its rows route to sub-envs, each with its own rubric): run each env on its own"
     ], said
 
 

@@ -77,4 +77,7 @@ def load_environment(kind: str = "single") -> Any:
             return [1.0] * len(completions)
 
         return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[best_of_group]))
-    raise ValueError(f"kind must be single, tools, multi or group, got {kind!r}")
+    if kind == "envgroup":  # two envs routed by row: the bridge refuses it
+        envs = [load_environment("single"), load_environment("multi")]
+        return vf.EnvGroup(envs=envs, env_names=["single", "multi"])
+    raise ValueError(f"kind must be single, tools, multi, group or envgroup, got {kind!r}")

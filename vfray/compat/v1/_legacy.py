@@ -136,6 +136,11 @@ def _classic_installed() -> bool:
 
 def _check(name: str, env: Any) -> None:
     what = type(env).__name__
+    if any(k.__name__ == "EnvGroup" for k in type(env).__mro__):
+        raise ConfigError(
+            f"classic env {name!r}: an EnvGroup is not supported by vfray's legacy bridge (its "
+            "rows route to sub-envs, each with its own rubric): run each env on its own"
+        )
     if not callable(getattr(env, "rollout", None)) or getattr(env, "rubric", None) is None:
         raise ConfigError(
             f"classic env {name!r}: a {what} is not supported by vfray's legacy bridge (it runs "
