@@ -22,6 +22,7 @@ SIDE = ROOT / "benchmarks" / "vs_verifiers" / "legacy_side.py"
 ENVS = Path(__file__).parent / "v1_tasksets"
 CASES = [["single", "arithmetic", 3], ["tools", "agent", 2], ["multi", "arithmetic", 2]]
 CASES += [["group", "refused", 0], ["envgroup", "refused", 0], ["single", "thread", 0]]
+CASES += [["single", "refused", 0, "--env.agent.harness.id", "null"]]
 
 
 def _paths() -> tuple[Path, Path]:
@@ -123,6 +124,12 @@ def test_group_rewards_and_env_groups_are_refused_in_one_line(result: dict[str, 
     assert said["stderr"][-1:] == [
         "vfray: error: classic env 'legacy_envs': an EnvGroup is not supported by vfray's legacy "
         "bridge (its rows route to sub-envs, each with its own rubric): run each env on its own"
+    ], said
+    said = result["cases"]["single --env.agent.harness.id null"]
+    assert said["rc"] == 2, said
+    assert said["stderr"][-1:] == [
+        "vfray: error: classic env 'legacy-envs': not supported by vfray's legacy bridge: "
+        "--env.agent.harness.id"
     ], said
 
 

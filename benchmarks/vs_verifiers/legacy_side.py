@@ -97,10 +97,11 @@ def _ours(out: str, env_id: str, kind: str, url: str, n: int) -> list[dict[str, 
     return rows
 
 
-def _refused(out: str, env_id: str, kind: str) -> dict[str, Any]:
+def _refused(out: str, env_id: str, kind: str, flags: list[str]) -> dict[str, Any]:
     from vfray.cli.main import main as vfray_main
 
     argv = [env_id, "--env.taskset.kind", kind, "-m", "scripted", "--no-push", "--no-rich"]
+    argv += flags
     said = io.StringIO()
     with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
         rc = vfray_main(["eval", *argv, "-o", f"{out}/{kind}", "--backend", "local"])
@@ -135,9 +136,9 @@ def main(argv: list[str]) -> int:
 
     os.environ["VFK"] = "unused"
     result: dict[str, Any] = {}
-    for kind, policy, n in cases:
+    for kind, policy, n, *flags in cases:
         if policy == "refused":  # what vfray says, and its exit code, for an env it refuses
-            result[kind] = _refused(out, env_id, kind)
+            result[" ".join([kind, *flags])] = _refused(out, env_id, kind, flags)
             continue
         if policy == "thread":  # built off the main thread, as a Ray actor builds it
             result[f"{kind}@thread"] = _off_main_thread(env_id, kind)

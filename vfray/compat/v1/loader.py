@@ -238,7 +238,7 @@ def load(
     target = spec[len(PREFIX) :] if is_v1(spec) else spec
     module = _import(target)
     if is_legacy(module):
-        return _load_legacy(module, target, config, select, env_id, env_args)
+        return _load_legacy(module, target, config, select, env_id, env_args, harness_chosen)
     package = import_package(target)
     if package is None:
         raise ConfigError(f"{target!r} exports no v1 Taskset subclass via __all__")
@@ -268,9 +268,12 @@ def _load_legacy(
     select: dict[str, Any] | None,
     env_id: str | None,
     env_args: dict[str, Any] | None,
+    harness_chosen: bool = False,
 ) -> LegacyTaskset:
     """A classic env's taskset: ``--env.taskset.*`` are its ``load_environment`` arguments."""
     refused = [f"--select.{k}" for k in sorted(select or {})]
+    # Its rollout loop is its own (the legacy harness plays it): no v1 harness can.
+    refused += ["--env.agent.harness.id"] if harness_chosen else []
     refused += [f"--env.id={env_id}"] if env_id else []
     refused += [f"--env.{k}" for k in sorted(env_args or {})]
     if refused:
