@@ -67,6 +67,8 @@ PUBLIC = {
         "Messages",
         "ProgramResult",
         "ProviderError",
+        "ReferenceJudge",
+        "ReferenceJudgeConfig",
         "Request",
         "Response",
         "Reward",

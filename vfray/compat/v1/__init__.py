@@ -37,7 +37,15 @@ from vfray.compat.v1._env import (
 )
 from vfray.compat.v1._errors import EnvError, RolloutError, ToolsetError, TunnelError
 from vfray.compat.v1._hooks import intercept, metric, reward, stop, tool
-from vfray.compat.v1._judge import Judge, JudgeConfig, JudgeResponse, Judges, JudgeView
+from vfray.compat.v1._judge import (
+    Judge,
+    JudgeConfig,
+    JudgeResponse,
+    Judges,
+    JudgeView,
+    ReferenceJudge,
+    ReferenceJudgeConfig,
+)
 from vfray.compat.v1._score import (
     compare_stdout_results,
     extract_boxed_answer,
@@ -111,6 +119,8 @@ __all__ = [
     "Messages",
     "ProgramResult",
     "ProviderError",
+    "ReferenceJudge",
+    "ReferenceJudgeConfig",
     "Request",
     "Response",
     "Reward",

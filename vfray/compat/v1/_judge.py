@@ -2,8 +2,9 @@
 ``vf.Judges``, ``vf.JudgeResponse``): asked through vfray's judge call, so the call is on the
 trace's ``side_calls``, retried and limited as vfray's judges are. Its endpoint is the config's
 ``base_url`` / ``api_key_var`` / ``model``; unset (v1's default is Prime's inference service),
-the rollout's own model endpoint and model. Plugged judges (``[[env.taskset.task.judges]]``)
-are :mod:`._judges`."""
+the rollout's own model endpoint and model. Plugged judges (``[[env.taskset.task.judges]]``,
+a package's ``ReferenceJudgeConfig`` subclass with its ``ReferenceJudge``'s prompt) are run by
+:mod:`._judges`."""
 
 from __future__ import annotations
 
@@ -137,3 +138,21 @@ class Judge(Generic[ParsedT, ConfigT]):
 
 def _get(message: Any, key: str) -> Any:
     return message.get(key) if isinstance(message, Mapping) else getattr(message, key)
+
+
+class ReferenceJudgeConfig(JudgeConfig):
+    """v1's reference-answer judge, plugged on a task config's ``judges``: a package may
+    subclass it under its own ``id`` and give a :class:`ReferenceJudge` subclass in the same
+    module its prompt (``{question}``, ``{answer}``, ``{response}``, ``{positive}``,
+    ``{negative}``)."""
+
+    id: str = "reference"
+    answer_field: str = "answer"
+    question_field: str = ""
+    view: JudgeView = "last_reply"
+    choices: tuple[str, str] = ("yes", "no")
+
+
+class ReferenceJudge(Judge[float, ReferenceJudgeConfig]):
+    """Plugged, it is scored by vfray's reference judge with this class's ``prompt`` (None:
+    vfray's own reference prompt)."""

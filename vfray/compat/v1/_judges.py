@@ -5,6 +5,7 @@ task's own rewards. Other judge ids and options vfray has no equivalent for are 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,9 +35,15 @@ class PluggedJudge:
     view: View
     choices: tuple[str, str]
     endpoint: ModelEndpoint | None
+    prompt: str | None = None
+    """A package's own reference prompt (its ``ReferenceJudge`` subclass's), else vfray's."""
 
 
 def _entry(raw: Any) -> dict[str, Any]:
+    from vfray.compat.v1._judge import JudgeConfig
+
+    if isinstance(raw, JudgeConfig):  # this layer's: its class defaults count (a package's id)
+        return {k: v for k, v in raw.model_dump().items() if v not in (None, {})}
     if isinstance(raw, BaseModel):
         return raw.model_dump(exclude_unset=True)
     if isinstance(raw, Mapping):
@@ -50,7 +57,7 @@ def plugged_judges(config: Any) -> list[PluggedJudge]:
     for raw in getattr(config, "judges", None) or []:
         entry = _entry(raw)
         kind = str(entry.get("id", ""))
-        if kind != "reference":
+        if kind != "reference" and not _is_reference(raw):
             raise ConfigError(
                 f"v1 judge {kind or '(no id)'!r} is not supported by vfray: it runs the "
                 "'reference' judge (env.taskset.task.judges)"
@@ -81,9 +88,41 @@ def plugged_judges(config: Any) -> list[PluggedJudge]:
                 view=cast(View, view),
                 choices=(str(choices[0]), str(choices[1])),
                 endpoint=endpoint,
+                prompt=_package_prompt(raw),
             )
         )
     return judges
+
+
+def _is_reference(raw: Any) -> bool:
+    from vfray.compat.v1._judge import ReferenceJudgeConfig
+
+    return isinstance(raw, ReferenceJudgeConfig)
+
+
+def _package_prompt(raw: Any) -> str | None:
+    """The prompt of the ``ReferenceJudge`` subclass a package defines beside its config
+    subclass (v1 resolves the judge of a package's id from that module), if it sets one."""
+    from vfray.compat.v1._judge import ReferenceJudge
+
+    if not _is_reference(raw):
+        return None
+    module = sys.modules.get(type(raw).__module__)
+    found = (
+        {
+            c.prompt
+            for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, ReferenceJudge) and c.prompt is not None
+        }
+        if module is not None
+        else set()
+    )
+    if len(found) > 1:
+        raise ConfigError(
+            f"v1 judge {raw.id!r}: {type(raw).__module__} defines more than one ReferenceJudge "
+            "prompt; vfray cannot tell which is this id's"
+        )
+    return next(iter(found), None)
 
 
 async def judge(plugged: PluggedJudge, data: Any, trace: Trace) -> float:
@@ -104,6 +143,7 @@ async def judge(plugged: PluggedJudge, data: Any, trace: Trace) -> float:
             raise ValueError(f"judge found no {plugged.question_field!r} field on the task")
         question = str(found)
     asker = ReferenceJudge(
+        prompt=plugged.prompt,
         choices=plugged.choices,
         endpoint=plugged.endpoint,
         view=plugged.view,
@@ -114,6 +154,7 @@ async def judge(plugged: PluggedJudge, data: Any, trace: Trace) -> float:
     verdict = await asker.evaluate(
         trace=trace,
         prompt=question,
+        question=question,  # a package prompt's name for it (v1's)
         answer=answer,
         response=response,
         positive=positive,

@@ -224,6 +224,7 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
     ),
     "verifiers.v1.harness": ("Harness",),
     "verifiers.v1.judge": ("Judge", "JudgeResponse", "JudgeView"),
+    "verifiers.v1.judges": ("ReferenceJudge", "ReferenceJudgeConfig"),
     "verifiers.v1.mcp": ("SharedToolsetConfig", "Toolset", "ToolsetConfig"),
     "verifiers.v1.runtimes": ("ProgramResult", "Runtime"),
     "verifiers.v1.state": ("State", "StateT"),
