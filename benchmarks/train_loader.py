@@ -8,15 +8,18 @@ timed twice: from rows already in Python (``to_pylist()`` not counted: the ratio
 from the same Arrow slices a stream yields (``to_pylist()`` counted). Both paths are checked
 to build identical arrays.
 
-Rates are samples per CPU second of this process (the best of ``--repeats``): on a shared,
-loaded machine wall time measures the neighbours more than the code.
+Rates are samples per CPU second of this process: on a shared, loaded machine wall time
+measures the neighbours more than the code. Each repeat times every path once, one after the
+other, so a ratio compares paths under the same load; the ratios printed are the minimum and the
+median over ``--repeats``, the rates the best.
 
-    python benchmarks/train_loader.py [--samples 10000] [--repeats 5]
+    python benchmarks/train_loader.py [--samples 10000] [--repeats 7] [--sizes 64,128]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Any
 
@@ -90,19 +93,25 @@ def from_dicts(rows: list[dict[str, Any]], pad_id: int = 0) -> dict[str, np.ndar
     }
 
 
-def _rate(fn: Any, samples: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return samples / best
+def _seconds(fn: Any) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def _ratios(fast: list[float], slow: list[float]) -> str:
+    """min/median over the repeats of slow/fast CPU seconds (each pair timed back to back)."""
+    ratios = [s / f for f, s in zip(fast, slow, strict=True)]
+    return f"{min(ratios):4.1f}x/{statistics.median(ratios):4.1f}x"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--sizes", default="64,128,256,512,1024", help="batch sizes, comma-separated"
+    )
     args = parser.parse_args()
     try:
         import torch
@@ -113,10 +122,10 @@ def main() -> None:
     tokens = sum(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows)
     print(f"{args.samples} samples, {tokens / args.samples:.0f} tokens each on average")
     print(
-        "batch  vfray (Arrow->numpy) samples/s  +torch tensors  dicts samples/s  ratio"
-        "  Arrow->dicts samples/s  ratio"
+        "batch  vfray (Arrow->numpy) samples/s  +torch tensors  dicts samples/s  ratio min/med"
+        "  Arrow->dicts samples/s  ratio min/med"
     )
-    for size in (64, 128, 256, 512, 1024):
+    for size in (int(s) for s in args.sizes.split(",")):
         slices = [table.slice(i, size) for i in range(0, args.samples, size)]
         dict_slices = [rows[i : i + size] for i in range(0, args.samples, size)]
         first = build_batch(slices[0])
@@ -142,13 +151,18 @@ def main() -> None:
             for s in slices:
                 from_dicts(s.to_pylist())
 
-        a = _rate(arrow, args.samples, args.repeats)
-        t = _rate(arrow_torch, args.samples, args.repeats) if torch is not None else float("nan")
-        d = _rate(dicts, args.samples, args.repeats)
-        ad = _rate(arrow_dicts, args.samples, args.repeats)
+        times: dict[str, list[float]] = {"a": [], "t": [], "d": [], "ad": []}
+        for _ in range(args.repeats):
+            times["a"].append(_seconds(arrow))
+            if torch is not None:
+                times["t"].append(_seconds(arrow_torch))
+            times["d"].append(_seconds(dicts))
+            times["ad"].append(_seconds(arrow_dicts))
+        rate = {k: args.samples / min(v) if v else float("nan") for k, v in times.items()}
         print(
-            f"{size:5d}  {a:31,.0f}  {t:14,.0f}  {d:15,.0f}  {a / d:5.1f}x"
-            f"  {ad:22,.0f}  {a / ad:5.1f}x"
+            f"{size:5d}  {rate['a']:31,.0f}  {rate['t']:14,.0f}  {rate['d']:15,.0f}"
+            f"  {_ratios(times['a'], times['d']):>15}  {rate['ad']:22,.0f}"
+            f"  {_ratios(times['a'], times['ad']):>15}"
         )
 
 

@@ -158,6 +158,9 @@ def test_max_length_truncates_or_drops() -> None:
     assert dropped.stats.too_long == 1 and dropped.stats.used == 1
     padded = build_batch(samples, pad_to_multiple=16)
     assert padded.input_ids.shape == (2, 16)
+    for layout in ("padded", "packed"):  # every sample too long: an empty batch, not a crash
+        none = build_batch(samples, max_length=2, overflow="drop", layout=layout)
+        assert len(none) == 0 and none.stats.too_long == 2 and none.input_ids.size == 0
 
 
 def test_iter_batches_slices_a_table() -> None:
