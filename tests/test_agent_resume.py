@@ -1,4 +1,4 @@
-"""The npm agents that resume: a task that continues through ``next_message`` runs a second
+"""The npm agent CLIs that resume: a task that continues through ``next_message`` runs a second
 segment in the same box, the agent continuing its own session (its CLI's continue flag) on the
 new user message, so the second segment's model calls carry the first segment's conversation.
 One two-turn rollout per agent in bwrap, against the scripted ``agent`` model; skipped with the
@@ -21,7 +21,7 @@ from vfray.harnesses.registry import resumable_harnesses
 from vfray.run.environment import LocalEnvironment
 from vfray.runtimes.base import Runtime
 
-RESUMING = ("gemini-cli", "kimi-code", "opencode", "pi", "qwen-code")
+RESUMING = ("claude-code", "codex", "gemini-cli", "kimi-code", "opencode", "pi", "qwen-code")
 """The npm agents whose CLI continues a session (checked with each one's ``--help``)."""
 ONE_SHOT = ("openclaw",)
 """Refused for a task that continues: ``openclaw agent exec`` runs one isolated turn."""

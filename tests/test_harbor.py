@@ -199,7 +199,7 @@ def test_only_multi_step_tasks_need_a_harness_that_resumes() -> None:
     # Harbor's own codex agent does; a multi-step task is refused for it before the run.
     from vfray.run.environment import LocalEnvironment
 
-    spec = LocalEnvironment("scripted:echo", harness="codex").spec
+    spec = LocalEnvironment("scripted:echo", harness="openclaw").spec
     single = HarborTaskset(str(FIXTURES / "edit-file"))
     spec.check_task_type(single.task_type, 1)
     (task,) = single.load()

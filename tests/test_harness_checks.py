@@ -42,7 +42,7 @@ class Continues(vf.Task[vf.TaskData]):
 def test_a_task_that_continues_is_refused_for_a_harness_that_cannot_resume() -> None:
     resumable = resumable_harnesses()
     assert {"bash", "null", "claude-code-acp", "codex-acp"} <= set(resumable)
-    assert not {"mini-swe-agent", "codex", "claude-code"} & set(resumable)
+    assert not {"mini-swe-agent", "openclaw"} & set(resumable)
     env = LocalEnvironment("scripted:echo", harness="mini-swe-agent")
     with pytest.raises(IncompatibleError) as caught:
         env.spec.check_task_type(Continues, 1)
@@ -56,7 +56,7 @@ def test_a_task_that_continues_is_refused_for_a_harness_that_cannot_resume() -> 
 async def test_an_episode_is_refused_before_any_box_starts() -> None:
     task = Continues(vf.TaskData(prompt="hi"))
     with pytest.raises(IncompatibleError, match="cannot resume"):
-        await vf.run_episode(task, 1, model="scripted:echo", harness="codex")
+        await vf.run_episode(task, 1, model="scripted:echo", harness="openclaw")
 
 
 async def test_an_agent_that_cannot_be_installed_here_is_refused_before_the_run(

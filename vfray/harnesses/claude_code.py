@@ -53,7 +53,8 @@ def mcp_args(servers: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
 
 
 class ClaudeCodeHarness(NpmAgentHarness):
-    """Claude Code in print mode with stream-json output."""
+    """Claude Code in print mode with stream-json output; a later segment continues the
+    session it saved in its config home (``--continue``)."""
 
     id = "claude-code"
     config_type: ClassVar[type[HarnessConfig]] = ClaudeCodeConfig
@@ -63,6 +64,7 @@ class ClaudeCodeHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("CLAUDE_CONFIG_DIR",)
     SKILLS_DIR = f"{CONFIG_DIR}/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         # Its config home must exist before the stdout redirect into the same folder.
@@ -74,6 +76,8 @@ class ClaudeCodeHarness(NpmAgentHarness):
         return [
             "-p",
             task,
+            # A later segment continues the session the last one saved for this work dir.
+            *(["--continue"] if resumed else []),
             "--output-format",
             "stream-json",
             "--verbose",

@@ -67,7 +67,9 @@ def config_toml(
 
 
 class CodexHarness(NpmAgentHarness):
-    """Codex CLI, non-interactive, no approvals and no sandbox of its own (the box is one)."""
+    """Codex CLI, non-interactive, no approvals and no sandbox of its own (the box is one); it
+    records its session in ``$CODEX_HOME``, which a later segment continues (``exec resume
+    --last``)."""
 
     id = "codex"
     config_type: ClassVar[type[HarnessConfig]] = CodexConfig
@@ -77,6 +79,7 @@ class CodexHarness(NpmAgentHarness):
     EVENTS_PATH = EVENTS_PATH
     BOX_PATHS = ("CODEX_HOME",)
     SKILLS_DIR = f"{CODEX_HOME}/skills"
+    SUPPORTS_RESUME = True
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         toml = config_toml(
@@ -90,9 +93,9 @@ class CodexHarness(NpmAgentHarness):
     def arguments(self, ctx: LaunchContext, task: str, resumed: bool) -> list[str]:
         return [
             "exec",
+            *(["resume", "--last"] if resumed else []),
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
-            "--ephemeral",
             "--json",
             *self.config.extra_args,
             task,
