@@ -30,6 +30,7 @@ from vfray.harnesses.seats import (
     run_name,
 )
 from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
+from vfray.run._shared_box import Lease, SharedBox
 from vfray.run.broker import InProcessBroker
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime, task_spec
@@ -116,53 +117,6 @@ class Stations:
 
     async def aclose(self) -> None:
         await self._stack.aclose()
-
-
-class _Box:
-    """A box several seats work in: started by the first seat's boot, stopped by the last
-    seat's teardown (or by the game's end, whatever happened)."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.users = 0
-        self._started: asyncio.Future[None] | None = None
-        self._stopped = False
-
-    async def start(self) -> None:
-        self.users += 1
-        if self._started is None:
-            self._started = asyncio.ensure_future(self.runtime.start())
-        await asyncio.shield(self._started)
-
-    async def release(self) -> None:
-        self.users -= 1
-        if self.users <= 0:
-            await self.close()
-
-    async def close(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            await self.runtime.stop()
-
-
-class _Lease:
-    """One seat's handle on a shared box: everything but start and stop goes to the box."""
-
-    def __init__(self, box: _Box) -> None:
-        self._box = box
-        self._held = False
-
-    async def start(self) -> None:
-        self._held = True
-        await self._box.start()
-
-    async def stop(self) -> None:
-        if self._held:
-            self._held = False
-            await self._box.release()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._box.runtime, name)
 
 
 class _Player:
@@ -313,7 +267,7 @@ async def play_game(
     game = Game(seats)
     over = asyncio.Event()
     players: dict[str, _Player] = {}
-    boxes: dict[str, _Box] = {}
+    boxes: dict[str, SharedBox] = {}
     borrowed = {s.box for s in seats if s.box is not None}
     timeouts = default_plan.timeouts
     # A seat waits for the others' turns (and their boots) between its own: charge that to its
@@ -339,14 +293,14 @@ async def play_game(
                 station if owner == seat.name else await stations.station(by_name[owner].agent)
             )
             if owner not in boxes:  # checked after the await: seats are seated concurrently
-                boxes[owner] = _Box(
+                boxes[owner] = SharedBox(
                     make_runtime(
                         owner_station.plan.runtime_type,
                         task_spec(task.data),
                         **dict(owner_station.runtime_options),
                     )
                 )
-            runtime = cast(Runtime, _Lease(boxes[owner]))
+            runtime = cast(Runtime, Lease(boxes[owner]))
         else:
             runtime = make_runtime(
                 plan.runtime_type, task_spec(task.data), **dict(station.runtime_options)
