@@ -22,7 +22,7 @@ SIDE = ROOT / "benchmarks" / "vs_verifiers" / "legacy_side.py"
 ENVS = Path(__file__).parent / "v1_tasksets"
 CASES = [["single", "arithmetic", 3], ["tools", "agent", 2], ["multi", "arithmetic", 2]]
 CASES += [["group", "refused", 0], ["envgroup", "refused", 0], ["single", "thread", 0]]
-CASES += [["single", "refused", 0, "--env.agent.harness.id", "null"]]
+CASES += [["single", "refused", 0, "--env.agent.harness.id", "null"], ["single", "slow", 1]]
 
 
 def _paths() -> tuple[Path, Path]:
@@ -163,3 +163,13 @@ def test_an_env_built_off_the_main_thread_as_on_ray(result: dict[str, Any]) -> N
     # verifiers' Environment installs signal handlers when built, which only the main thread
     # may do; a Ray actor builds it on its loop's thread ("signal only works in main thread").
     assert result["cases"]["single@thread"] == "SingleTurnEnv"
+
+
+@pytest.mark.slow
+def test_a_loop_past_the_agents_time_leaves_an_error_that_says_so(result: dict[str, Any]) -> None:
+    # The model takes 3 s, the agent 0.5 s: verifiers' loop is cancelled with its state.
+    said = "verifiers' rollout loop did not finish (the agent's time ran out): its rubric has "
+    said += "no state to score"
+    assert sorted(result["cases"]["single@slow"]) == [
+        f"TaskError: reward {name} raised: TaskError: {said}" for name in ("brevity", "correct")
+    ]

@@ -108,6 +108,19 @@ def _refused(out: str, env_id: str, kind: str, flags: list[str]) -> dict[str, An
     return {"rc": rc, "stderr": said.getvalue().strip().splitlines()}
 
 
+def _slow(out: str, env_id: str, kind: str, url: str) -> list[str]:
+    from vfray.cli.main import main as vfray_main
+    from vfray.compat.v1.traces import export_run, read_v1_traces
+
+    argv = [env_id, "--env.taskset.kind", kind, "-n", "1", "-m", "scripted"]
+    argv += ["--client.base-url", url, "--client.api-key-var", "VFK", "--no-push", "--no-rich"]
+    argv += ["--env.agent.runtime.type", "subprocess", "--env.agent.timeout.rollout", "0.5"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        vfray_main(["eval", *argv, "-o", f"{out}/{kind}-slow", "--backend", "local"])
+    [run_dir] = Path(out, f"{kind}-slow").glob("*/*")
+    return [e for o in read_v1_traces(export_run(run_dir)) for e in o.errors]
+
+
 def _off_main_thread(env_id: str, kind: str) -> str:
     import importlib
     import threading
@@ -139,6 +152,10 @@ def main(argv: list[str]) -> int:
     for kind, policy, n, *flags in cases:
         if policy == "refused":  # what vfray says, and its exit code, for an env it refuses
             result[" ".join([kind, *flags])] = _refused(out, env_id, kind, flags)
+            continue
+        if policy == "slow":  # a model slower than the agent's time: vfray's errors
+            with scripted_server("arithmetic", latency=3.0) as url:
+                result[f"{kind}@slow"] = _slow(out, env_id, kind, url)
             continue
         if policy == "thread":  # built off the main thread, as a Ray actor builds it
             result[f"{kind}@thread"] = _off_main_thread(env_id, kind)

@@ -186,6 +186,11 @@ async def _score(runtime: Runtime, name: str) -> dict[str, float | None]:
             "no classic rollout to score: a classic env's tasks run with the legacy harness "
             f"({HARNESS})"
         )
+    if entry.state is None:
+        raise TaskError(
+            "verifiers' rollout loop did not finish (the agent's time ran out): its rubric has "
+            "no state to score"
+        )
     if entry.scoring is None:
         entry.scoring = asyncio.ensure_future(_run_rubric(entry))
     await asyncio.shield(entry.scoring)
@@ -221,10 +226,12 @@ def task_class(env_name: str, funcs: list[tuple[str, float]]) -> type[LegacyTask
     attrs: dict[str, Any] = {}
     for i, (name, weight) in enumerate(funcs):
         fn = _hook(name)
+        # The hook's own name is the function's where it can be (errors name the hook).
+        attr = name if name.isidentifier() and not hasattr(LegacyTask, name) else f"legacy_{i}"
         if weight:
-            attrs[f"legacy_{i}"] = reward(weight=weight, keys=(name,))(fn)
+            attrs[attr] = reward(weight=weight, keys=(name,))(fn)
         else:
-            attrs[f"legacy_{i}"] = metric(keys=(name,))(fn)
+            attrs[attr] = metric(keys=(name,))(fn)
     return type(f"LegacyTask_{env_name}", (LegacyTask,), attrs)
 
 
@@ -305,7 +312,12 @@ class LegacyHarness(Harness):
                 env.rollout(dict(data.row), client, ctx.model, {}), ctx.timeout
             )
         except TimeoutError:
+            # verifiers' state stays inside its cancelled loop: nothing for the rubric.
+            _ROLLOUTS[id(runtime)] = _Rollout(env, None)
             return ProgramResult(exit_code=124, timed_out=True, duration=loop.time() - start)
+        except asyncio.CancelledError:  # the agent phase's own deadline: the same, said so
+            _ROLLOUTS[id(runtime)] = _Rollout(env, None)
+            raise
         finally:
             await api.close()
         _ROLLOUTS[id(runtime)] = _Rollout(env, state)
@@ -325,7 +337,7 @@ class LegacyHarness(Harness):
         python-function tool call on ``trace.tool_calls`` (server ``legacy``; verifiers times
         none), and verifiers' stop condition as a note (vfray's says the harness completed)."""
         entry = _ROLLOUTS.get(id(runtime))
-        if entry is None:
+        if entry is None or entry.state is None:
             return {}
         stop = entry.state.get("stop_condition")
         if stop:
