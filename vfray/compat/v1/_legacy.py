@@ -8,7 +8,8 @@ returns a ``SingleTurnEnv``, ``MultiTurnEnv`` or ``ToolEnv``, as ``verifiers.loa
   env's genuine ``rollout`` loop (its ``env_response``, ``is_completed`` and stop conditions,
   a ToolEnv's python-function tools and their tool messages) in the host's process, with its
   model client pointed at the rollout's interception, so every model call is recorded, limited
-  and trained on as any harness's.
+  and trained on as any harness's. After scoring, its tool calls go on ``trace.tool_calls``
+  and verifiers' stop condition in a note.
 - Scoring is verifiers' own too: each reward function of the env's rubric is a vfray reward of
   the same name and weight (weight 0: a metric), and all of them are computed once, in the
   scoring phase, by the genuine rubric's ``score_rollout`` on the rollout's classic state (its
@@ -16,10 +17,10 @@ returns a ``SingleTurnEnv``, ``MultiTurnEnv`` or ``ToolEnv``, as ``verifiers.loa
   is then verifiers' ``reward``.
 
 The classic classes exist only in verifiers' classic stack (``verifiers<0.4``: 0.4.0 ships v1
-alone), so the bridge needs it installed; without it, the package's own import of
-``verifiers`` fails and is reported in one line. Refused in one line, naming what: group reward
-functions, two functions of one name, an env without a ``rollout`` loop (``EnvGroup``), and a
-runtime other than ``subprocess`` (the loop runs beside the box, not in it).
+alone), so the bridge needs it installed; without it, the package's first classic class fails
+and is reported in one line saying so. Refused in one line, naming what: group reward
+functions, two functions of one name, an ``EnvGroup`` or an env without a ``rollout`` loop, and
+a runtime other than ``subprocess`` (the loop runs beside the box, not in it).
 
 Internal: importable, but not the public API."""
 
