@@ -50,7 +50,7 @@ def test_the_harness_is_built_in_and_refuses_a_missing_source_in_one_line(
         asyncio.run(unreachable.installed())  # type: ignore[attr-defined]
     assert "\n" not in str(failed.value), failed.value
     assert "cannot fetch SWE-agent from git+file://" in str(failed.value), failed.value
-    argv = harness.argv("/t/venv/bin/sweagent", "/t/src", "m", "http://127.0.0.1:9/v1")  # type: ignore[attr-defined]
+    argv = harness.argv("/t/venv/bin/sweagent", "/t/src", "m", "http://127.0.0.1:9/v1")
     assert argv[:4] == ["/t/venv/bin/sweagent", "run", "--config", "/t/src/config/bash_only.yaml"]
     assert "--env.deployment.type=local" in argv and "--env.repo.reset=false" in argv
     assert "--agent.model.per_instance_call_limit=7" in argv
@@ -80,15 +80,16 @@ def test_the_agent_policy_ends_swe_agents_plan_with_submit() -> None:
     assert blocks == ["printf '%s\\n' hello > greeting.txt", "cat greeting.txt", "submit"]
 
 
+needs_source = pytest.mark.skipif(
+    not os.environ.get(SOURCE_ENV),
+    reason=f"no SWE-agent source: it is not on PyPI; set {SOURCE_ENV} to its source tree, an "
+    "archive of it or a git+URL the node can clone",
+)  # a mark, not a skip in the test: the docker test's engine is then never started for nothing
+
+
 def _source() -> str:
-    source = os.environ.get(SOURCE_ENV)
-    if not source:
-        pytest.skip(
-            f"no SWE-agent source: it is not on PyPI; set {SOURCE_ENV} to its source tree, an "
-            "archive of it or a git+URL the node can clone"
-        )
     need_registry("pypi")  # its dependencies (swe-rex, litellm...) come from PyPI
-    return source
+    return os.environ[SOURCE_ENV]
 
 
 async def _rollout(runtime: str, **options: Any) -> vf.Trace:
@@ -119,12 +120,14 @@ def _check_solved(trace: vf.Trace) -> None:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
+@needs_source
 async def test_swe_agent_scores_bash_file_task_in_bwrap() -> None:
     _check_solved(await _rollout("bwrap"))
 
 
 @pytest.mark.slow
 @pytest.mark.docker
+@needs_source
 async def test_swe_agent_scores_bash_file_task_in_docker(docker_url: str) -> None:
     """SWE-agent checks each tool with ``which``; the test image's ``/usr`` is the host's, whose
     ``which`` is a Debian alternative, so the host's alternatives are mounted too (a real
@@ -144,6 +147,7 @@ class Anything(vf.Task[vf.TaskData]):
 
 @pytest.mark.slow
 @pytest.mark.bwrap
+@needs_source
 async def test_a_refused_call_ends_swe_agent() -> None:
     """The interception refuses the second call (max_turns=1): the program is stopped (SIGTERM,
     then the stop grace) rather than left retrying."""
