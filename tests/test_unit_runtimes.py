@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +279,8 @@ def test_descendants_include_a_grandchild() -> None:
             found = live.descendants(proc.pid)
             assert found[0] == proc.pid
             assert grandchild in found
+            # Read down the subtree's children files: the same as the walk of all of /proc.
+            assert sorted(found) == sorted(live._descendants_by_walk(proc.pid))
         finally:
             processes.kill_pids(live.descendants(proc.pid))
             await proc.wait()
@@ -285,6 +289,29 @@ def test_descendants_include_a_grandchild() -> None:
         return found
 
     assert len(asyncio.run(run())) >= 2
+
+
+def test_descendants_include_a_child_forked_by_another_thread() -> None:
+    """A child is listed under the thread that forked it (while that thread lives), not under
+    the process's main one."""
+    started: list[subprocess.Popen[bytes]] = []
+    forked, done = threading.Event(), threading.Event()
+
+    def fork() -> None:
+        started.append(subprocess.Popen(["sleep", "30"]))
+        forked.set()
+        done.wait(30)
+
+    forker = threading.Thread(target=fork)
+    forker.start()
+    forked.wait(30)
+    try:
+        assert started[0].pid in live.descendants(os.getpid())
+    finally:
+        done.set()
+        forker.join()
+        started[0].kill()
+        started[0].wait()
 
 
 # --- process-group runs of real programs --------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 from pathlib import Path
@@ -74,6 +75,44 @@ def _comm(pid: int) -> str:
 
 
 def descendants(root: int) -> list[int]:
+    """``root`` and every live process below it. Read down from ``root`` through each
+    process's threads' ``/proc/PID/task/TID/children`` (the subtree's few files, not every
+    process's: the whole-/proc walk cost ~2.4 ms of CPU per live process ended, 87 processes
+    on the machine); where the kernel has no such file (``CONFIG_PROC_CHILDREN`` off), from
+    the parent links of every process in /proc."""
+    if not _children_files():
+        return _descendants_by_walk(root)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(_children(pid))
+    return out
+
+
+@functools.cache
+def _children_files() -> bool:
+    """Whether this kernel lists a thread's children in /proc (Linux 3.5+, a config option)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children: a child is listed under the thread that forked it."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone
+        return []
+    found: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listing:
+                found.extend(int(child) for child in listing.read().split())
+        except OSError:  # the thread has exited
+            continue
+    return found
+
+
+def _descendants_by_walk(root: int) -> list[int]:
     """``root`` and every live process below it, from the parent links in /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
