@@ -183,9 +183,10 @@ def _per_position(
 ) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray, FloatArray]:
     """A batch's per-position arrays (four int64: input ids, loss mask, attention mask,
     positions; two float32: logprobs, token rewards), uninitialised, as views of one
-    allocation. Why one: glibc keeps a freed block as large as the largest it has freed, so one
-    block is reused by the next batch, where six separate ones are handed back to the system
-    and page-faulted in again every batch (that was half the time of a batch of 64)."""
+    allocation. Why one: once a block is freed, glibc serves blocks up to its size (at most
+    32 MB) from its heap and keeps twice that before giving memory back, so the one block is
+    reused by the next batch, where six separate ones added up past that and were handed back
+    and page-faulted in again every batch (half the time of a batch of 64)."""
     buffer = np.empty(40 * size, dtype=np.uint8)
     ints = [buffer[i * 8 * size : (i + 1) * 8 * size].view(np.int64) for i in range(4)]
     floats = [buffer[(32 + i * 4) * size : (36 + i * 4) * size].view(np.float32) for i in (0, 1)]
