@@ -231,7 +231,7 @@ class TokenIn:
         # An agent sends the same tools on every call: compared (in C, no copy) with the last
         # ones seen before their JSON is digested again.
         last = self._last_tools
-        if last is not None and last[0] == tools:
+        if last is not None and (last[0] is tools or last[0] == tools):
             return last[1]
         key = hashlib.blake2b(json.dumps(tools).encode()).hexdigest()
         self._last_tools = (tools, key)

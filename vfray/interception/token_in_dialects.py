@@ -177,12 +177,12 @@ def anthropic_message(reply: ParsedResponse, model: str) -> JSON:
         content.append({"type": "thinking", "thinking": message.reasoning_content, "signature": ""})
     if message.text:
         content.append({"type": "text", "text": message.text})
-    for call in message.tool_calls or []:
+    for i, call in enumerate(message.tool_calls or []):
         function = call.get("function") or {}
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
+                "id": call.get("id") or f"toolu_{i}",  # the same in the answer and the record
                 "name": function.get("name", ""),
                 "input": _arguments(str(function.get("arguments") or "")),
             }
@@ -221,13 +221,13 @@ def responses_response(reply: ParsedResponse, model: str) -> JSON:
                 "content": [part],
             }
         )
-    for call in message.tool_calls or []:
+    for i, call in enumerate(message.tool_calls or []):
         function = call.get("function") or {}
         output.append(
             {
                 "type": "function_call",
                 "id": f"fc_{uuid.uuid4().hex}",
-                "call_id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                "call_id": call.get("id") or f"call_{i}",
                 "name": function.get("name", ""),
                 "arguments": str(function.get("arguments") or ""),
                 "status": "completed",
