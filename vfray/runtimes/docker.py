@@ -32,9 +32,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vfray.errors import ConfigError, SandboxError, optional_import
-from vfray.runtimes._box_files import dir_tar, file_tar, untar_file
-from vfray.runtimes._container_box import ContainerBox
 from vfray.runtimes._docker_exec import EXEC_ENV, open_exec, signal_exec
+from vfray.runtimes._docker_files import DockerFiles
 from vfray.runtimes._docker_options import container_options, numeric_user
 from vfray.runtimes._exec_wait import tail, wait_exec
 from vfray.runtimes._executor import blocking, waiting
@@ -67,7 +66,7 @@ by engine and name: read once, not per box."""
 log = logging.getLogger(__name__)
 
 
-class DockerRuntime(ContainerBox):
+class DockerRuntime(DockerFiles):
     """One container per rollout; default-deny network with bridged host endpoints."""
 
     type = "docker"
@@ -309,9 +308,6 @@ class DockerRuntime(ContainerBox):
             raise SandboxError("docker runtime is not started")
         return self.container
 
-    def _box_path(self, path: str) -> PurePosixPath:
-        return PurePosixPath(self.box_workdir, path)
-
     async def run(
         self,
         argv: Sequence[str],
@@ -388,58 +384,6 @@ class DockerRuntime(ContainerBox):
             user=await self.program_user_ready() or "",
         )
         return self.track(process)
-
-    async def _give_dir(self, path: PurePosixPath) -> None:
-        assert self._ids is not None
-        archive = dir_tar(path.name, self._ids)
-        if not await blocking(self._require().put_archive, str(path.parent), archive):
-            raise SandboxError(f"cannot hand {path} to user {self.user}")
-
-    async def _put(self, path: PurePosixPath, data: bytes, mode: int) -> None:
-        await self._put_at(path, file_tar(path.name, data, mode, self._ids))
-
-    async def _put_tar(
-        self, parent: PurePosixPath, archive: bytes, *, keep_ids: bool = False
-    ) -> str | None:
-        # The engine always keeps the tar's ids.
-        container = self._require()
-        try:
-            ok = await blocking(container.put_archive, str(parent), archive)
-        except Exception as exc:  # the engine's NotFound for a missing dir, among others
-            return " ".join(str(getattr(exc, "explanation", None) or exc).split())[:300]
-        return None if ok else "the engine refused the archive"
-
-    async def _get_tar(self, path: PurePosixPath) -> bytes | None:
-        container = self._require()
-
-        def _get() -> bytes | None:
-            try:
-                chunks, _ = container.get_archive(str(path))
-            except Exception as exc:
-                if getattr(getattr(exc, "response", None), "status_code", None) == 404:
-                    return None
-                raise SandboxError(f"cannot read {path}: {exc}") from exc
-            return b"".join(chunks)
-
-        return await blocking(_get)
-
-    async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        await self._put(self._box_path(path), data, mode)
-
-    async def read(self, path: str) -> bytes:
-        container = self._require()
-        target = self._box_path(path)
-
-        def _read() -> bytes:
-            chunks, _ = container.get_archive(str(target))
-            return untar_file(b"".join(chunks), path)
-
-        try:
-            return await blocking(_read)
-        except SandboxError:
-            raise
-        except Exception as exc:
-            raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
     async def host_url(self, url: str) -> str:
         self._require()
