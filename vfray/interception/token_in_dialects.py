@@ -12,10 +12,13 @@ answered as an Anthropic message or a Responses response, JSON or a stream (the 
 collected and its events sent once the reply is whole), and recorded as the client will send
 it back, so the next call finds its branch.
 
+Fields that chat has no name for and that change neither the prompt nor the sampling (metadata,
+``store``, ``include``, ``service_tier``) are not sent; nor is Anthropic's ``thinking`` budget
+(the template's generation prompt decides whether the model thinks, as it does for the bridge).
 A request that has no chat form (a tool that is not a function, such as a Responses built-in
-or an Anthropic server tool) goes as it came, and the trace says so in a ``token-in:`` note:
-never a silent repair. Its branch may then break like any re-rendered one
-(``env.on_prefix_break = "per_turn"`` keeps its turns).
+or an Anthropic server tool; ``previous_response_id``; ``mcp_servers``) goes as it came, and
+the trace says so in a ``token-in:`` note: never a silent repair. Its branch may then break like
+any re-rendered one (``env.on_prefix_break = "per_turn"`` keeps its turns).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def chat_request(dialect: str, body: JSON, request: ParsedRequest) -> JSON:
     renames = _ANTHROPIC_SAMPLING if dialect == "anthropic" else _RESPONSES_SAMPLING
     if dialect == "responses" and body.get("previous_response_id"):
         raise NoChatForm("previous_response_id: the conversation is held by the endpoint")
+    if dialect == "anthropic" and body.get("mcp_servers"):
+        raise NoChatForm("mcp_servers: the endpoint would call those tools itself")
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     for m in messages:
         if m["role"] not in _CHAT_ROLES:  # a Responses item kept whole (web_search_call, ...)
@@ -95,6 +100,8 @@ def chat_request(dialect: str, body: JSON, request: ParsedRequest) -> JSON:
         chat["reasoning_effort"] = effort["effort"]
     if dialect == "responses":
         _responses_format(body.get("text"), chat)
+        if isinstance(body.get("parallel_tool_calls"), bool):
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     tools = _chat_tools(dialect, request.tools)
     if tools:
         chat["tools"] = tools
