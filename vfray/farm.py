@@ -18,26 +18,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import sys
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfray._plugins import load_object
+from vfray._stream_groups import (
+    GroupDelivery,
+    check_staleness_options,
+    refuse_tokenless,
+    token_check,
+)
 from vfray._sync import run_sync
 from vfray.config import EvalConfig, ModelConfig
-from vfray.errors import ConfigError, no_token_ids
+from vfray.errors import ConfigError
 from vfray.rollout import RolloutPlan
 from vfray.run.backends import FarmBackend
 from vfray.run.driver import RunBackend, RunDriver
 from vfray.run.folders import run_folder, run_header
-from vfray.run.outcomes import EpisodeGroup, RolloutOutcome
+from vfray.run.outcomes import EpisodeGroup
 from vfray.run.plan import RunPlan
 from vfray.run.progress import Baseline, live_progress
 from vfray.run.spec import RunSpec, resolve_run
-from vfray.run.staleness import ON_STALE, Requeue, group_staleness
+from vfray.run.staleness import Requeue
 from vfray.run.streams import GroupStream
 from vfray.task import Task
 from vfray.trace import AgentInfo
@@ -47,8 +51,6 @@ if TYPE_CHECKING:
 
 # pyarrow (via vfray.run.results and vfray.traces) is imported where it is used, not here: a local
 # run's first rollout does not need it, and it is a third of the CLI's import time.
-
-log = logging.getLogger(__name__)
 
 BACKENDS = {"ray": "actors.ray_farm:RayFarm", "local": "vfray.run.local:LocalFarm"}
 """The farm backend of each ``backend`` setting, by import path: Ray is imported only by the
@@ -306,10 +308,7 @@ class Farm:
         it, ``"rerun"`` runs its task again at the current weights (at most
         :data:`~vfray.run.staleness.MAX_RERUNS` times, then drops it). Each is logged and
         counted in :attr:`stale_groups`."""
-        if max_staleness is not None and max_staleness < 0:
-            raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
-        if on_stale not in ON_STALE:
-            raise ConfigError(f"on_stale must be one of {', '.join(ON_STALE)}, got {on_stale!r}")
+        check_staleness_options(max_staleness, on_stale)
         tasks = _v1_adapted(tasks)
         name = name or getattr(tasks, "name", None) or "tasks"
         if self._closed:
@@ -318,51 +317,21 @@ class Farm:
             refuse_tokenless(self.spec)
             if self.config.sampling.return_tokens != "required":
                 self._ask_for_tokens()
-        model = self.config.model.name
-
-        def check_tokens(outcome: RolloutOutcome) -> None:
-            # Every rollout is checked, not only the first: a group is delivered only when
-            # none of its rollouts had a call answered without token ids.
-            if outcome.calls_without_tokens:
-                raise ConfigError(no_token_ids(model))
+        check_tokens = token_check(self.config.model.name)
 
         async def produce(deliver: Callable[[EpisodeGroup], Awaitable[None]]) -> None:
             run_dir, run_id = self._run_dir(name, None)
 
             source = Requeue(self._checked(tasks, rollouts_per_task))
-
-            async def deliver_outcome(outcome: Any) -> None:
-                if outcome.episode is None:
-                    return
-                group = EpisodeGroup(outcome.episode, self.config.env.on_prefix_break)
-                key = group.episode.task.key
-                age = group_staleness(group, self.policy_version)
-                if max_staleness is not None and age is not None and age > max_staleness:
-                    self.stale_groups += 1
-                    again = on_stale == "rerun" and source.rerun(key)
-                    log.warning(
-                        "task %s: its group is %d policy versions old (max_staleness %d): %s",
-                        key,
-                        age,
-                        max_staleness,
-                        "run again" if again else "dropped",
-                    )
-                    if not again:
-                        source.finished(key)
-                    return
-                source.finished(key)
-                if not group.trainable:
-                    log.warning(
-                        "task %s: %d of %d rollouts count (the others failed: %s); "
-                        "the group has no advantages",
-                        group.episode.task.key,
-                        sum(group.counted),
-                        len(group.traces),
-                        ", ".join(sorted({e.type for t in group.traces for e in t.errors[:1]}))
-                        or "no reward",
-                    )
-                await deliver(group)
-
+            deliver_outcome = GroupDelivery(
+                source,
+                deliver,
+                on_prefix_break=self.config.env.on_prefix_break,
+                max_staleness=max_staleness,
+                on_stale=on_stale,
+                policy_version=lambda: self.policy_version,
+                count_stale=self._count_stale,
+            )
             plan = self._run_plan(run_id, rollouts_per_task, streaming=True)
             header = self._header(run_id, name, rollouts_per_task)
             async with self._open_run(run_dir, header) as backend:
@@ -378,6 +347,9 @@ class Farm:
         stream = GroupStream(produce)
         self._streams.append(stream)
         return stream
+
+    def _count_stale(self) -> None:
+        self.stale_groups += 1
 
     def _ask_for_tokens(self) -> None:
         """Set ``sampling.return_tokens = "required"``, before anything started. A farm that
@@ -441,24 +413,6 @@ class Farm:
                 self._backend.prepare(task)
                 seen.add(type(task))
             yield task
-
-
-TOKENLESS_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
-"""Endpoints that never return token ids (OpenAI's logprobs name tokens as text; Anthropic's
-API has none): a training stream against them is refused before anything runs."""
-
-
-def refuse_tokenless(spec: RunSpec) -> None:
-    """Refuse, in one line, a training stream against an endpoint known to return no token
-    ids: the scripted model with ``tokens=0`` (other than its ``tokens`` policy, which always
-    returns them), or a provider API in :data:`TOKENLESS_HOSTS`."""
-    endpoint = spec.endpoint
-    scripted = endpoint.kind == "scripted" and endpoint.scripted_policy != "tokens"
-    if scripted and endpoint.scripted_options.get("tokens", 1) == 0:
-        raise ConfigError(no_token_ids(endpoint.model))
-    host = urllib.parse.urlsplit(endpoint.base_url or "").hostname
-    if endpoint.kind == "remote" and host in TOKENLESS_HOSTS:
-        raise ConfigError(no_token_ids(endpoint.model))
 
 
 def _known_length(tasks: Iterable[Any], n: int) -> int | None:
