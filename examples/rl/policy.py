@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from chat_answer import chat_answer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -50,6 +49,11 @@ def render(messages: list[dict[str, Any]]) -> list[int]:
         content = message.get("content")
         ids += [*encode(content if isinstance(content, str) else ""), SEP]
     return ids
+
+
+def _token(ids: list[int]) -> str:
+    """A token as the logprobs name it (EOS has no character)."""
+    return decode(ids) or "<eos>"
 
 
 class CharPolicy(torch.nn.Module):
@@ -114,38 +118,7 @@ class PolicyServer:
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         ids, logprobs, finish = self.sample(prompt, max_tokens)
         text = decode(ids)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": decode([t]) or "<eos>",
-                        "logprob": lp,
-                        "bytes": None,
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(ids, logprobs, strict=True)
-                ]
-            }
-        answer: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "char-policy"),
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(ids),
-                "total_tokens": len(prompt) + len(ids),
-            },
-        }
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = prompt
-            choice["token_ids"] = ids
+        answer = chat_answer(body, prompt, ids, logprobs, finish, text, _token, "char-policy")
         return JSONResponse(answer)
 
 

@@ -24,11 +24,11 @@ import contextlib
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from chat_answer import chat_answer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -136,38 +136,9 @@ class HFPolicyServer:
         # Special tokens sampled mid-reply stay in the text (the template renders them back to
         # the same ids next turn); only the closing EOS is left out, as the template adds it.
         text = self.tokenizer.decode(ids[:-1] if finish == "stop" else ids)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": self.tokenizer.decode([t]),
-                        "logprob": lp,
-                        "bytes": None,
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(ids, logprobs, strict=True)
-                ]
-            }
-        answer: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "tiny-llama"),
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(ids),
-                "total_tokens": len(prompt) + len(ids),
-            },
-        }
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = prompt
-            choice["token_ids"] = ids
+        answer = chat_answer(
+            body, prompt, ids, logprobs, finish, text, self.tokenizer.decode, "tiny-llama"
+        )
         return JSONResponse(answer)
 
 
