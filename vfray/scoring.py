@@ -1,5 +1,6 @@
-"""Scoring hooks: the ``@reward``, ``@metric``, ``@stop`` and ``@group_reward`` decorators, their
-discovery on a Task class (or plugged in from config by import path), and their execution.
+"""Scoring hooks: the ``@reward``, ``@metric``, ``@stop`` and ``@group_reward`` decorators (what
+they mark is :mod:`vfray._hook_marks`), their discovery on a Task class (or plugged in from
+config by import path), and their execution.
 
 Hooks get their arguments injected by parameter name, may be sync or async, and run concurrently
 within a priority level (higher priority levels run first). A failed or skipped hook still leaves
@@ -15,13 +16,19 @@ import contextlib
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, TypeAlias, TypeVar, overload
+from typing import Any, TypeAlias
 
 from vfray._hook_calls import run_levels
+from vfray._hook_marks import HOOK_ATTR as HOOK_ATTR
+from vfray._hook_marks import HookKind as HookKind
+from vfray._hook_marks import HookSpec as HookSpec
+from vfray._hook_marks import group_reward as group_reward
+from vfray._hook_marks import metric as metric
+from vfray._hook_marks import reward as reward
+from vfray._hook_marks import stop as stop
 from vfray._plugins import load_object
 from vfray.errors import ConfigError, JudgeError, PhaseTimeoutError, TaskError
 from vfray.task import Task
@@ -31,21 +38,8 @@ PENDING_BODY: ContextVar[dict[str, Any] | None] = ContextVar("vfray_pending_body
 """The JSON body of the model call being admitted, while ``@stop`` hooks run on it (set by the
 interception, which sits above the task model: the hooks read it as ``request``)."""
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 Overrides: TypeAlias = Mapping[str, str | Callable[..., Any]]
 """Hook name -> ``"pkg.mod:fn"``, ``"path/file.py:fn"`` or a callable."""
-
-HOOK_ATTR = "__vfray_hook__"
-"""Attribute under which a decorated function carries its :class:`HookSpec`."""
-
-
-class HookKind(str, Enum):
-    REWARD = "reward"
-    METRIC = "metric"
-    STOP = "stop"
-    GROUP_REWARD = "group_reward"
-
 
 INJECTABLE: dict[HookKind, frozenset[str]] = {
     HookKind.REWARD: frozenset({"trace", "task", "runtime"}),
@@ -56,17 +50,6 @@ INJECTABLE: dict[HookKind, frozenset[str]] = {
     HookKind.GROUP_REWARD: frozenset({"traces", "task"}),
 }
 """Parameter names each kind of hook may ask for."""
-
-
-@dataclass(frozen=True)
-class HookSpec:
-    """What a decorator says about a hook: its kind, weight, priority and declared keys."""
-
-    kind: HookKind
-    weight: float = 1.0
-    priority: int = 0
-    keys: tuple[str, ...] = ()
-    """Keys a mapping-returning hook promises; they are present even when the hook fails."""
 
 
 @dataclass(frozen=True)
@@ -90,69 +73,6 @@ class ScoringHook:
     @property
     def needs_runtime(self) -> bool:
         return "runtime" in self.params
-
-
-# -- decorators ----------------------------------------------------------------------------
-
-
-def _decorate(fn: Any, kind: HookKind, weight: float, priority: int, keys: Sequence[str]) -> Any:
-    spec = HookSpec(kind, float(weight), int(priority), tuple(keys))
-
-    def mark(f: Any) -> Any:
-        target = f.__func__ if isinstance(f, staticmethod | classmethod) else f
-        if not callable(target):
-            raise TypeError(
-                f"@vf.{kind.value} decorates a function; pass options by keyword, "
-                f"e.g. @vf.{kind.value}(weight=0.5)"
-            )
-        setattr(target, HOOK_ATTR, spec)
-        return f
-
-    return mark if fn is None else mark(fn)
-
-
-@overload
-def reward(fn: F, /) -> F: ...
-@overload
-def reward(
-    *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
-) -> Callable[[F], F]: ...
-def reward(
-    fn: Any = None, /, *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
-) -> Any:
-    """Mark a Task method as a reward; ``trace.reward`` is the weighted sum of rewards."""
-    return _decorate(fn, HookKind.REWARD, weight, priority, keys)
-
-
-@overload
-def metric(fn: F, /) -> F: ...
-@overload
-def metric(*, priority: int = 0, keys: Sequence[str] = ()) -> Callable[[F], F]: ...
-def metric(fn: Any = None, /, *, priority: int = 0, keys: Sequence[str] = ()) -> Any:
-    """Mark a Task method as a metric: recorded in ``trace.metrics``, not part of the reward."""
-    return _decorate(fn, HookKind.METRIC, 0.0, priority, keys)
-
-
-@overload
-def stop(fn: F, /) -> F: ...
-@overload
-def stop(*, priority: int = 0) -> Callable[[F], F]: ...
-def stop(fn: Any = None, /, *, priority: int = 0) -> Any:
-    """Mark a Task method as a stop condition, checked before each model call (truthy: stop)."""
-    return _decorate(fn, HookKind.STOP, 0.0, priority, ())
-
-
-@overload
-def group_reward(fn: F, /) -> F: ...
-@overload
-def group_reward(
-    *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
-) -> Callable[[F], F]: ...
-def group_reward(
-    fn: Any = None, /, *, weight: float = 1.0, priority: int = 0, keys: Sequence[str] = ()
-) -> Any:
-    """Mark a Task method that gets all n ``traces`` of one task and returns one value per trace."""
-    return _decorate(fn, HookKind.GROUP_REWARD, weight, priority, keys)
 
 
 # -- discovery -----------------------------------------------------------------------------
