@@ -1,5 +1,6 @@
 """The scripted model server: a real OpenAI/Anthropic-compatible ASGI app with deterministic
-policies, latency, token ids and error injection, the only stand-in for a model provider in tests.
+policies, latency, token ids and error injection (:mod:`vfray.models.scripted._failures`), the
+only stand-in for a model provider in tests.
 """
 
 from __future__ import annotations
@@ -7,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -24,13 +23,12 @@ from starlette.types import Receive, Scope, Send
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import serve_in_thread
 from vfray.models.scripted import render, templated, wire
+from vfray.models.scripted._failures import FAIL_COUNT_HEADER as FAIL_COUNT_HEADER
+from vfray.models.scripted._failures import FAIL_HEADER as FAIL_HEADER
+from vfray.models.scripted._failures import Failure, FailureInjector, error_response
 from vfray.models.scripted.conversation import count_tokens
 from vfray.models.scripted.policies import POLICIES, Sampler, decide, reply
 
-FAIL_HEADER = "x-scripted-fail"
-"""Request header: answer with this error: an HTTP status (400-599) or ``context_length``."""
-FAIL_COUNT_HEADER = "x-scripted-fail-count"
-"""Request header: fail only the first N identical requests carrying ``x-scripted-fail``."""
 POLICY_HEADER = "x-scripted-policy"
 """Request header: answer this request with the named policy instead of the server's."""
 ROLE_HEADER = "x-vfray-role"
@@ -41,15 +39,6 @@ LATENCY_HEADER = "x-scripted-latency"
 TOKENS_ROUTE = "/chat/completions/tokens"
 """vLLM's chat route with the prompt as token ids (served with a chat template only)."""
 
-_OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-}
-_ANTHROPIC_TYPES = {**_OPENAI_TYPES, 413: "request_too_large", 529: "overloaded_error"}
-
 
 @dataclass(frozen=True)
 class ReceivedRequest:
@@ -58,41 +47,6 @@ class ReceivedRequest:
     route: str
     headers: dict[str, str]
     body: dict[str, Any]
-
-
-class _Failure(Exception):
-    def __init__(
-        self, status: int, message: str, code: str | None = None, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-
-def _error_response(dialect: str, failure: _Failure) -> JSONResponse:
-    status = failure.status
-    headers = {"retry-after-ms": "10"} if status == 429 or status >= 500 else {}
-    if dialect == "anthropic":
-        kind = _ANTHROPIC_TYPES.get(
-            status, "api_error" if status >= 500 else "invalid_request_error"
-        )
-        body: dict[str, Any] = {
-            "type": "error",
-            "error": {"type": kind, "message": failure.message},
-        }
-    else:
-        kind = _OPENAI_TYPES.get(
-            status, "server_error" if status >= 500 else "invalid_request_error"
-        )
-        code = failure.code or ("rate_limit_exceeded" if status == 429 else None)
-        body = {
-            "error": {
-                "message": failure.message,
-                "type": kind,
-                "param": failure.param,
-                "code": code,
-            }
-        }
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 _DIALECTS: dict[str, tuple[Callable[[wire.Json], wire.Request], str]] = {
@@ -177,9 +131,7 @@ class ScriptedModel:
         self.history: deque[ReceivedRequest] = deque(maxlen=history_size)
         """The last ``history_size`` completion requests received, refused ones included."""
         self._sampler = Sampler(seed)
-        self._lock = threading.Lock()  # fail_next() is called from test threads
-        self._queued: deque[str] = deque()
-        self._header_failures: dict[str, int] = {}
+        self._failures = FailureInjector()
         self._app = Starlette(
             routes=[
                 *(Route(path, self._complete, methods=["POST"]) for path in _DIALECTS),
@@ -210,9 +162,7 @@ class ScriptedModel:
 
     def fail_next(self, kind: int | str, times: int = 1) -> None:
         """Answer the next ``times`` completions with an error (a status or ``context_length``)."""
-        _failure_kind(str(kind))
-        with self._lock:
-            self._queued.extend([str(kind)] * times)
+        self._failures.fail_next(kind, times)
 
     async def _models(self, request: HttpRequest) -> Response:
         entry = {
@@ -242,10 +192,10 @@ class ScriptedModel:
             # count_tokens takes no max_tokens; the count is of the prompt's texts alone.
             parsed = wire.parse_anthropic({**body, "max_tokens": 1})
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            failure = _Failure(400, f"request body is not valid JSON: {exc}")
-            return _error_response("anthropic", failure)
+            failure = Failure(400, f"request body is not valid JSON: {exc}")
+            return error_response("anthropic", failure)
         except wire.BadRequest as exc:
-            return _error_response("anthropic", _Failure(400, exc.message, param=exc.param))
+            return error_response("anthropic", Failure(400, exc.message, param=exc.param))
         self.token_counts += 1
         return JSONResponse({"input_tokens": count_tokens(list(parsed.conv.texts))})
 
@@ -257,9 +207,9 @@ class ScriptedModel:
                 raise wire.BadRequest("request body must be a JSON object")
             return JSONResponse(templated.tokenize_answer(self.chat_template, body))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _error_response("chat", _Failure(400, f"request body is not valid JSON: {exc}"))
+            return error_response("chat", Failure(400, f"request body is not valid JSON: {exc}"))
         except wire.BadRequest as exc:
-            return _error_response("chat", _Failure(400, exc.message, param=exc.param))
+            return error_response("chat", Failure(400, exc.message, param=exc.param))
 
     # vLLM's RL control plane (VLLM_SERVER_DEV_MODE=1), stood in for: while paused, completions
     # wait before they are generated; a pause that waits for the ones being generated returns
@@ -280,7 +230,7 @@ class ScriptedModel:
 
     async def _update_weights(self, request: HttpRequest) -> Response:
         if self._resumed.is_set():
-            return _error_response("chat", _Failure(400, "pause generation before updating"))
+            return error_response("chat", Failure(400, "pause generation before updating"))
         self.weight_updates += 1
         return JSONResponse({"status": "ok"})
 
@@ -295,9 +245,9 @@ class ScriptedModel:
         try:
             return await self._answer(request, parse, dialect)
         except wire.BadRequest as exc:
-            return _error_response(dialect, _Failure(400, exc.message, param=exc.param))
-        except _Failure as failure:
-            return _error_response(dialect, failure)
+            return error_response(dialect, Failure(400, exc.message, param=exc.param))
+        except Failure as failure:
+            return error_response(dialect, failure)
 
     async def _answer(
         self, request: HttpRequest, parse: Callable[[wire.Json], wire.Request], dialect: str
@@ -311,7 +261,14 @@ class ScriptedModel:
             raise wire.BadRequest("request body must be a JSON object")
         self.history.append(ReceivedRequest(request.url.path, dict(request.headers), body))
         parsed = parse(body)
-        self._inject_failure(request, raw, parsed, dialect)
+        self._failures.check(
+            request.headers,
+            raw,
+            parsed,
+            dialect,
+            fail=self.fail,
+            context_window=self.context_window,
+        )
         latency = _latency(request.headers.get(LATENCY_HEADER), self.latency)
         await self._resumed.wait()
         self._generating += 1
@@ -360,35 +317,6 @@ class ScriptedModel:
             headers={**headers, "cache-control": "no-cache"},
         )
 
-    def _inject_failure(
-        self, request: HttpRequest, raw: bytes, parsed: wire.Request, dialect: str
-    ) -> None:
-        kind = request.headers.get(FAIL_HEADER)
-        if kind is not None:
-            _failure_kind(kind)
-            limit = request.headers.get(FAIL_COUNT_HEADER)
-            if limit is not None:
-                if not limit.isdigit():
-                    raise wire.BadRequest(f"{FAIL_COUNT_HEADER} must be a non-negative integer")
-                # Keyed by body, so an SDK retry of the same request is the one that succeeds.
-                key = kind + hashlib.sha256(raw).hexdigest()
-                seen = self._header_failures.get(key, 0)
-                self._header_failures[key] = seen + 1
-                if seen >= int(limit):
-                    kind = None
-        if kind is None:
-            with self._lock:
-                kind = self._queued.popleft() if self._queued else None
-        kind = kind or self.fail
-        needed = count_tokens(list(parsed.conv.texts)) + (parsed.conv.max_tokens or 0)
-        if kind is None and self.context_window is not None and needed > self.context_window:
-            kind = "context_length"
-        if kind == "context_length":
-            window = self.context_window or max(1, needed - 1)
-            raise _context_failure(dialect, needed, window)
-        if kind is not None:
-            raise _Failure(int(kind), f"scripted failure {kind} (injected)")
-
 
 def _request_policy(request: HttpRequest) -> str | None:
     """The policy this request asks for: ``x-scripted-policy`` (a test's choice), else the
@@ -401,23 +329,6 @@ def _request_policy(request: HttpRequest) -> str | None:
         return asked
     role = request.headers.get(ROLE_HEADER)
     return role if role in ("user", "judge") else None
-
-
-def _failure_kind(kind: str) -> None:
-    if kind != "context_length" and not (kind.isdigit() and 400 <= int(kind) <= 599):
-        raise wire.BadRequest(
-            f"{FAIL_HEADER} must be an HTTP status 400-599 or 'context_length', got {kind!r}"
-        )
-
-
-def _context_failure(dialect: str, needed: int, window: int) -> _Failure:
-    if dialect == "anthropic":
-        return _Failure(400, f"prompt is too long: {needed} tokens > {window} maximum")
-    message = (
-        f"This model's maximum context length is {window} tokens. However, you requested "
-        f"{needed} tokens. Please reduce the length of the messages."
-    )
-    return _Failure(400, message, code="context_length_exceeded", param="messages")
 
 
 def _latency(header: str | None, default: float) -> float:
