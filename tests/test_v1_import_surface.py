@@ -21,11 +21,11 @@ from vfray.compat.v1._surface import (
     NotServedError,
     NotServedModuleError,
 )
-from vfray.compat.v1._textarena import NAMES as TEXTARENA
 from vfray.errors import ConfigError
 from vfray.runtimes.provision import ToolSpec, ensure_tool
 
-# Names that live only in their module: the user-sim env's, utils.image's.
+# Names that live only in their module: the user-sim env's, utils.image's, the TextArena taskset's.
+TEXTARENA = SUBMODULES["verifiers.v1.tasksets.textarena"]
 _OWN = {"UserSimEnv", "UserSimEnvConfig", "image_data_url", "DataT", *TEXTARENA}
 
 

@@ -89,7 +89,10 @@ def install() -> None:
         "UserSimEnv": _user_sim.UserSimEnv,
         "UserSimEnvConfig": _user_sim.UserSimEnvConfig,
         "image_data_url": _image.image_data_url,
-        **{n: getattr(_textarena, n) for n in _textarena.NAMES},
+        **{
+            n: getattr(_textarena, n)
+            for n in _surface.SUBMODULES["verifiers.v1.tasksets.textarena"]
+        },
         "DataT": _task.DataT,  # typing a Task subclass generic in its data
     }
     for name, names in _surface.SUBMODULES.items():

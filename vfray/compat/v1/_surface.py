@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import vfray.compat.v1._errors as _errors
 from vfray.errors import ConfigError
 
 
@@ -211,17 +212,7 @@ SUBMODULES: dict[str, tuple[str, ...]] = {
     "verifiers.v1.envs.single_agent": ("SingleAgentEnv", "SingleAgentEnvConfig"),
     "verifiers.v1.envs.user_sim": ("UserSimEnv", "UserSimEnvConfig"),
     "verifiers.v1.episode": ("Episode",),
-    "verifiers.v1.errors": (
-        "EnvError",
-        "HarnessError",
-        "InterceptionError",
-        "ProviderError",
-        "RolloutError",
-        "SandboxError",
-        "TaskError",
-        "ToolsetError",
-        "TunnelError",
-    ),
+    "verifiers.v1.errors": tuple(_errors.__all__),
     "verifiers.v1.harness": ("Harness",),
     "verifiers.v1.judge": ("Judge", "JudgeResponse", "JudgeView"),
     "verifiers.v1.judges": ("ReferenceJudge", "ReferenceJudgeConfig"),

@@ -138,14 +138,3 @@ class TextArenaTaskset(Taskset[TextArenaTask, TextArenaConfig]):
                 ),
                 self.config.task,
             )
-
-
-NAMES = (
-    "TextArenaConfig",
-    "TextArenaData",
-    "TextArenaEnv",
-    "TextArenaEnvConfig",
-    "TextArenaTask",
-    "TextArenaTaskset",
-)
-"""What ``verifiers.v1.tasksets.textarena`` serves (all of v1's)."""
