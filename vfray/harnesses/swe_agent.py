@@ -13,8 +13,6 @@ neither); its package goes into a uv venv beside a pinned ``swe-rex``, as for th
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -23,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,7 +37,7 @@ from vfray.harnesses.provisioned import (
     prompt_text,
 )
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import InstalledTool, ToolSpec
+from vfray.runtimes.provision import InstalledTool, ToolSpec, node_lock
 from vfray.runtimes.registry import runtime_class
 
 UPSTREAM = "git+https://github.com/SWE-agent/SWE-agent@v1.1.0"
@@ -104,18 +102,6 @@ def _git_url(source: str) -> tuple[str, str]:
     if at > url.rfind("/"):
         return url[:at], url[at + 1 :]
     return url, ""
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One fetch of a source per node at a time (others wait, then find it in place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _git(argv: list[str], source: str) -> None:
@@ -266,7 +252,7 @@ class SweAgentHarness(ProvisionedHarness):
         if self._tool is None:
             # The tree first (the venv installs its package from it), under one lock per node.
             def fetch() -> None:
-                with _locked(Path(self.tools_root) / ".locks" / f"{self.tree().name}.lock"):
+                with node_lock(Path(self.tools_root) / ".locks" / f"{self.tree().name}.lock"):
                     self._fetch()
 
             await asyncio.to_thread(fetch)

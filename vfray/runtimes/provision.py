@@ -142,7 +142,7 @@ def ensure_tool(spec: ToolSpec, root: str | os.PathLike[str] | None = None) -> I
     final = base / spec.key
     if (final / MANIFEST).is_file():
         return _installed(spec, final, False, started)
-    with _locked(base / ".locks" / f"{spec.key}.lock"):
+    with node_lock(base / ".locks" / f"{spec.key}.lock"):
         if (final / MANIFEST).is_file():  # another process finished while we waited
             return _installed(spec, final, False, started)
         for stale in base.glob(f".staging-{spec.key}-*"):  # from an installer that was killed
@@ -176,7 +176,9 @@ def _installed(spec: ToolSpec, path: Path, now: bool, started: float) -> Install
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def node_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (made, with its folder, if absent):
+    one install or fetch of a thing per node at a time (others wait, then find it in place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
