@@ -133,15 +133,34 @@ async def measure(
     *,
     distinct: bool = False,
     cache: bool = True,
+    joined: bool = True,
     tools: bool = False,
     server_pid: int | None = None,
 ) -> dict[str, float]:
     """``distinct``: every session sends follow-ups of its own (no bridge is rendered twice);
-    otherwise they send the same ones, as a group's rollouts send a task's next user turn."""
+    otherwise they send the same ones, as a group's rollouts send a task's next user turn.
+    ``joined=False``: every new bridge is rendered by the template, none joined from the text
+    around its content (:mod:`vfray.interception._bridge_wrappers`)."""
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    spent = [0.0]
     async with Interception(upstream, settings=settings) as icpt:
-        if icpt.app.token_in is not None:
-            icpt.app.token_in.cache_bridges = cache
+        token_in = icpt.app.token_in
+        if token_in is not None:
+            token_in.cache_bridges = cache
+            if not joined:
+                token_in.wrappers = None
+            prompt = token_in.prompt
+
+            async def timed(*args: Any) -> Any:
+                # A local bridge never suspends, so this thread's CPU over the call is its own
+                # (a /tokenize bridge awaits the endpoint: other tasks' CPU lands in it too).
+                start = time.thread_time()
+                try:
+                    return await prompt(*args)
+                finally:
+                    spent[0] += time.thread_time() - start
+
+            token_in.prompt = timed  # type: ignore[method-assign]
         traces = [Trace(task=TaskRecord(key=str(i), hash="h")) for i in range(sessions)]
         secrets = [icpt.app.register(t) for t in traces]
         connector = aiohttp.TCPConnector(limit=sessions)
@@ -165,6 +184,7 @@ async def measure(
         "cpu_ms": 1000 * cpu / n,
         "wall_ms": 1000 * wall / n,
         "upstream_ms": 1000 * up / n,
+        "prompt_ms": 1000 * spent[0] / n,
         "lost": lost,
         "samples": len(samples),
     }
@@ -192,6 +212,7 @@ def main() -> None:
             modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]] = {
                 "messages (today)": (InterceptionSettings(), {}),
                 "token-in, local, no cache": (local, {"cache": False}),
+                "token-in, local, rendered": (local, {"joined": False}),
                 "token-in, local": (local, {}),
                 "token-in, /tokenize": (endpoint, {}),
             }
@@ -215,7 +236,10 @@ def main() -> None:
             server.kill()
     head = f"{args.sessions} sessions x {args.turns} turns, median of {args.repeats}"
     tools = f", {len(json.dumps(TOOLS)) // 1000} KB of tools per call" if args.tools else ""
-    print(f"{head}{tools} (cpu: this process, median and best run; upstream: the server's)")
+    print(
+        f"{head}{tools} (cpu: this process, median and best run; upstream: the server's; "
+        "TokenIn.prompt: its CPU per turn, the branch found and the bridge built)"
+    )
     for distinct in (False, True):
         kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
         print(f" {kind}:")
@@ -230,11 +254,13 @@ def main() -> None:
             best = min(r["cpu_ms"] for r in runs)
             wall = statistics.median(r["wall_ms"] for r in runs)
             up = statistics.median(r["upstream_ms"] for r in runs)
+            own = statistics.median(r["prompt_ms"] for r in runs)
             print(
                 f"  {mode:26s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%}; "
                 f"best {best:.3f}, {best / base_best - 1:+.1%})   "
                 f"wall {wall:6.3f} ({wall / base_wall - 1:+.1%})   "
                 f"upstream {up:6.3f} ({up / base_up - 1:+.1%})   "
+                f"TokenIn.prompt {own:.3f}   "
                 f"lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
             )
     print(f"(cpus: {os.cpu_count()})")

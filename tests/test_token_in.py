@@ -511,3 +511,52 @@ async def test_a_local_bridge_encodes_only_the_text_after_the_stop_token(
             assert ids and template.decode(ids).startswith("\n<|im_start|>user\n")
             assert encoded[-1].startswith("<|im_end|>\n<|im_start|>user")
             assert "Tools:" not in encoded[-1]
+
+
+async def test_a_bridge_joined_around_its_content_equals_the_render(template: ChatTemplate) -> None:
+    """A user turn's or tool results' bridge is joined from the template's text around the
+    content (found once per shape with sentinels) instead of rendered: the same ids as the
+    whole render, with tools or not; a template that transforms the content is rendered."""
+    from vfray.endpoints.chat_template import ChatTemplate as Template
+    from vfray.interception.token_in import TokenIn
+
+    stop = template.eos_token_id
+    assert stop is not None
+
+    def tails(i: int) -> list[list[dict[str, Any]]]:
+        return [
+            [{"role": "user", "content": f"and again, once more {i}"}],
+            [
+                {"role": "tool", "tool_call_id": f"c{i}", "content": f'a "b" {i}\nc\\d'},
+                {"role": "tool", "tool_call_id": f"d{i}", "content": f'{{"x": {i}}}'},
+            ],
+            # Rendered, not joined: whitespace at the ends (templates trim), a tag.
+            [{"role": "user", "content": f"  edge {i}\n"}],
+            [{"role": "user", "content": f"<tool_response> {i}"}],
+        ]
+
+    content = "{{ m.content }}"
+    replaces = TEMPLATE.replace(content, "{{ m.content | replace('a', 'o') }}")
+    branches = TEMPLATE.replace(content, "{{ 'A: ' if m.content[:3] == 'and' }}" + content)
+    trims = TEMPLATE.replace(content, "{{ m.content | trim }}")
+    templates = {
+        "shipped": template,
+        "trims": Template(template.tokenizer, trims, eos_token="<|im_end|>"),
+        "replaces": Template(template.tokenizer, replaces, eos_token="<|im_end|>"),
+        "branches on content": Template(template.tokenizer, branches, eos_token="<|im_end|>"),
+    }
+    for name, tmpl in templates.items():
+        for tools in (None, [BASH_TOOL]):
+            fast, whole = TokenIn.local(tmpl), TokenIn.local(tmpl)
+            whole.text_bridges = False
+            for i in range(3):
+                for tail in tails(i):
+                    ids = await fast._render_bridge(tail, tools, str(tools), stop)
+                    assert ids == await whole._render_bridge(tail, tools, str(tools), stop)
+            assert fast.text_bridges and fast.wrappers is not None
+            # Turns 1 and 2 of both shapes (turn 0 of each kind is checked against encoding
+            # the whole render). A template replacing characters: the sentinels show it. One
+            # branching on what the content says: the first real render shows it for the user
+            # turn ("and ..."); its tool results never take that branch and are joined.
+            expected = {"shipped": 4, "trims": 4, "replaces": 0, "branches on content": 2}
+            assert fast.wrappers.served == expected[name], (name, tools)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfray.endpoints.chat_template import ChatTemplate
+from vfray.interception._bridge_wrappers import BridgeWrappers, dummy_assistant
 from vfray.interception.dialects import ParsedRequest
 from vfray.interception.upstream import Forwarder
 from vfray.trace import Branch, Message, Trace
@@ -81,24 +82,6 @@ class CannotBridge(Exception):
     """This call cannot be sent as tokens; the message says why (noted on the trace)."""
 
 
-def _dummy_assistant(tail: list[dict[str, Any]]) -> dict[str, Any]:
-    # A tool message must follow an assistant turn that called it (templates check): the dummy
-    # calls the tools the tail answers. reasoning_content="" keeps templates that render
-    # reasoning by position (GLM) from flipping between the two renders.
-    ids = []
-    for message in tail:
-        if message.get("role") != "tool":
-            break
-        if message.get("tool_call_id"):
-            ids.append(str(message["tool_call_id"]))
-    if ids:
-        calls = [
-            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids
-        ]
-        return {"role": "assistant", "reasoning_content": "", "content": None, "tool_calls": calls}
-    return {"role": "assistant", "reasoning_content": "", "content": "x"}
-
-
 class TokenIn:
     """Builds the ``tokens`` of the next call on a branch (one per interception app).
 
@@ -117,6 +100,10 @@ class TokenIn:
         self.text_bridges = template is not None
         """A local template's bridge is cut from the rendered text and only it is encoded
         (see :meth:`_text_bridge`); False once that disagreed with encoding the whole render."""
+        self.wrappers = BridgeWrappers(template) if template is not None else None
+        """A new user turn or tool result's bridge text joined from the template's text around
+        its content, found once per shape, instead of rendered (see
+        :mod:`~vfray.interception._bridge_wrappers`)."""
         self._bridges: dict[str, list[int]] = {}
         self.cache_bridges = True
         self.bridges_rendered = 0
@@ -245,9 +232,30 @@ class TokenIn:
         stop: int,
     ) -> list[int]:
         self.bridges_rendered += 1
-        dummy = _dummy_assistant(tail)
-        key = json.dumps(dummy) + "\0" + tools_key
-        if self.text_bridges and self._stop_text(stop) is not None:
+        dummy = dummy_assistant(tail)
+        check = f"{'tool_calls' in dummy}\0{tools_key}"
+        stop_text = self._stop_text(stop) if self.text_bridges else None
+        if stop_text is not None and check in self._checked and self.wrappers is not None:
+            # Once the text bridges agreed with the whole render, a common shape of turn is
+            # joined from the template's text around its content, rendering nothing.
+            def real() -> str:
+                key = self._dummy_key(dummy, tools_key)
+                return self._bridge_text(dummy, tail, tools, key, stop)
+
+            try:
+                text = self.wrappers.text(tail, tools, tools_key, stop_text, real)
+            except CannotBridge:
+                raise
+            except Exception as exc:
+                message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
+                raise CannotBridge(message) from exc
+            if text is not None:
+                assert self._template is not None
+                ids = self._template.encode(text)
+                if ids and ids[0] == stop:
+                    return ids[1:]
+        key = self._dummy_key(dummy, tools_key)
+        if stop_text is not None:
             try:
                 bridge = self._text_bridge(dummy, tail, tools, key, stop)
             except CannotBridge:
@@ -255,7 +263,6 @@ class TokenIn:
             except Exception as exc:
                 message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
                 raise CannotBridge(message) from exc
-            check = f"{'tool_calls' in dummy}\0{tools_key}"
             if bridge is not None and check in self._checked:
                 return bridge
             # The first bridge per tools (and kind of turn) is also cut from the encoded whole
@@ -268,6 +275,10 @@ class TokenIn:
                 return bridge
             self.text_bridges = False
         return await self._token_bridge(dummy, tail, tools, key, stop)
+
+    @staticmethod
+    def _dummy_key(dummy: dict[str, Any], tools_key: str) -> str:
+        return json.dumps(dummy) + "\0" + tools_key
 
     def _stop_text(self, stop: int) -> str | None:
         """The text of ``stop`` when it is an added token the tokenizer splits the text at
@@ -293,6 +304,19 @@ class TokenIn:
         # tokens after the stop token are those of the text after it: encoding just that text
         # (from the stop token on, so a piece's position reads as in the whole render) skips
         # the tools' system prompt and the dummy turn, most of the text when there are tools.
+        assert self._template is not None
+        ids = self._template.encode(self._bridge_text(dummy, tail, tools, key, stop))
+        return ids[1:] if ids and ids[0] == stop else None
+
+    def _bridge_text(
+        self,
+        dummy: dict[str, Any],
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        key: str,
+        stop: int,
+    ) -> str:
+        """The rendered text of the bridge, from the stop token on."""
         template = self._template
         assert template is not None
         base = self._base_texts.get(key)
@@ -311,8 +335,7 @@ class TokenIn:
             raise CannotBridge(
                 f"the last sampled token ({stop}) is not the template's end of an assistant turn"
             )
-        ids = template.encode(full[at:])
-        return ids[1:] if ids and ids[0] == stop else None
+        return full[at:]
 
     async def _token_bridge(
         self,
