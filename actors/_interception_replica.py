@@ -157,15 +157,11 @@ class InterceptionReplica:
     async def conclude(
         self, node_id: str, incarnation: str, secret: str, **route: Any
     ) -> Concluded:
-        if node_id != self.node_id:
-            return Concluded("elsewhere")
-        if incarnation != self.incarnation:
-            return Concluded("lost")
-        self._stop_waiting(secret, None)
-        try:
-            return Concluded("ok", self.app.conclude(secret))
-        except KeyError:
-            return Concluded("lost")
+        def conclude() -> Trace:
+            self._stop_waiting(secret, None)
+            return self.app.conclude(secret)
+
+        return self._answer(node_id, incarnation, conclude)
 
     async def wait_stopped(
         self, node_id: str, incarnation: str, secret: str, **route: Any
@@ -213,12 +209,17 @@ class InterceptionReplica:
         self, node_id: str, incarnation: str, secret: str, **route: Any
     ) -> Concluded:
         """The live session's trace so far (a copy reaches the caller), for its task's user."""
+        return self._answer(node_id, incarnation, lambda: self.app.snapshot(secret))
+
+    def _answer(self, node_id: str, incarnation: str, read: Callable[[], Trace]) -> Concluded:
+        """``read``'s trace of a session, when it is this replica's: "elsewhere" for another
+        node's, "lost" for an earlier incarnation's or a session ``read`` does not know."""
         if node_id != self.node_id:
             return Concluded("elsewhere")
         if incarnation != self.incarnation:
             return Concluded("lost")
         try:
-            return Concluded("ok", self.app.snapshot(secret))
+            return Concluded("ok", read())
         except KeyError:
             return Concluded("lost")
 
