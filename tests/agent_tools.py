@@ -1,5 +1,6 @@
 """Shared by the tests that install real agent programs: registry reachability (skip with a
-reason when offline) and the tools root they reuse between runs."""
+reason when offline), the tools root they reuse between runs, and the check of a rollout whose
+call the interception refused."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import urllib.request
 
 import pytest
+
+import vfray as vf
 
 
 @functools.cache
@@ -45,3 +48,15 @@ def need_registry(kind: str) -> None:
     why = _npm_reachable() if kind == "npm" else _pypi_reachable()
     if why is not None:
         pytest.skip(why)
+
+
+def check_ended_after_refusal(trace: vf.Trace, name: str) -> None:
+    """``trace`` is a max_turns=1 rollout whose second call the interception refused: stopped
+    for it after the one answered call, with no error, and the program ended within the stop
+    grace rather than left retrying until the agent budget."""
+    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
+    assert trace.errors == [] and len(trace.calls) == 1, (trace.errors, len(trace.calls))
+    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
+    after = trace.timing["agent"].end - trace.calls[-1].ended_at
+    print(f"{name}: the agent phase ended {after:.1f}s after the refused call")
+    assert after < 30, after  # a hang check, generous for a loaded machine

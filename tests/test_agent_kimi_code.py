@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from agent_tools import need_registry
+from agent_tools import check_ended_after_refusal, need_registry
 from docker_engine import runtime_options
 from test_agent_skills import DESCRIPTION, _request_text, make_skill
 from test_agents import _check_solved, _rollout, _timed_install
@@ -105,9 +105,4 @@ async def test_a_refused_call_ends_kimi_code() -> None:
     trace = await _rollout(
         "kimi-code", runtime="bwrap", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
     )
-    assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
-    assert trace.errors == [] and len(trace.calls) == 1
-    assert not [note for note in trace.notes if "agent budget" in note], trace.notes
-    after = trace.timing["agent"].end - trace.calls[-1].ended_at
-    print(f"kimi-code: the agent phase ended {after:.1f}s after the refused call")
-    assert after < 30, after  # a hang check, generous for a loaded machine
+    check_ended_after_refusal(trace, "kimi-code")
