@@ -29,7 +29,13 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
-from vfray.interception.dialects.base import JSON, Action, SSEEvent, StreamAccumulator
+from vfray.interception.dialects.base import (
+    JSON,
+    Action,
+    SSEEvent,
+    StreamAccumulator,
+    upstream_error_message,
+)
 from vfray.interception.dialects.chat import ChatDialect
 from vfray.interception.token_in import note
 from vfray.trace import Message, Trace
@@ -346,11 +352,7 @@ class AsChat(ChatDialect):
         return json.dumps(self.answer(reply, model)).encode()
 
     def client_error(self, status: int, data: bytes) -> bytes:
-        try:
-            error = json.loads(data).get("error")
-            message = error.get("message") if isinstance(error, dict) else error
-        except (ValueError, AttributeError):
-            message = None
+        message = upstream_error_message(data)
         text = str(message or data.decode("utf-8", "replace"))[:2000]
         return json.dumps(self.client.error_body(status, text)).encode()
 

@@ -212,6 +212,16 @@ def openai_error(status: int, message: str) -> JSON:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def upstream_error_message(data: bytes) -> Any:
+    """An upstream error body's ``error.message`` (or its bare ``error``), for a dialect that
+    re-words the error in its client's shape; None when the body is not a JSON object."""
+    try:
+        error = json.loads(data).get("error")
+        return error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        return None
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise DialectError(message)

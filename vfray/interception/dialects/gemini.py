@@ -25,6 +25,7 @@ from vfray.interception.dialects.base import (
     chat_message,
     require,
     tool_call,
+    upstream_error_message,
 )
 from vfray.interception.dialects.chat import ChatDialect
 from vfray.interception.dialects.prefix import PrefixCache
@@ -331,11 +332,7 @@ class GeminiDialect(ChatDialect):
         return json.dumps(gemini_reply(reply, model)).encode()
 
     def client_error(self, status: int, data: bytes) -> bytes:
-        try:
-            error = json.loads(data).get("error")
-            message = error.get("message") if isinstance(error, dict) else error
-        except (ValueError, AttributeError):
-            message = None
+        message = upstream_error_message(data)
         text = message if isinstance(message, str) else data.decode("utf-8", "replace")
         return json.dumps(self.error_body(status, text[:2000])).encode()
 
