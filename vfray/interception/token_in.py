@@ -186,14 +186,15 @@ class TokenIn:
         bridge = await self._bridge(tail, tools, last.completion_token_ids[-1])
         prompt = last.prompt_token_ids
         new = [*last.completion_token_ids, *bridge]
+        tokens = [*prompt, *new]
         # The recorded prompt is the endpoint's echo of what was sent: equal lists compare in C
         # at a fraction of encoding them.
         if sent is not None and sent.json != "[]" and sent.ids == prompt:
             text = f"{sent.json[:-1]}, {json.dumps(new)[1:]}"
         else:
-            text = json.dumps([*prompt, *new])
+            text = json.dumps(tokens)
         messages = [*history, *request.messages[len(history) :]]
-        return Bridged([*prompt, *new], messages, text)
+        return Bridged(tokens, messages, text)
 
     async def _bridge(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop: int
