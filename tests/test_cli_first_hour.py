@@ -315,13 +315,15 @@ def wait_for(path_glob: Path, pattern: str, timeout: float = 120) -> Path:
 
 def test_ctrl_c_names_the_run_folder_and_resume_counts_the_whole_run(tmp_path: Path) -> None:
     run = subprocess.Popen(
-        [sys.executable, "-m", "vfray", "eval", "arithmetic", "-n", "12", "-r", "2", *LOCAL,
-         "-o", str(tmp_path), "-m", "scripted:arithmetic?latency=1", "-c", "4",
+        [sys.executable, "-m", "vfray", "eval", "arithmetic", "-n", "16", "-r", "2", *LOCAL,
+         "-o", str(tmp_path), "-m", "scripted:arithmetic?latency=2", "-c", "4",
          "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
     )  # fmt: skip
     wait_for(tmp_path, "*/*/config.json", timeout=120)
-    time.sleep(3)  # a few groups done, others in flight
+    # A few groups done, others in flight: the run takes at least 4 rounds of 2 s. (With 12
+    # tasks at 1 s the whole run once ended inside the 3 s, and Ctrl-C found nothing to stop.)
+    time.sleep(3)
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err[-3000:]
@@ -331,10 +333,10 @@ def test_ctrl_c_names_the_run_folder_and_resume_counts_the_whole_run(tmp_path: P
     assert list((folder / "traces").glob("*.parquet"))  # the finished groups were kept
     resumed = vfray("resume", str(folder))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "24 / 24" in resumed.stdout
+    assert "32 / 32" in resumed.stdout
     # The progress line counts what the run already held, not only the resumed part.
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("rollouts ")]
-    assert lines and lines[-1].startswith("rollouts 24/24"), resumed.stderr
+    assert lines and lines[-1].startswith("rollouts 32/32"), resumed.stderr
 
 
 def test_sigterm_under_ray_stops_cleanly_with_the_resume_command(tmp_path: Path) -> None:
