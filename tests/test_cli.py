@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,6 +47,21 @@ class Broken(vf.Taskset[BrokenTask]):
     def load(self):
         return [BrokenTask(WordData(prompt="say x", word="x"), key="x")]
 """
+
+
+def as_from_a_terminal() -> None:
+    """A ``preexec_fn``: the child starts with Ctrl-C and SIGTERM as a terminal gives them
+    (default action, not blocked), whatever this test worker's earlier tests left on it. A
+    worker of CI's suite twice handed them on ignored or blocked (its vfray ran to rc 0 through
+    a Ctrl-C), and vfray rightly keeps an ignored SIGINT ignored (a background job's rule)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def signal_state() -> str:
+    """What this worker would hand a child: SIGINT's handler and the blocked signals."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return f"worker SIGINT handler {signal.getsignal(signal.SIGINT)}, blocked {sorted(blocked)}"
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import cli_env
+from tests.test_cli import as_from_a_terminal, cli_env, signal_state
 
 LOCAL = ("--backend", "local", "--harness", "null")
 
@@ -319,6 +319,7 @@ def test_ctrl_c_names_the_run_folder_and_resume_counts_the_whole_run(tmp_path: P
          "-o", str(tmp_path), "-m", "scripted:arithmetic?latency=2", "-c", "4",
          "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+        preexec_fn=as_from_a_terminal,
     )  # fmt: skip
     wait_for(tmp_path, "*/*/config.json", timeout=120)
     # A few groups done, others in flight: the run takes at least 4 rounds of 2 s. (With 12
@@ -326,7 +327,7 @@ def test_ctrl_c_names_the_run_folder_and_resume_counts_the_whole_run(tmp_path: P
     time.sleep(3)
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
-    assert run.returncode == 130, err[-3000:]
+    assert run.returncode == 130, f"{signal_state()}\n{err[-3000:]}"
     assert "Traceback" not in err
     folder = next(tmp_path.glob("*/*/config.json")).parent
     assert f"run folder: {folder}" in err and f"vfray resume {folder}" in err

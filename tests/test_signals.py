@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_cli import cli_env
+from tests.test_cli import as_from_a_terminal, cli_env, signal_state
 
 TASKS, GROUP = 12, 2
 
@@ -41,6 +41,7 @@ def _start(
         text=True,
         env=cli_env(),
         cwd=Path(__file__).parent.parent,
+        preexec_fn=as_from_a_terminal,
     )
     err: list[str] = []
     assert proc.stderr is not None
@@ -92,7 +93,7 @@ def test_a_signal_stops_the_run_cleanly_and_resume_completes_it(
     code = proc.wait(timeout=300)
     time.sleep(0.5)  # the reader thread drains the pipe
     text = "".join(err)
-    assert code == 128 + sig, text[-3000:]
+    assert code == 128 + sig, f"{signal_state()}\n{text[-3000:]}"
     assert "Traceback" not in text, text[-3000:]
     assert f"run folder: {folder}" in text and f"resume with: vfray resume {folder}" in text
     if scheduled:
