@@ -1,8 +1,10 @@
-"""The interception ASGI app: auth, body cap, limits, retry coalescing and the HTTP routes.
+"""The interception ASGI app: its routes, the body cap, retry coalescing and one model call.
 
 :class:`InterceptionApp` is a plain ASGI callable, so the same object serves under uvicorn
 in-process and inside a Ray Serve replica. :class:`Interception` serves one on 127.0.0.1 for
-tests and single-process runs.
+tests and single-process runs. Who may call, and why a call is refused, is
+:mod:`~vfray.interception.admission`; token-in's hook on a call is
+:mod:`~vfray.interception.token_in_hook`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import HeadLimits, serve_in_loop
-from vfray.errors import TaskError
-from vfray.interception._incoming import ErrorResponse, Incoming, RequestError, parse_json
+from vfray.interception._incoming import Incoming, RequestError, parse_json
 from vfray.interception._relay import respond
+from vfray.interception.admission import authenticate, note_refusal, refusal, refused
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
 from vfray.interception.count_tokens import TokenCounter, estimate
-from vfray.interception.dialects import DIALECTS, Dialect, DialectError, ParsedRequest
+from vfray.interception.dialects import DIALECTS, Dialect, DialectError
 from vfray.interception.dialects.gemini import GeminiDialect, counted_fields, gemini_method
 from vfray.interception.exchange import Exchange
 from vfray.interception.limits import Limits
@@ -38,41 +40,16 @@ from vfray.interception.sessions import (
     StopCheck,
 )
 from vfray.interception.settings import InterceptionSettings
-from vfray.interception.token_in import (
-    TOKENS_PATH,
-    CannotBridge,
-    SentTokens,
-    TokenIn,
-    note,
-    unsupported_dialect,
-)
-from vfray.interception.token_in_dialects import DIALECTS as AS_CHAT_DIALECTS
-from vfray.interception.token_in_dialects import as_chat
+from vfray.interception.token_in import TokenIn
+from vfray.interception.token_in_hook import send_as_tokens
 from vfray.interception.turns import Turn, run_turn
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.scoring import PENDING_BODY
-from vfray.trace import StopCondition, Trace
+from vfray.trace import Trace
 
 DEFAULT_RETRY_WINDOW_S = 10.0
 """Real clients back off 0.5-8 s before retrying a lost answer (Claude Code, litellm)."""
 RETRY_HEADER = "x-stainless-retry-count"
-_MAX_SECRET_CHARS = 256
-_NOTED_REFUSALS = 5
-"""Client-input refusals noted on one trace (a client may retry a bad request for minutes)."""
-
-
-def _secret(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, value = auth.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    # Gemini's SDK sends its key as x-goog-api-key (its REST API also takes ?key=).
-    return (
-        request.headers.get("x-api-key")
-        or request.headers.get("x-goog-api-key")
-        or request.query_params.get("key")
-        or None
-    )
 
 
 def _is_retry(request: Request) -> bool:
@@ -221,12 +198,12 @@ class InterceptionApp:
             incoming = Incoming(request.receive, self.settings.body_timeout)
             session: Session | None = None
             try:
-                session = self._authenticate(request)
+                session = authenticate(self.sessions, request)
                 return await self._model_call(request, dialect, session, incoming)
             except RequestError as exc:
                 if exc.client_input and session is not None:
-                    _note_refusal(session, exc.status, str(exc))
-                return _refused(dialect, exc, incoming)
+                    note_refusal(session, exc.status, str(exc))
+                return refused(dialect, exc, incoming)
             except ClientDisconnect:
                 return Response(status_code=400)
 
@@ -238,7 +215,7 @@ class InterceptionApp:
         incoming = Incoming(request.receive, self.settings.body_timeout)
         anthropic = DIALECTS["anthropic"]
         try:
-            self._authenticate(request)
+            authenticate(self.sessions, request)
             raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
             body = parse_json(raw)
             if not isinstance(body.get("messages"), list):
@@ -246,7 +223,7 @@ class InterceptionApp:
             headers = {k: v for k, v in request.headers.items() if k.startswith("anthropic-")}
             return await self.token_counter.answer(body, headers)
         except RequestError as exc:
-            return _refused(anthropic, exc, incoming)
+            return refused(anthropic, exc, incoming)
         except ClientDisconnect:
             return Response(status_code=400)
 
@@ -256,7 +233,7 @@ class InterceptionApp:
         cannot count (no open server counts a Gemini request)."""
         incoming = Incoming(request.receive, self.settings.body_timeout)
         try:
-            self._authenticate(request)
+            authenticate(self.sessions, request)
             raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
             try:
                 counted = counted_fields(parse_json(raw))
@@ -264,7 +241,7 @@ class InterceptionApp:
                 raise RequestError(400, f"invalid gemini request: {exc}") from None
             return JSONResponse({"totalTokens": estimate(counted)})
         except RequestError as exc:
-            return _refused(self._gemini_dialect, exc, incoming)
+            return refused(self._gemini_dialect, exc, incoming)
         except ClientDisconnect:
             return Response(status_code=400)
 
@@ -321,12 +298,12 @@ class InterceptionApp:
         token = PENDING_REQUEST.set(pending)
         body_token = PENDING_BODY.set(pending.body)
         try:
-            refusal = await self._refusal(session)
+            why = await refusal(session)
         finally:
             PENDING_BODY.reset(body_token)
             PENDING_REQUEST.reset(token)
-        if refusal is not None:
-            raise RequestError(400, f"rollout stopped: {refusal}", final=True)
+        if why is not None:
+            raise RequestError(400, f"rollout stopped: {why}", final=True)
 
         sampling = self.upstream.sampling
         if session.sampling is not None:
@@ -350,104 +327,13 @@ class InterceptionApp:
             require_tokens=sampling.get("return_tokens") == "required",
         )
         if self.token_in is not None and isinstance(body, dict):
-            if dialect.name == "chat":
-                await self._send_tokens(turn, session, parsed, body)
-            elif dialect.name in AS_CHAT_DIALECTS:
-                chat = as_chat(turn, session.trace)
-                if chat is not None:
-                    await self._send_tokens(turn, session, parsed, chat)
-            else:
-                unsupported_dialect(session.trace, dialect.name)
+            await send_as_tokens(self.token_in, turn, session, dialect, parsed, body)
         # Its own task: a client that hangs up mid-stream must not cancel the upstream call
         # or its recording (a retry will replay it).
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await respond(exchange, self.settings.sse_keepalive)
-
-    async def _send_tokens(
-        self, turn: Turn, session: Session, parsed: ParsedRequest, body: dict[str, Any]
-    ) -> None:
-        """Send ``turn`` as token ids when it continues a branch that has them (token-in)."""
-        token_in = self.token_in
-        assert token_in is not None
-        turn.token_in = token_in
-        # Token-in needs every reply's token ids, asked for whatever the sampling config says.
-        for key, value in turn.dialect.token_fields(body).items():
-            turn.upstream_body.setdefault(key, value)
-        try:
-            bridged = await token_in.prompt(session.trace, parsed, body, session.sent_tokens)
-        except CannotBridge as exc:
-            note(session.trace, f"call {len(session.trace.calls)} sent as messages: {exc}")
-            return
-        if bridged is not None:
-            turn.upstream_body["tokens"] = bridged.tokens
-            turn.path = TOKENS_PATH
-            turn.sent_tokens = bridged.tokens
-            turn.tokens_json = bridged.json
-            session.sent_tokens = SentTokens(bridged.tokens, bridged.json)
-            # Recorded as what the model saw, so the call stays on the branch it extends.
-            turn.plain_request = parsed
-            turn.request = ParsedRequest(bridged.messages, parsed.tools, parsed.stream)
-
-    def _authenticate(self, request: Request) -> Session:
-        secret = _secret(request)
-        if secret is None:
-            raise RequestError(401, "missing API key (Authorization: Bearer, or x-api-key)")
-        if len(secret) <= _MAX_SECRET_CHARS:
-            session = self.sessions.lookup(secret)
-            if session is not None:
-                return session
-            if self.sessions.was_concluded(secret):
-                raise RequestError(
-                    409, "this rollout has concluded; no more calls are accepted", final=True
-                )
-        raise RequestError(401, "unknown API key", final=True)
-
-    async def _refusal(self, session: Session) -> str | None:
-        """Why the next call must not be forwarded (a limit or a stop hook), or None."""
-        trace = session.trace
-        if trace.stop_condition is not None:
-            return trace.stop_condition.value
-        reached = session.limits.reached(trace)
-        if reached is not None:
-            trace.stop(reached)
-            return reached.value
-        if session.stop_check is None:
-            return None
-        try:
-            hook = await session.stop_check(trace)
-        except Exception as exc:
-            trace.add_error(TaskError(f"stop hook failed: {type(exc).__name__}: {exc}"), "agent")
-            trace.stop(StopCondition.ERROR)
-            return StopCondition.ERROR.value
-        if hook is None:
-            return None
-        trace.stop(StopCondition.STOP_HOOK)
-        trace.notes.append(f"stop hook {hook!r} ended the rollout")
-        return f"{StopCondition.STOP_HOOK.value} ({hook})"
-
-
-def _refused(dialect: Dialect, exc: RequestError, incoming: Incoming) -> Response:
-    """``exc`` in ``dialect``'s error shape; a final refusal in its final status, marked so."""
-    status = dialect.final_status if exc.final else exc.status
-    answer = ErrorResponse(dialect.error_body(status, str(exc)), status, incoming)
-    if exc.final:
-        answer.headers["x-should-retry"] = "false"
-    return answer
-
-
-def _note_refusal(session: Session, status: int, message: str) -> None:
-    """Say on the trace that the agent's request was refused as bad input (the harness's own
-    error, if it gives up, follows; the first few refusals are enough to see why)."""
-    if session.concluded:
-        return  # its trace has been handed over
-    session.refusals += 1
-    if session.refusals <= _NOTED_REFUSALS:
-        note = f"interception refused a call as bad input: HTTP {status}: {message[:500]}"
-        session.trace.notes.append(note)
-    elif session.refusals == _NOTED_REFUSALS + 1:
-        session.trace.notes.append("interception refused further calls as bad input (not noted)")
 
 
 class Interception:
