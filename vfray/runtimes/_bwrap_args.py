@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vfray.errors import SandboxError
 from vfray.runtimes._foreign_root import NodePrograms
 from vfray.runtimes.provision import tools_root
 
@@ -100,6 +101,21 @@ def user_ids(user: str, passwd: str, group: str) -> tuple[int, int] | None:
             return None
         gid = int(found[0][2])
     return uid, gid
+
+
+def read_user_ids(user: str, passwd: str, group: str) -> tuple[int, int]:
+    """``user``'s ids (:func:`user_ids`) by the box's ``passwd`` and ``group`` files (an
+    unreadable one read as empty); SandboxError when it has no such user."""
+    texts = []
+    for path in (passwd, group):
+        try:
+            texts.append(Path(path).read_text(errors="replace"))
+        except OSError:
+            texts.append("")
+    ids = user_ids(user, *texts)
+    if ids is None:
+        raise SandboxError(f"bwrap box: no user {user!r} in the box's /etc/passwd (or group)")
+    return ids
 
 
 def with_ids(args: Sequence[str], uid: int, gid: int) -> list[str]:

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -43,39 +41,42 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vfray.endpoints.serving import in_loop_server
-from vfray.errors import ConfigError, SandboxError
+from vfray.errors import SandboxError
 from vfray.runtimes._box_netns import BoxNetns
 from vfray.runtimes._bwrap_args import (
     BOX_UID,
     BRIDGE_DIR,
     IMAGE_PATH,
     OFFLINE_NSSWITCH,
-    can_disable_userns,
     give_owned,
     host_mounts,
-    host_paths,
     image_mounts,
-    namespaces,
-    user_ids,
+    read_user_ids,
     with_ids,
+)
+from vfray.runtimes._bwrap_image import box_layer, in_layer, mount_box_root, unpacked
+from vfray.runtimes._bwrap_launch import (
+    bwrap_args,
+    command_env,
+    find_bwrap,
+    forwarded,
+    host_path,
+    preflight,
 )
 from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
-from vfray.runtimes._foreign_root import NODE_DIR, NodePrograms, in_root
-from vfray.runtimes._overlay import CowRoot, auto_backend
+from vfray.runtimes._foreign_root import NodePrograms, in_root
+from vfray.runtimes._overlay import CowRoot
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
-from vfray.runtimes.bridge import BOX_FORWARDER, BridgeSet, ExposedPort, UnixBridge
+from vfray.runtimes.bridge import BridgeSet, ExposedPort, UnixBridge
 from vfray.runtimes.egress import EgressGate, open_gate
-from vfray.runtimes.images import ImageConfig, image_config, rootfs
+from vfray.runtimes.images import ImageConfig
 from vfray.runtimes.network_policy import BoxNetwork, box_network
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
-    box_env,
     kill_group,
-    network_env,
     rlimit_setter,
 )
-from vfray.runtimes.provision import tools_root
 from vfray.runtimes.subprocess import SubprocessRuntime
 
 logger = logging.getLogger(__name__)
@@ -160,10 +161,7 @@ class BwrapRuntime(SubprocessRuntime):
         self._exposed: dict[int, ExposedPort] = {}
 
     async def start(self) -> None:
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
-            raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap)")
-        self._bwrap = bwrap
+        self._bwrap = find_bwrap()
         await super().start()
         assert self.workdir is not None
         self.base = self.workdir
@@ -205,82 +203,36 @@ class BwrapRuntime(SubprocessRuntime):
     @classmethod
     def preflight(cls, options: dict[str, Any]) -> None:
         """Run ``bwrap … true`` once with the boxes' namespaces and mounts of the host."""
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
-            raise ConfigError(
-                "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
-            )
-        argv = [bwrap, *namespaces(), "--proc", "/proc", "--dev", "/dev", "--", "true"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ConfigError(f"bwrap runtime: cannot run {bwrap}: {exc}") from exc
-        if done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-            raise ConfigError(
-                f"bwrap runtime: a test box failed ({why}); bubblewrap needs user namespaces "
-                "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 when "
-                "not root; in a container: --security-opt seccomp=unconfined or --privileged)"
-            )
-        if not can_disable_userns():
-            logger.warning(
-                "bwrap runtime: this bubblewrap has no --disable-userns (0.8 or later has it): "
-                "a box's programs can create nested user namespaces"
-            )
+        preflight()
 
     async def prepare_image(self) -> None:
         """The task's image unpacked on this node (once per node and content) and its config
         read: the box's root, environment, default work dir and user."""
-        if self.image_root is None and self.spec.image is not None:
-            self.image_root = str(await rootfs(self.spec.image, docker_url=self.docker_url))
-        if self.image is not None or self.image_root is None:
+        if self.image is not None:
             return
-        root = Path(self.image_root)
-        if (root.parent / "config.json").is_file():  # an unpacked image's, not a bare dir
-            try:
-                self.image = await blocking(image_config, root)
-            except (OSError, ValueError) as exc:
-                raise SandboxError(f"cannot read the config of image root {root}: {exc}") from exc
+        self.image_root, self.image = await unpacked(
+            self.spec.image, self.image_root, self.docker_url
+        )
+        if self.image is not None:
             if self.spec.workdir is None and self.image.workdir not in ("", "/"):
                 self.box_workdir = self.image.workdir
             self.box_ids = (self.image.uid, self.image.gid)
 
     async def _start_image(self, base: Path) -> None:
         """The box's own root over the image's: its layer mounted, its work dir made."""
-        lower = self.image_root
-        assert lower is not None
-        if not os.path.isdir(lower):
-            raise SandboxError(f"image root {lower} is not a directory")
-        if self.require_shell and not os.path.lexists(in_root(lower, "/bin/sh")):
-            raise SandboxError(
-                f"image root {lower} (image {self.spec.image or '?'}) has no /bin/sh: "
-                "agent programs and scoring hooks start through it; use an image with a shell"
-            )
-        backend = (
-            await blocking(auto_backend, str(base.parent))
-            if self.overlay == "auto"
-            else self.overlay
+        assert self.image_root is not None
+        overlay = None if self.overlay == "auto" else self.overlay
+        self.layer = await blocking(
+            box_layer,
+            self.image_root,
+            base,
+            overlay,
+            require_shell=self.require_shell,
+            image_name=self.spec.image,
         )
-        self.layer = CowRoot(lower, base / "layer", backend)
-        root = str(await blocking(self.layer.mount))
-        tools = str(tools_root())
-        node_paths = host_paths(self.ro_binds) + ([tools] if os.path.isdir(tools) else [])
-        self.node = NodePrograms(node_paths, root)
-
-        def make_dirs() -> str:
-            tmp = in_root(root, "/tmp")
-            os.makedirs(tmp, exist_ok=True)
-            os.chmod(tmp, 0o1777)
-            workdir = in_root(root, self.box_workdir)
-            os.makedirs(workdir, exist_ok=True)
-            return workdir
-
-        try:
-            self.workdir = Path(await blocking(make_dirs))
-        except OSError as exc:
-            raise SandboxError(
-                f"cannot make {self.box_workdir} in image root {lower}: {exc}"
-            ) from (exc)
+        self.node, self.workdir = await blocking(
+            mount_box_root, self.layer, self.ro_binds, self.box_workdir
+        )
 
     def _image_mounts(self) -> list[str]:
         """A box over an image: its layer as ``/``, the node's programs read-only on top."""
@@ -306,13 +258,7 @@ class BwrapRuntime(SubprocessRuntime):
         assert self.base is not None
         box = Path(self.box_workdir, path)  # an absolute path replaces the work dir
         if self.layer is not None:
-            for mounted in ("/proc", "/dev", BRIDGE_DIR, NODE_DIR):
-                if box == Path(mounted) or Path(mounted) in box.parents:
-                    raise SandboxError(f"{path!r} is not in the box's root filesystem")
-            try:
-                return Path(in_root(str(self.layer.root), str(box)))
-            except OSError as exc:
-                raise SandboxError(f"cannot resolve {path!r} in the box: {exc}") from exc
+            return in_layer(self.layer.root, box, path)
         for inside, outside in (
             (Path(self.box_workdir), workdir),
             (Path("/tmp"), self.base / "tmp"),
@@ -356,18 +302,22 @@ class BwrapRuntime(SubprocessRuntime):
     ) -> tuple[list[str], dict[str, str], str, Callable[[], None] | None]:
         workdir = self._require_workdir()
         assert self.bridges is not None
-        prefix = list(self._prefix)
+        isolated = self._isolated()
+        prefix = self._prefix
         if user is not None:
             prefix = with_ids(prefix, *self._user_ids(user))
-        if not self._isolated() or self._in_netns():
-            prefix.insert(prefix.index("--unshare-all") + 1, "--share-net")
-        if cwd:
-            # bubblewrap keeps the last --chdir; a relative one is under the box's work dir.
-            prefix += ["--chdir", str(Path(self.box_workdir, cwd))]
+        prefix = bwrap_args(
+            prefix,
+            share_net=not isolated or self._in_netns(),
+            cwd=cwd,
+            box_workdir=self.box_workdir,
+            # Name lookups from files only: a phone-home lookup fails at once as unknown
+            # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
+            nsswitch=self._offline_nsswitch() if isolated else None,
+        )
         command = list(argv)
-        python_bin = os.path.dirname(sys.executable)
-        path = f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-        forwarder = [sys.executable]
+        path = host_path()
+        python = [sys.executable]
         image_env: dict[str, str] = {}
         if self.node is not None:
             # The node's programs through its loader; the image's PATH, so that its python3 is
@@ -375,33 +325,25 @@ class BwrapRuntime(SubprocessRuntime):
             image_env = self._image_env()
             path = image_env.pop("PATH")
             command = self.program_argv(argv, env)
-            forwarder = self.node.argv(forwarder, {})
+            python = self.node.argv(python, {})
         # In the box's own namespace the bridges listen already: the forwarder only for a way in.
-        bridged = self.bridges.bridges and not self._in_netns()
-        if self._isolated() and (bridged or serve):
-            ways_in = [f"@{BRIDGE_DIR}/{serve}"] if serve else []
-            command = [
-                *forwarder,
-                *("-I", "-S", "-c"),
-                BOX_FORWARDER,
-                *(self.bridges.forwarder_args() if bridged else []),
-                *ways_in,
-                "--",
-                *command,
-            ]
-        base_env = {"PATH": path}
-        # By name: iterating os.environ decodes every variable of the owner's, per command.
-        base_env.update({k: os.environ[k] for k in ("LANG", "LC_ALL", "TZ") if k in os.environ})
-        if self._isolated():
-            # Name lookups from files only: a phone-home lookup fails at once as unknown
-            # (EAI_NONAME), not as a "temporary" failure an agent may keep retrying.
-            prefix += ["--ro-bind", str(self._offline_nsswitch()), "/etc/nsswitch.conf"]
-            extra = {**image_env, **(self.egress.env() if self.egress else {}), **(env or {})}
-        else:
-            extra = {**image_env, **network_env(os.environ), **(env or {})}
+        bridged = bool(self.bridges.bridges) and not self._in_netns()
+        if isolated and (bridged or serve):
+            bridge_args = self.bridges.forwarder_args() if bridged else []
+            command = forwarded(command, python, bridge_args, serve)
+        egress_env = self.egress.env() if self.egress is not None and isolated else {}
         return (
             [*self._launcher(), self._bwrap, *prefix, "--", *command],
-            box_env(base_env, self.box_workdir, self.box_id, extra, owner=self.owner),
+            command_env(
+                path,
+                image_env,
+                egress_env,
+                env,
+                isolated=isolated,
+                box_workdir=self.box_workdir,
+                box_id=self.box_id,
+                owner=self.owner,
+            ),
             str(workdir),
             self._preexec(),
         )
@@ -427,16 +369,7 @@ class BwrapRuntime(SubprocessRuntime):
             files = [in_root(str(self.layer.root), f"/etc/{n}") for n in ("passwd", "group")]
         else:
             files = [str(self.base / "etc" / n) for n in ("passwd", "group")]
-        texts = []
-        for path in files:
-            try:
-                texts.append(Path(path).read_text(errors="replace"))
-            except OSError:
-                texts.append("")
-        ids = user_ids(user, *texts)
-        if ids is None:
-            raise SandboxError(f"bwrap box: no user {user!r} in the box's /etc/passwd (or group)")
-        return ids
+        return read_user_ids(user, *files)
 
     def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         if self.node is None:
