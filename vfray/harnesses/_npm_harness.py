@@ -16,7 +16,7 @@ from vfray.errors import HarnessError
 from vfray.harnesses.base import LaunchContext
 from vfray.harnesses.provisioned import AgentHarnessConfig, ProvisionedHarness, prompt_text
 from vfray.runtimes.base import ProgramResult, Runtime
-from vfray.runtimes.provision import ToolSpec
+from vfray.runtimes.provision import InstalledTool, ToolSpec
 from vfray.trace import Message
 
 
@@ -79,6 +79,11 @@ class NpmAgentHarness(ProvisionedHarness):
     def environment(self, ctx: LaunchContext) -> dict[str, str]:
         """The program's environment, without ``PATH`` and the config's ``env``."""
 
+    async def prelude(self, runtime: Runtime, tool: InstalledTool) -> str:
+        """Shell run in the box before the program starts, in the shell that starts it (none by
+        default)."""
+        return ""
+
     async def checked(self, runtime: Runtime, result: ProgramResult) -> ProgramResult:
         """The segment's result as the rollout sees it (the program's, by default)."""
         return result
@@ -115,5 +120,6 @@ class NpmAgentHarness(ProvisionedHarness):
             box_paths=self.BOX_PATHS,
             # A resumed segment's events follow the first's in the one transcript.
             append=resumed,
+            prelude=await self.prelude(runtime, tool),
         )
         return await self.checked(runtime, result)

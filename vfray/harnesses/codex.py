@@ -7,13 +7,16 @@ stream is kept on the trace.
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from vfray.harnesses._codex_skills import SystemSkillSeeds
 from vfray.harnesses._npm_harness import NpmAgentConfig, NpmAgentHarness
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
 from vfray.harnesses.provisioned import AGENT_DIR
 from vfray.runtimes.base import Runtime
+from vfray.runtimes.provision import InstalledTool
 
 CODEX_HOME = f"{AGENT_DIR}/codex-home"
 EVENTS_PATH = f"{AGENT_DIR}/codex-events.jsonl"
@@ -80,6 +83,14 @@ class CodexHarness(NpmAgentHarness):
     BOX_PATHS = ("CODEX_HOME",)
     SKILLS_DIR = f"{CODEX_HOME}/skills"
     SUPPORTS_RESUME = True
+
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._skills = SystemSkillSeeds()
+
+    async def prelude(self, runtime: Runtime, tool: InstalledTool) -> str:
+        argv = [tool.executable(self.BINARY), "debug", "prompt-input", "."]
+        return await self._skills.prelude(runtime, tool, argv)
 
     async def write_config(self, ctx: LaunchContext, runtime: Runtime) -> None:
         toml = config_toml(

@@ -156,16 +156,19 @@ class ProvisionedHarness(Harness):
         timeout: float | None,
         box_paths: Sequence[str] = (),
         append: bool = False,
+        prelude: str = "",
     ) -> ProgramResult:
         """Run ``argv`` with its stdout (the agent's JSON event stream, its transcript) going to
         ``stdout_path`` in the box rather than the capped capture; the variables named in
         ``box_paths`` hold paths relative to the work dir and are made absolute (agents resolve
         their config homes against changing dirs). The result's stdout is the stream's tail,
         so a failure's message shows the agent's last events. With ``append`` the stream
-        follows what ``stdout_path`` already holds (a resumed segment's after the first's)."""
+        follows what ``stdout_path`` already holds (a resumed segment's after the first's).
+        ``prelude`` is shell run first, after the exports, in the same shell (no command of its
+        own for vfray to start)."""
         exports = "".join(f'{v}="$PWD/${v}"; export {v}; ' for v in box_paths)
         redirect = ">>" if append else ">"
-        script = f'{exports}exec "$0" "$@" {redirect} {shlex.quote(stdout_path)}'
+        script = f'{exports}{prelude}exec "$0" "$@" {redirect} {shlex.quote(stdout_path)}'
         # The node's program as the box must start it (through the node's loader in an image).
         argv = runtime.program_argv(argv, env)
         result = await runtime.run_program(["/bin/sh", "-c", script, *argv], env, timeout=timeout)
