@@ -144,9 +144,7 @@ class CrashingAgent(AcpHarness):
         script = "import sys; print('not json'); sys.stderr.write('no API key found'); sys.exit(2)"
         return [sys.executable, "-c", script]
 
-    async def agent_env(
-        self, ctx: Any, runtime: Runtime, tool: InstalledTool, workdir: str
-    ) -> dict[str, str]:
+    async def agent_env(self, ctx: Any, runtime: Runtime, tool: InstalledTool) -> dict[str, str]:
         return {}
 
 

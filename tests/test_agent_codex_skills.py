@@ -1,5 +1,5 @@
 """Codex's bundled system skills are unpacked once per node, not into every rollout's home: the
-codex harness links ``$CODEX_HOME/skills/.system`` to a read-only copy beside the
+codex and codex-acp harnesses link ``$CODEX_HOME/skills/.system`` to a read-only copy beside the
 tool dir that Codex itself made, Codex keeps it (its marker matches), and the model is still
 shown the same skills. Real agents (npm) and real bwrap boxes."""
 
@@ -69,7 +69,7 @@ def test_the_nodes_copy_is_made_once_read_only_and_none_when_codex_makes_none(
 
 @pytest.mark.bwrap
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
-@pytest.mark.parametrize("harness_id", ["codex"])
+@pytest.mark.parametrize("harness_id", ["codex", "codex-acp"])
 async def test_each_rollouts_home_links_the_nodes_skills_and_the_model_still_sees_them(
     harness_id: str,
 ) -> None:

@@ -85,12 +85,21 @@ class AcpHarness(ProvisionedHarness):
     def agent_argv(self, tool: InstalledTool) -> list[str]:
         """The agent's command line (it speaks ACP on its stdin/stdout)."""
 
+    BOX_PATHS: ClassVar[tuple[str, ...]] = ()
+    """Variables of :meth:`agent_env` holding work-dir-relative paths, made absolute in the box
+    when the agent starts."""
+
     @abc.abstractmethod
     async def agent_env(
-        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool, workdir: str
+        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool
     ) -> dict[str, str]:
-        """The agent's environment; ``workdir`` is the box's absolute work dir, under which
-        config files it needs may be written."""
+        """The agent's environment (the variables in :attr:`BOX_PATHS` relative to the box's
+        work dir); config files it needs may be written into the box here."""
+
+    async def prelude(self, runtime: Runtime, tool: InstalledTool) -> str:
+        """Shell run in the box before the agent starts, in the shell that starts it (none by
+        default)."""
+        return ""
 
     def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
         _acp()  # a missing SDK is a config error, before any rollout starts
@@ -191,15 +200,20 @@ class AcpSession(AgentSession):
     async def _start(self, ctx: LaunchContext) -> None:
         acp = _acp()
         tool = await self.harness.box_tool(self.runtime)
-        found = await self.runtime.run(["/bin/sh", "-c", "pwd"])
-        workdir = found.stdout.strip()
-        if not found.ok or not workdir.startswith("/"):
-            raise SandboxError(f"cannot find the box's work dir: {found.stderr.strip()}")
-        env = await self.harness.agent_env(ctx, self.runtime, tool, workdir)
+        env = await self.harness.agent_env(ctx, self.runtime, tool)
         argv = [*self.harness.agent_argv(tool), *self.harness.config.extra_args]
-        self.process = await self.runtime.open_process(argv, env=env)
+        # One shell starts the agent and first says the box's work dir (which session/new
+        # needs) on its stdout, before the agent's ACP stream: no command of its own to ask.
+        exports = "".join(f'{v}="$PWD/${v}"; export {v}; ' for v in self.harness.BOX_PATHS)
+        prelude = await self.harness.prelude(self.runtime, tool)
+        script = f'{exports}{prelude}printf "%s\\n" "$PWD"; exec "$0" "$@"'
+        command = ["/bin/sh", "-c", script, *self.runtime.program_argv(argv, env)]
+        self.process = await self.runtime.open_process(command, env=env)
         self.transcript.add("process", argv=argv, pid=self.process.pid)
         self._stderr_reader = asyncio.ensure_future(self._drain_stderr(self.process))
+        workdir = (await self._call(self.process.stdout.readline())).decode().strip()
+        if not workdir.startswith("/"):
+            raise SandboxError(f"cannot find the box's work dir: {workdir!r}")
         self.connection = acp.connect_to_agent(self.client, _Pipe(self.process))
         schema = acp.schema
         capabilities = schema.ClientCapabilities(

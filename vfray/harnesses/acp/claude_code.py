@@ -43,8 +43,10 @@ class ClaudeCodeAcpHarness(AcpHarness):
     def agent_argv(self, tool: InstalledTool) -> list[str]:
         return [tool.executable("claude-code-acp")]
 
+    BOX_PATHS = ("CLAUDE_CONFIG_DIR",)
+
     async def agent_env(
-        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool, workdir: str
+        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool
     ) -> dict[str, str]:
         await runtime.write(f"{CONFIG_DIR}/.keep", b"")
         return {
@@ -54,7 +56,7 @@ class ClaudeCodeAcpHarness(AcpHarness):
             "ANTHROPIC_API_KEY": ctx.secret,
             "ANTHROPIC_MODEL": ctx.model,
             "ANTHROPIC_SMALL_FAST_MODEL": ctx.model,
-            "CLAUDE_CONFIG_DIR": f"{workdir}/{CONFIG_DIR}",
+            "CLAUDE_CONFIG_DIR": CONFIG_DIR,
             **OPT_OUTS,
             # Else MCP tools hide behind a ToolSearch tool (as in the claude-code harness).
             **({"ENABLE_TOOL_SEARCH": "false"} if ctx.mcp_servers else {}),

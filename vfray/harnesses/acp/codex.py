@@ -5,8 +5,10 @@ through the same provider entry as the ``codex`` harness.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from vfray.harnesses._codex_skills import SystemSkillSeeds
 from vfray.harnesses.acp.base import AcpHarness, AcpHarnessConfig
 from vfray.harnesses.base import HarnessConfig, LaunchContext
 from vfray.harnesses.chat import openai_base_url
@@ -47,8 +49,19 @@ class CodexAcpHarness(AcpHarness):
     def agent_argv(self, tool: InstalledTool) -> list[str]:
         return [tool.executable("codex-acp")]
 
+    BOX_PATHS = ("CODEX_HOME",)
+
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._skills = SystemSkillSeeds()
+
+    async def prelude(self, runtime: Runtime, tool: InstalledTool) -> str:
+        # Its Codex unpacks its own skills (not the codex harness's) as it starts.
+        argv = self.agent_argv(tool)
+        return await self._skills.prelude(runtime, tool, argv)
+
     async def agent_env(
-        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool, workdir: str
+        self, ctx: LaunchContext, runtime: Runtime, tool: InstalledTool
     ) -> dict[str, str]:
         toml = config_toml(ctx.model, openai_base_url(ctx.endpoint), self.config.reasoning_effort)
         # Top-level keys go before the tables config_toml ends with.
@@ -57,7 +70,7 @@ class CodexAcpHarness(AcpHarness):
         return {
             # The tool dir's bin holds its own node, which the script's #!/usr/bin/env node finds.
             "PATH": tool.path_env(),
-            "CODEX_HOME": f"{workdir}/{CODEX_HOME}",
+            "CODEX_HOME": CODEX_HOME,
             KEY_VAR: ctx.secret,
             **self.config.env,
         }
