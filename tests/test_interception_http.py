@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from vfray.endpoints.serving import HeadLimits
-from vfray.interception import Interception, Upstream
+from vfray.interception import Interception, InterceptionSettings, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
 
@@ -266,6 +266,44 @@ async def test_the_listen_queue_is_as_deep_as_the_kernel_allows(icpt: Intercepti
         ["ss", "-ltnH", f"sport = :{port(icpt)}"], capture_output=True, text=True, check=True
     ).stdout.split()
     assert int(listing[2]) == min(8192, somaxconn)
+
+
+# -- a client that hangs up ---------------------------------------------------------------------
+
+
+async def test_a_client_hanging_up_mid_stream_ends_its_answer_not_the_call() -> None:
+    """The answer to a client that hangs up mid-stream ends at once, not when the model next
+    speaks; the upstream call goes on and is recorded."""
+    with scripted_server("echo", stall=2.0) as url:  # silent for 2 s after the first event
+        settings = InterceptionSettings(sse_keepalive=0)  # nothing to send meanwhile
+        async with Interception(Upstream(url, model="m"), settings=settings) as icpt:
+            trace = new_trace()
+            secret = icpt.app.register(trace).encode()
+            body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True})
+            reader, writer = await asyncio.open_connection("127.0.0.1", port(icpt))
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+                + secret
+                + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body.encode())
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"data: "), 10)
+            assert head.startswith(b"HTTP/1.1 200")
+            writer.close()
+
+            def answering() -> list[asyncio.Task[Any]]:
+                return [t for t in asyncio.all_tasks() if "run_asgi" in repr(t.get_coro())]
+
+            for _ in range(50):
+                if not answering():
+                    break
+                await asyncio.sleep(0.02)
+            assert not answering() and not trace.calls  # gone while the model is still silent
+            for _ in range(200):
+                if trace.calls:
+                    break
+                await asyncio.sleep(0.05)
+    assert len(trace.calls) == 1 and trace.calls[0].error is None and trace.calls[0].streamed
 
 
 # -- shutdown -----------------------------------------------------------------------------------

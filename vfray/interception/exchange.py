@@ -63,7 +63,11 @@ class Exchange:
             await self._changed.wait()
         return b"".join(self.chunks)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def iter_chunks(
+        self, keepalive: float = 0.0, comment: bytes = b""
+    ) -> AsyncIterator[bytes]:
+        """Every chunk, from the first, as it arrives (those pushed meanwhile joined in one);
+        with ``keepalive`` > 0, ``comment`` after each ``keepalive`` seconds without either."""
         sent = 0
         while True:
             if sent < len(self.chunks):
@@ -72,5 +76,12 @@ class Exchange:
                 yield b"".join(batch)
             elif self.done:
                 return
+            elif keepalive > 0:
+                # A timeout on the wait itself, not a task per chunk raced against a timer.
+                try:
+                    async with asyncio.timeout(keepalive):
+                        await self._changed.wait()
+                except TimeoutError:
+                    yield comment
             else:
                 await self._changed.wait()
