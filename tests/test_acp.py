@@ -262,6 +262,11 @@ async def test_acp_agent_rollout_in_bwrap(harness_id: str) -> None:
     kinds = [e["kind"] for e in events]
     assert kinds.count("initialize") == kinds.count("prompt") == 1
     assert events[kinds.index("prompt_response")]["response"] == {"stopReason": "end_turn"}
+    # The agent's stream, each update as it sent it, all before the turn's response.
+    updates = [e["update"] for e in events if e["kind"] == "update"]
+    assert kinds.index("prompt_response") > max(i for i, k in enumerate(kinds) if k == "update")
+    chunks = [u for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
+    assert "hello agent" in "".join(u["content"]["text"] for u in chunks)
     if harness_id == "claude-code-acp":
         # Claude Code asks before its first command (granted, for good) and runs both commands
         # in terminals the client opens in the box; Codex runs them itself, unasked.

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vfray.errors import ConfigError, HarnessError, SandboxError
 from vfray.harnesses.base import AgentSession, HarnessConfig, LaunchContext
@@ -27,10 +27,15 @@ from vfray.runtimes.provision import InstalledTool
 from vfray.trace import Message
 from vfray.trace.messages import UserContent, content_text
 
+if TYPE_CHECKING:
+    from vfray.harnesses.acp._client import Transcript
+
 TRANSCRIPT_PATH = f"{AGENT_DIR}/acp-transcript.jsonl"
 """Where the session's ACP transcript is written in the box when it closes (then kept)."""
 STDERR_TAIL = 16 * 1024
 """Bytes of the agent's stderr kept for a failure's message."""
+UPDATE = "session/update"
+"""The agent's notification of each step of its turn (its stream)."""
 CLEAN_STOPS = ("end_turn", "max_tokens", "max_turn_requests", "refusal")
 """Stop reasons of a prompt turn that the agent ended itself (the segment ended cleanly)."""
 
@@ -121,10 +126,14 @@ class AcpHarness(ProvisionedHarness):
 
 class _Pipe:
     """An ACP message transport over a live process's stdin and stdout (newline-delimited
-    JSON, lines of any length)."""
+    JSON, lines of any length). The agent's ``session/update`` notifications (its stream:
+    ~29 in a 3-call codex-acp rollout) go straight into the transcript as the agent sent them
+    and never reach the SDK, which would validate each into pydantic models, open a tracing
+    span and a task for it, only for the client to dump it back to JSON."""
 
-    def __init__(self, process: LiveProcess) -> None:
+    def __init__(self, process: LiveProcess, transcript: Transcript) -> None:
         self.process = process
+        self.transcript = transcript
         self._buffer = bytearray()
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -148,8 +157,14 @@ class _Pipe:
                 message = json.loads(line)
             except ValueError:
                 continue  # a stray log line on stdout is not a message
-            if isinstance(message, dict):
-                return message
+            if not isinstance(message, dict):
+                continue
+            if message.get("method") == UPDATE and "id" not in message:
+                params = message.get("params")
+                update = params.get("update") if isinstance(params, dict) else params
+                self.transcript.add("update", update=update)
+                continue
+            return message
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -214,7 +229,7 @@ class AcpSession(AgentSession):
         workdir = (await self._call(self.process.stdout.readline())).decode().strip()
         if not workdir.startswith("/"):
             raise SandboxError(f"cannot find the box's work dir: {workdir!r}")
-        self.connection = acp.connect_to_agent(self.client, _Pipe(self.process))
+        self.connection = acp.connect_to_agent(self.client, _Pipe(self.process, self.transcript))
         schema = acp.schema
         capabilities = schema.ClientCapabilities(
             fs=schema.FileSystemCapabilities(read_text_file=True, write_text_file=True),
