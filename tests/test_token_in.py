@@ -560,3 +560,71 @@ async def test_a_bridge_joined_around_its_content_equals_the_render(template: Ch
             # turn ("and ..."); its tool results never take that branch and are joined.
             expected = {"shipped": 4, "trims": 4, "replaces": 0, "branches on content": 2}
             assert fast.wrappers.served == expected[name], (name, tools)
+
+
+async def test_a_bridge_cut_at_its_constant_ends_equals_the_whole_encoding(
+    template: ChatTemplate,
+) -> None:
+    """A joined bridge's constant ends are encoded once and each turn encodes only its middle:
+    the same ids as encoding the whole text, also with added tokens made to span a cut token
+    and a content's start or end (those contents are encoded whole; cut without that check,
+    their ids would differ), and with stripping, single-word and normalized added tokens."""
+    from dataclasses import replace
+
+    from tokenizers import AddedToken, Tokenizer
+
+    from vfray.endpoints.chat_template import ChatTemplate as Template
+    from vfray.interception._bridge_ids import joined
+    from vfray.interception.token_in import TokenIn
+
+    tokenizer = Tokenizer.from_str(template.tokenizer.to_str())
+    spans = [
+        "\n<|im_start|>user\nevil",
+        "omen<|im_end|>\n",
+        "<|im_start|>user\nzap",
+        "fin<|im_end|>",
+    ]
+    tokenizer.add_tokens([AddedToken(t, normalized=False) for t in spans])
+    tokenizer.add_tokens(
+        [
+            AddedToken("again", lstrip=True, normalized=False),
+            AddedToken("more", rstrip=True, normalized=False),
+            AddedToken("once", single_word=True, normalized=False),
+            AddedToken("hello", normalized=True),
+        ]
+    )
+    tmpl = Template(tokenizer, TEMPLATE, eos_token="<|im_end|>")
+    stop = tmpl.eos_token_id
+    assert stop is not None
+    safe = ["and again, once more", "hello there", "x once y", "more", "a b"]
+    crossing = ["evil twin", "an omen", "zap it", "the fin", "evil omen"]
+    fast, whole = TokenIn.local(tmpl), TokenIn.local(tmpl)
+    whole.wrappers = None  # rendered, and the text after the stop token encoded whole
+    cut = set()
+    for i, content in enumerate(safe + crossing):
+        user = [{"role": "user", "content": content}]
+        tools = [
+            {"role": "tool", "tool_call_id": f"c{i}", "content": content},
+            {"role": "tool", "tool_call_id": f"d{i}", "content": f"{content} {i}"},
+        ]
+        for kind, tail in (("user", user), ("tool", tools)):
+            assert fast.wrappers is not None
+            before = fast.wrappers.cut
+            ids = await fast._render_bridge(tail, None, "", stop)
+            assert ids == await whole._render_bridge(tail, None, "", stop), (content, tail)
+            if fast.wrappers.cut > before:
+                cut.add((kind, content))
+    assert fast.wrappers is not None and fast.text_bridges and whole.text_bridges
+    # The first bridges of a shape are checked (against the render, then the whole encoding);
+    # after "user\n" a crossing content is encoded whole, after "<tool_response>\n" none is.
+    assert {c for kind, c in cut if kind == "user"} == {"more", "a b"}
+    assert {c for kind, c in cut if kind == "tool"} == {"more", "a b", *crossing}
+    # The crossing contents are real hazards: cut without the check, they encode differently.
+    shape = next(s for s in fast.wrappers._shapes.values() if s and len(s.pieces) == 2)
+    assert shape.ends is not None and shape.ends_checked
+    assert shape.ends.starts and shape.ends.finishes
+    unchecked = replace(shape.ends, starts=(), finishes=())
+    for content in ["evil twin", "an omen"]:
+        text = content.join(shape.pieces)
+        assert joined(shape.ends, shape.pieces, [content], tmpl.encode) is None
+        assert joined(unchecked, shape.pieces, [content], tmpl.encode) != tmpl.encode(text)

@@ -1,5 +1,6 @@
-"""A bridge's text without rendering the chat template: the text the template puts around each
-new message's content, found once per shape of the new messages, then joined with the content.
+"""A bridge's ids without rendering the chat template: the text the template puts around each
+new message's content, found once per shape of the new messages, then joined with the content
+and encoded (only its middle, where the tokenizer allows: :mod:`._bridge_ids`).
 
 Rendering the bridge in Jinja's sandbox is most of what a new follow-up costs token-in (tool
 results and user turns an agent sends are new text on nearly every turn, so the bridge cache
@@ -18,9 +19,11 @@ either end (templates trim) or empty, and any message with other fields, is rend
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from vfray.endpoints.chat_template import ChatTemplate
+from vfray.interception._bridge_ids import Ends, joined, plan
 
 _MAX_SHAPES = 256
 _FIELDS = frozenset({"role", "content", "name", "tool_call_id"})
@@ -48,6 +51,17 @@ def dummy_assistant(tail: list[dict[str, Any]]) -> dict[str, Any]:
     return {"role": "assistant", "reasoning_content": "", "content": "x"}
 
 
+def answers_calls(tail: list[dict[str, Any]]) -> bool:
+    """Whether :func:`dummy_assistant` calls tools for ``tail`` (it leads with tool results
+    that name the calls they answer)."""
+    for message in tail:
+        if message.get("role") != "tool":
+            return False
+        if message.get("tool_call_id"):
+            return True
+    return False
+
+
 def _sentinel(variant: str, index: int) -> str:
     # Quotes, a backslash, control characters, markup and non-ASCII: a template that escapes or
     # re-encodes content (tojson, HTML escaping) does not give the sentinel back as written.
@@ -66,25 +80,40 @@ def _plain(content: Any) -> bool:
     )
 
 
+@dataclass
+class _Shape:
+    pieces: list[str]
+    """The text before, between and after the contents (from the stop token on)."""
+    ends: Ends | None
+    """Its constant ends' ids, where the tokenizer can be cut (see :mod:`._bridge_ids`)."""
+    checked: bool = False
+    """The joined text was the real render once (and its ids the whole text's)."""
+    ends_checked: bool = False
+    """The ids joined at the ends were those of the whole text once."""
+
+
 class BridgeWrappers:
     """The template's text around the new messages' contents, per shape (one per TokenIn)."""
 
     def __init__(self, template: ChatTemplate) -> None:
         self._template = template
-        self._shapes: dict[tuple[Any, ...], tuple[list[str], bool] | None] = {}
+        self._shapes: dict[tuple[Any, ...], _Shape | None] = {}
         self.served = 0
         """Bridges whose text was joined from the pieces (not rendered)."""
+        self.cut = 0
+        """Of those, the bridges whose ids were joined to the constant ends' (only the middle
+        encoded)."""
 
-    def text(
+    def ids(
         self,
         tail: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         tools_key: str,
         stop_text: str,
         real: Callable[[], str],
-    ) -> str | None:
-        """The bridge's text (from the stop token on), or None where it must be rendered.
-        ``real`` renders it, called once per shape to check the pieces against."""
+    ) -> list[int] | None:
+        """The bridge's token ids (from the stop token on), or None where it must be rendered.
+        ``real`` renders its text, called once per shape to check the pieces against."""
         shape: list[tuple[Any, ...]] = []
         for message in tail:
             if (
@@ -99,24 +128,39 @@ class BridgeWrappers:
             entry = self._shapes[key]
         else:
             pieces = self._pieces(tail, tools, stop_text)
-            entry = None if pieces is None else (pieces, False)
+            tokenizer = self._template.tokenizer
+            entry = None if pieces is None else _Shape(pieces, plan(tokenizer, pieces))
             if len(self._shapes) >= _MAX_SHAPES:
                 self._shapes.pop(next(iter(self._shapes)))  # the oldest
             self._shapes[key] = entry
         if entry is None:
             return None
-        pieces, checked = entry
-        parts = [pieces[0]]
-        for message, after in zip(tail, pieces[1:], strict=True):
-            parts += (message["content"], after)
+        contents = [message["content"] for message in tail]
+        encode = self._template.encode
+        if entry.checked and entry.ends is not None:
+            ids = joined(entry.ends, entry.pieces, contents, encode)
+            if ids is not None and entry.ends_checked:
+                self.served += 1
+                self.cut += 1
+                return ids
+        else:
+            ids = None
+        parts = [entry.pieces[0]]
+        for content, after in zip(contents, entry.pieces[1:], strict=True):
+            parts += (content, after)
         text = "".join(parts)
-        if not checked:
+        if not entry.checked:
             if text != real():
                 self._shapes[key] = None
                 return None
-            self._shapes[key] = (pieces, True)
+            entry.checked = True
+        whole = encode(text)
+        if ids is not None:  # the first bridge joined at the ends: checked against the whole
+            entry.ends_checked = ids == whole
+            if not entry.ends_checked:
+                entry.ends = None
         self.served += 1
-        return text
+        return whole
 
     def _pieces(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop_text: str

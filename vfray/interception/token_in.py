@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfray.endpoints.chat_template import ChatTemplate
-from vfray.interception._bridge_wrappers import BridgeWrappers, dummy_assistant
+from vfray.interception._bridge_wrappers import BridgeWrappers, answers_calls, dummy_assistant
 from vfray.interception.dialects import ParsedRequest
 from vfray.interception.upstream import Forwarder
 from vfray.trace import Branch, Message, Trace
@@ -95,7 +95,7 @@ class TokenIn:
         self._bases: dict[str, list[int]] = {}
         self._base_texts: dict[str, str] = {}
         self._stop_texts: dict[int, str | None] = {}
-        self._checked: set[str] = set()
+        self._checked: set[tuple[bool, str]] = set()
         self._last_tools: tuple[list[dict[str, Any]], str] | None = None
         self.text_bridges = template is not None
         """A local template's bridge is cut from the rendered text and only it is encoded
@@ -104,7 +104,7 @@ class TokenIn:
         """A new user turn or tool result's bridge text joined from the template's text around
         its content, found once per shape, instead of rendered (see
         :mod:`~vfray.interception._bridge_wrappers`)."""
-        self._bridges: dict[str, list[int]] = {}
+        self._bridges: dict[tuple[Any, str, int], list[int]] = {}
         self.cache_bridges = True
         self.bridges_rendered = 0
         """Bridges rendered (the others came from the cache: the same new messages after the
@@ -203,13 +203,13 @@ class TokenIn:
         # it is most of what token-in costs per turn, so a repeat is served from the cache.
         # Tools (often tens of KB of schemas) enter the key as a digest, so entries stay small.
         tools_key = self._tools_key(tools) if tools else ""
-        tail_key = json.dumps(tail)
-        key = f"{tail_key}\0{tools_key}\0{stop}"
+        tail_key, size = _tail_key(tail)
+        key = (tail_key, tools_key, stop)
         cached = self._bridges.get(key) if self.cache_bridges else None
         if cached is not None:
             return cached
         bridge = await self._render_bridge(tail, tools, tools_key, stop)
-        if len(tail_key) <= _MAX_BRIDGE_KEY:
+        if size <= _MAX_BRIDGE_KEY:
             if len(self._bridges) >= _MAX_BRIDGES:
                 self._bridges.pop(next(iter(self._bridges)))  # the oldest
             self._bridges[key] = bridge
@@ -233,28 +233,26 @@ class TokenIn:
         stop: int,
     ) -> list[int]:
         self.bridges_rendered += 1
-        dummy = dummy_assistant(tail)
-        check = f"{'tool_calls' in dummy}\0{tools_key}"
+        check = (answers_calls(tail), tools_key)
         stop_text = self._stop_text(stop) if self.text_bridges else None
         if stop_text is not None and check in self._checked and self.wrappers is not None:
             # Once the text bridges agreed with the whole render, a common shape of turn is
             # joined from the template's text around its content, rendering nothing.
             def real() -> str:
+                dummy = dummy_assistant(tail)
                 key = self._dummy_key(dummy, tools_key)
                 return self._bridge_text(dummy, tail, tools, key, stop)
 
             try:
-                text = self.wrappers.text(tail, tools, tools_key, stop_text, real)
+                ids = self.wrappers.ids(tail, tools, tools_key, stop_text, real)
             except CannotBridge:
                 raise
             except Exception as exc:
                 message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
                 raise CannotBridge(message) from exc
-            if text is not None:
-                assert self._template is not None
-                ids = self._template.encode(text)
-                if ids and ids[0] == stop:
-                    return ids[1:]
+            if ids and ids[0] == stop:
+                return ids[1:]
+        dummy = dummy_assistant(tail)
         key = self._dummy_key(dummy, tools_key)
         if stop_text is not None:
             try:
@@ -372,6 +370,22 @@ class TokenIn:
         if bridge and bridge[0] == stop:
             bridge = bridge[1:]
         return bridge
+
+
+def _tail_key(tail: list[dict[str, Any]]) -> tuple[Any, int]:
+    """An exact cache key for the new messages, and their size (characters). A message of
+    string fields (the usual user turn or tool result) is its items in order, with no JSON
+    written; the same items in the same order render the same. Others are keyed by JSON."""
+    items = []
+    size = 0
+    for message in tail:
+        values = message.values()
+        if not all(type(v) is str for v in values):
+            text = json.dumps(tail)
+            return text, len(text)
+        size += sum(map(len, values))
+        items.append(tuple(message.items()))
+    return tuple(items), size
 
 
 def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, list[Message]] | None:
