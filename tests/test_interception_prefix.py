@@ -278,6 +278,38 @@ def test_a_repeated_prefix_reuses_the_parsed_messages_and_an_edit_does_not() -> 
     assert fourth[1].model_dump_json().endswith('"lang":"en","tag":1}')
 
 
+@pytest.mark.parametrize(
+    ("dialect", "field", "system", "changed"),
+    [
+        ("responses", "instructions", "You are Codex.", "You are Codex!"),
+        (
+            "anthropic",
+            "system",
+            [{"type": "text", "text": "You are Claude.", "cache_control": {"type": "ephemeral"}}],
+            [{"text": "You are Claude.", "type": "text"}],  # the same text, keys reordered
+        ),
+    ],
+)
+def test_the_system_prompt_is_parsed_once_while_it_stays_the_same(
+    dialect: str, field: str, system: Any, changed: Any
+) -> None:
+    parse, cache = DIALECTS[dialect].parse_request, PrefixCache()
+    items = _FIELD[dialect]
+
+    def body(system: Any, n: int) -> dict[str, Any]:
+        return json.loads(
+            json.dumps({field: system, items: [{"role": "user", "content": "a"}] * n})
+        )
+
+    first = parse(body(system, 1), cache).messages[0]
+    again = parse(body(system, 2), cache).messages[0]
+    assert again is first and first.role == "system"
+    other = parse(body(changed, 3), cache).messages[0]
+    scratch = parse(body(changed, 3)).messages[0]
+    assert other is not first and other.model_dump_json() == scratch.model_dump_json()
+    assert other.id == scratch.id
+
+
 _TEXT = st.sampled_from(["a", "b", "run `ls`"])
 _NUMBER = st.sampled_from([0, 1, 0.0, -0.0, 1.0, True, False])
 _LEAF = _TEXT | _NUMBER | st.none()

@@ -61,6 +61,8 @@ class Forwarder:
         self.settings = settings or InterceptionSettings()
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        idle = self.settings.stream_idle_timeout
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle)
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -102,8 +104,7 @@ class Forwarder:
         if timeout is not None:
             limit = aiohttp.ClientTimeout(total=timeout)
         elif stream:
-            idle = self.settings.stream_idle_timeout
-            limit = aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle)
+            limit = self._stream_timeout
         else:
             return self._client().post(url, data=body, headers=headers)
         return self._client().post(url, data=body, headers=headers, timeout=limit)

@@ -164,7 +164,10 @@ class AnthropicDialect(Dialect):
             "'system' must be a string or a list of text blocks",
         )
         if system:
-            messages.append(Message(role="system", content=_system_content(system)))
+            content = _system_content(system)
+            messages.append(
+                Message(role="system", content=content) if cache is None else cache.system(content)
+            )
         messages.extend(self.parse_items(raw_messages, _fold, cache))
         tools = body.get("tools")
         require(

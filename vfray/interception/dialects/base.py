@@ -94,14 +94,11 @@ class SSESplitter:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        blocks: list[bytes] = []
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end < 0:
-                return blocks
-            blocks.append(self._buffer[: end + 2])
-            self._buffer = self._buffer[end + 2 :]
+        chunk = chunk.replace(b"\r\n", b"\n")
+        # One split, not a find and a copy of the rest per event (a chunk holds many events).
+        parts = (self._buffer + chunk if self._buffer else chunk).split(b"\n\n")
+        self._buffer = parts.pop()
+        return [part + b"\n\n" for part in parts]
 
     def rest(self) -> bytes:
         rest, self._buffer = self._buffer, b""

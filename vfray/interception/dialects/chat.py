@@ -163,12 +163,17 @@ class _ChatStream(StreamAccumulator):
         self.saw_choice = True
         if self.prompt_ids is None:
             self.prompt_ids = _prompt_ids(chunk, choice)
+        # Extended in place: a long completion streams one token per event.
         ids = int_list(choice.get("token_ids"))
         if ids is not None:
-            self.token_ids = (self.token_ids or []) + ids
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids += ids
         lps = logprob_list(choice.get("logprobs"))
         if lps is not None:
-            self.logprobs = (self.logprobs or []) + lps
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs += lps
         if choice.get("finish_reason") is not None:
             self.finish_reason = str(choice["finish_reason"])
         delta = choice.get("delta")

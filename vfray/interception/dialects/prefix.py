@@ -48,6 +48,18 @@ class PrefixCache:
         self.lineages = lineages
         self.dialect: str | None = None
         self._recent: list[_Parsed] = []  # most recently used first
+        self._system: tuple[object, Message] | None = None
+
+    def system(self, content: Any) -> Message:
+        """``Message(role="system", content=content)``: the same object while the session's
+        system prompt (Responses ``instructions``, Anthropic ``system``) stays the same, since
+        an agent sends it with every call and its id is a hash of all of it (~12 KB: Codex)."""
+        key = content if isinstance(content, str) else _keys([content])
+        if key is None:
+            return Message(role="system", content=content)
+        if self._system is None or self._system[0] != key:
+            self._system = (key, Message(role="system", content=content))
+        return self._system[1]
 
     def parse(self, dialect: str, items: list[Any], fold: Fold) -> list[Message]:
         """The messages ``fold(items, 0, 0)`` gives, reusing a remembered request's prefix."""

@@ -176,7 +176,11 @@ class ResponsesDialect(Dialect):
             instructions is None or isinstance(instructions, str), "'instructions' must be a string"
         )
         if instructions:
-            messages.append(Message(role="system", content=instructions))
+            messages.append(
+                Message(role="system", content=instructions)
+                if cache is None
+                else cache.system(instructions)
+            )
         if isinstance(raw_input, str):
             messages.append(Message(role="user", content=raw_input))
         elif isinstance(raw_input, list):
