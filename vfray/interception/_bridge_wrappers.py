@@ -18,6 +18,7 @@ either end (templates trim) or empty, and any message with other fields, is rend
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,22 @@ def answers_calls(tail: list[dict[str, Any]]) -> bool:
         if message.get("tool_call_id"):
             return True
     return False
+
+
+def tail_key_of(tail: list[dict[str, Any]]) -> tuple[Any, int]:
+    """The bridge cache's exact key for the new messages, and their size (characters). Messages
+    of string fields (the usual user turn or tool result) are their items in order, with no
+    JSON written: the same items in the same order render the same. Others are their JSON."""
+    items = []
+    size = 0
+    for message in tail:
+        values = message.values()
+        if not all(type(v) is str for v in values):
+            text = json.dumps(tail)
+            return text, len(text)
+        size += sum(map(len, values))
+        items.append(tuple(message.items()))
+    return tuple(items), size
 
 
 def _sentinel(variant: str, index: int) -> str:

@@ -36,7 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from vfray.endpoints.chat_template import ChatTemplate
-from vfray.interception._bridge_wrappers import BridgeWrappers, answers_calls, dummy_assistant
+from vfray.interception._bridge_wrappers import (
+    BridgeWrappers,
+    answers_calls,
+    dummy_assistant,
+    tail_key_of,
+)
 from vfray.interception.dialects import ParsedRequest
 from vfray.interception.upstream import Forwarder
 from vfray.trace import Branch, Message, Trace
@@ -203,12 +208,15 @@ class TokenIn:
         # it is most of what token-in costs per turn, so a repeat is served from the cache.
         # Tools (often tens of KB of schemas) enter the key as a digest, so entries stay small.
         tools_key = self._tools_key(tools) if tools else ""
-        tail_key, size = _tail_key(tail)
+        tail_key, size = tail_key_of(tail)
         key = (tail_key, tools_key, stop)
         cached = self._bridges.get(key) if self.cache_bridges else None
         if cached is not None:
             return cached
-        bridge = await self._render_bridge(tail, tools, tools_key, stop)
+        self.bridges_rendered += 1
+        bridge = self._joined_bridge(tail, tools, tools_key, stop)
+        if bridge is None:
+            bridge = await self._rendered_bridge(tail, tools, tools_key, stop)
         if size <= _MAX_BRIDGE_KEY:
             if len(self._bridges) >= _MAX_BRIDGES:
                 self._bridges.pop(next(iter(self._bridges)))  # the oldest
@@ -225,6 +233,35 @@ class TokenIn:
         self._last_tools = (tools, key)
         return key
 
+    def _joined_bridge(
+        self,
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tools_key: str,
+        stop: int,
+    ) -> list[int] | None:
+        """Once the text bridges agreed with the whole render, a common shape of turn is joined
+        from the template's text around its content, rendering nothing; None: render it."""
+        if self.wrappers is None or not self.text_bridges:
+            return None
+        stop_text = self._stop_text(stop)
+        if stop_text is None or (answers_calls(tail), tools_key) not in self._checked:
+            return None
+
+        def real() -> str:
+            dummy = dummy_assistant(tail)
+            key = self._dummy_key(dummy, tools_key)
+            return self._bridge_text(dummy, tail, tools, key, stop)
+
+        try:
+            ids = self.wrappers.ids(tail, tools, tools_key, stop_text, real)
+        except CannotBridge:
+            raise
+        except Exception as exc:
+            message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
+            raise CannotBridge(message) from exc
+        return ids[1:] if ids and ids[0] == stop else None
+
     async def _render_bridge(
         self,
         tail: list[dict[str, Any]],
@@ -232,26 +269,21 @@ class TokenIn:
         tools_key: str,
         stop: int,
     ) -> list[int]:
-        self.bridges_rendered += 1
+        """A new bridge: joined where it can be, else rendered."""
+        joined = self._joined_bridge(tail, tools, tools_key, stop)
+        if joined is not None:
+            return joined
+        return await self._rendered_bridge(tail, tools, tools_key, stop)
+
+    async def _rendered_bridge(
+        self,
+        tail: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tools_key: str,
+        stop: int,
+    ) -> list[int]:
         check = (answers_calls(tail), tools_key)
         stop_text = self._stop_text(stop) if self.text_bridges else None
-        if stop_text is not None and check in self._checked and self.wrappers is not None:
-            # Once the text bridges agreed with the whole render, a common shape of turn is
-            # joined from the template's text around its content, rendering nothing.
-            def real() -> str:
-                dummy = dummy_assistant(tail)
-                key = self._dummy_key(dummy, tools_key)
-                return self._bridge_text(dummy, tail, tools, key, stop)
-
-            try:
-                ids = self.wrappers.ids(tail, tools, tools_key, stop_text, real)
-            except CannotBridge:
-                raise
-            except Exception as exc:
-                message = f"rendering the bridge failed: {type(exc).__name__}: {exc}"
-                raise CannotBridge(message) from exc
-            if ids and ids[0] == stop:
-                return ids[1:]
         dummy = dummy_assistant(tail)
         key = self._dummy_key(dummy, tools_key)
         if stop_text is not None:
@@ -370,22 +402,6 @@ class TokenIn:
         if bridge and bridge[0] == stop:
             bridge = bridge[1:]
         return bridge
-
-
-def _tail_key(tail: list[dict[str, Any]]) -> tuple[Any, int]:
-    """An exact cache key for the new messages, and their size (characters). A message of
-    string fields (the usual user turn or tool result) is its items in order, with no JSON
-    written; the same items in the same order render the same. Others are keyed by JSON."""
-    items = []
-    size = 0
-    for message in tail:
-        values = message.values()
-        if not all(type(v) is str for v in values):
-            text = json.dumps(tail)
-            return text, len(text)
-        size += sum(map(len, values))
-        items.append(tuple(message.items()))
-    return tuple(items), size
 
 
 def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, list[Message]] | None:
