@@ -60,7 +60,7 @@ async def _serve_hello() -> tuple[asyncio.AbstractServer, int]:
 
 async def test_a_box_runs_every_command_in_one_namespace_of_its_own() -> None:
     server, port = await _serve_hello()
-    rt = BwrapRuntime(RuntimeSpec())
+    rt = BwrapRuntime(RuntimeSpec(), warm_boxes=0)  # torn down at stop, not kept warm
     await rt.start()
     try:
         assert rt.netns is not None
@@ -95,7 +95,7 @@ async def test_without_a_namespace_of_its_own_each_run_goes_through_the_forwarde
     in-box forwarder listens on the bridged ports first: the bridge answers there too."""
     monkeypatch.setattr(BoxNetns, "make", classmethod(lambda cls: None))
     server, port = await _serve_hello()
-    rt = BwrapRuntime(RuntimeSpec())
+    rt = BwrapRuntime(RuntimeSpec(), warm_boxes=0)  # a new box, not a warm one
     await rt.start()
     try:
         assert rt.netns is None

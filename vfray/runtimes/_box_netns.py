@@ -202,10 +202,14 @@ class BoxNetns:
         else:
             self._servers[port] = await asyncio.start_server(handler, sock=sock)
 
-    async def close(self) -> None:
+    def stop_listening(self) -> None:
+        """Close every listener (the namespace itself is kept, for the box's next rollout)."""
         for server in self._servers.values():
             server.close()
         self._servers.clear()
+
+    async def close(self) -> None:
+        self.stop_listening()
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)

@@ -77,15 +77,24 @@ class CgroupV1:
                 found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
         return found
 
-    async def destroy(self) -> None:
-        """Kill everything inside, then remove the cgroups (retrying while members exit)."""
+    async def empty(self) -> bool:
+        """Kill everything inside, waiting (up to ~2 s) until none is left; whether none is."""
         for _ in range(400):
             members = self.pids()
             if not members:
-                break
+                return True
             kill_pids(sorted(members))
             # A killed process leaves the cgroup only once the kernel has torn it down.
             await asyncio.sleep(0.005)
+        return not self.pids()
+
+    async def destroy(self) -> None:
+        """Kill everything inside, then remove the cgroups (retrying while members exit)."""
+        await self.empty()
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove the (empty) cgroups; one with a member left stays."""
         for directory in self.dirs:
             with contextlib.suppress(OSError):
                 directory.rmdir()

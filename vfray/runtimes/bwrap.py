@@ -15,7 +15,9 @@ Programs run as ``nobody`` (:data:`BOX_UID`) in a user namespace with every capa
 cannot create nested user namespaces (``--disable-userns``, bubblewrap 0.8+), and see only the
 parts of ``/etc`` in :data:`~vfray.runtimes._bwrap_args.ETC_ENTRIES`. The owner's
 interpreter is mounted at its own path wherever it lives. Limits use cgroup v1 (memory, cpu,
-pids; :mod:`vfray.runtimes._cgroup_v1`) when writable, else rlimits.
+pids; :mod:`vfray.runtimes._cgroup_v1`) when writable, else rlimits. A stopped box over the
+host's root is emptied and kept warm for the next rollout of its spec
+(:mod:`vfray.runtimes._box_pool`) instead of torn down.
 
 A task's image (``spec.image``) is unpacked once per node by the node's image store
 (:func:`vfray.runtimes.images.rootfs`, in :meth:`BwrapRuntime.prepare_image`; a Dockerfile or an
@@ -43,18 +45,15 @@ from typing import Any, Literal
 from vfray.endpoints.serving import in_loop_server
 from vfray.errors import SandboxError
 from vfray.runtimes._box_netns import BoxNetns
+from vfray.runtimes._box_pool import POOL, WARM_BOXES, Parked
 from vfray.runtimes._bwrap_args import (
     BOX_UID,
     BRIDGE_DIR,
-    IMAGE_PATH,
     OFFLINE_NSSWITCH,
-    give_owned,
     host_mounts,
-    image_mounts,
-    read_user_ids,
     with_ids,
 )
-from vfray.runtimes._bwrap_image import box_layer, in_layer, mount_box_root, unpacked
+from vfray.runtimes._bwrap_image import ImageBox, in_layer
 from vfray.runtimes._bwrap_launch import (
     bwrap_args,
     command_env,
@@ -65,18 +64,20 @@ from vfray.runtimes._bwrap_launch import (
 )
 from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
-from vfray.runtimes._foreign_root import NodePrograms, in_root
+from vfray.runtimes._foreign_root import NodePrograms
 from vfray.runtimes._overlay import CowRoot
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BridgeSet, ExposedPort, UnixBridge
 from vfray.runtimes.egress import EgressGate, open_gate
 from vfray.runtimes.images import ImageConfig
+from vfray.runtimes.lifeline import owner_id
 from vfray.runtimes.network_policy import BoxNetwork, box_network
 from vfray.runtimes.processes import (
     OUTPUT_CAP,
     kill_group,
     rlimit_setter,
 )
+from vfray.runtimes.provision import tools_root
 from vfray.runtimes.subprocess import SubprocessRuntime
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
     return box_network(spec.network_allow, spec.network_block, share_network).host_network
 
 
-class BwrapRuntime(SubprocessRuntime):
+class BwrapRuntime(ImageBox, SubprocessRuntime):
     """Bubblewrap namespaces per run; default-deny network with bridged host endpoints."""
 
     type = "bwrap"
@@ -115,6 +116,7 @@ class BwrapRuntime(SubprocessRuntime):
         overlay: Literal["auto", "kernel", "fuse", "copy"] = "auto",
         require_shell: bool = True,
         docker_url: str | None = None,
+        warm_boxes: int = WARM_BOXES,
     ) -> None:
         super().__init__(
             spec,
@@ -138,6 +140,11 @@ class BwrapRuntime(SubprocessRuntime):
         """A Docker engine on the node (``unix:///run/docker.sock``) that builds a task's
         Dockerfile image and holds pre-loaded registry images, exported from it and unpacked;
         without one a registry image is read with skopeo and a Dockerfile is refused."""
+        self.warm_boxes = warm_boxes
+        """How many stopped boxes of this one's spec the process keeps warm for the next
+        rollouts (:mod:`vfray.runtimes._box_pool`; 0: none). Only boxes over the host's root
+        with cgroups and a network namespace of their own (as root) are kept."""
+        self._oom_base = 0
         self.image_root = self.spec.rootfs
         self.image: ImageConfig | None = None
         """The image's config (environment, work dir, user), when its store unpacked it."""
@@ -162,6 +169,16 @@ class BwrapRuntime(SubprocessRuntime):
 
     async def start(self) -> None:
         self._bwrap = find_bwrap()
+        key = self._warm_key()
+        if key is not None:
+            try:
+                owner = owner_id()
+            except OSError as exc:
+                raise SandboxError(f"cannot start the owner's watchdog: {exc}") from exc
+            parked = POOL.take(key, owner)
+            if parked is not None:
+                await self._adopt(parked)
+                return
         await super().start()
         assert self.workdir is not None
         self.base = self.workdir
@@ -188,6 +205,51 @@ class BwrapRuntime(SubprocessRuntime):
             await self._serve_bridges()
         self._prefix = self._mounts()
 
+    def _warm_key(self) -> str | None:
+        """The pool key of this box's spec, or None when it is never kept warm."""
+        if self.warm_boxes <= 0 or self.spec.image is not None or self.image_root is not None:
+            return None
+        if not self.use_cgroups or os.geteuid() != 0:
+            return None
+        options = (self.share_network, self.setup_network, self.ro_binds, self.root)
+        return f"{self.spec.model_dump_json()}|{options!r}"
+
+    async def _adopt(self, box: Parked) -> None:
+        """Start as the warm ``box`` (emptied when it was parked): new bridges, new gate."""
+        self.owner, self.box_id, self.base = box.owner, box.box_id, box.base
+        self.workdir = box.base / "work"
+        self.cgroup, self.netns = box.cgroup, box.netns
+        self._oom_base = box.cgroup.oom_kills()
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
+        self.egress = await open_gate(self._network(), self.bridges, f"bwrap box {self.box_id}")
+        await self._serve_bridges()
+        tools = str(tools_root())
+        # The node's tool dir, made since the box was: mounted as a new box would have it.
+        fresh = tools in box.prefix or not os.path.isdir(tools)
+        self._prefix = box.prefix if fresh else self._mounts()
+
+    async def _park(self) -> bool:
+        """Hand this stopped box to the pool, emptied of its rollout; False when it is not
+        kept (the caller tears down the rest)."""
+        key = self._warm_key()
+        if key is None or self.cgroup is None or self.netns is None or self.base is None:
+            return False
+        box = Parked(self.base, self.box_id, self.owner, self.cgroup, self.netns, self._prefix)
+        if not await POOL.reset_and_park(key, box, self.warm_boxes, self._close_ways):
+            return False
+        self._stopped = True
+        self._pgids.clear()
+        self.cgroup = self.netns = self.bridges = self.base = self.workdir = None
+        return True
+
+    async def _close_ways(self) -> None:
+        """The box's bridges (its gate's with them) and exposed ports closed."""
+        if self.bridges is not None:
+            await self.bridges.close()
+        for exposed in self._exposed.values():
+            await exposed.close()
+        self._exposed.clear()
+
     async def _serve_bridges(self) -> None:
         """Each bridge listening in the box's namespace: a connection there is the bridge's."""
         if self.netns is None or self.bridges is None:
@@ -204,40 +266,6 @@ class BwrapRuntime(SubprocessRuntime):
     def preflight(cls, options: dict[str, Any]) -> None:
         """Run ``bwrap … true`` once with the boxes' namespaces and mounts of the host."""
         preflight()
-
-    async def prepare_image(self) -> None:
-        """The task's image unpacked on this node (once per node and content) and its config
-        read: the box's root, environment, default work dir and user."""
-        if self.image is not None:
-            return
-        self.image_root, self.image = await unpacked(
-            self.spec.image, self.image_root, self.docker_url
-        )
-        if self.image is not None:
-            if self.spec.workdir is None and self.image.workdir not in ("", "/"):
-                self.box_workdir = self.image.workdir
-            self.box_ids = (self.image.uid, self.image.gid)
-
-    async def _start_image(self, base: Path) -> None:
-        """The box's own root over the image's: its layer mounted, its work dir made."""
-        assert self.image_root is not None
-        overlay = None if self.overlay == "auto" else self.overlay
-        self.layer = await blocking(
-            box_layer,
-            self.image_root,
-            base,
-            overlay,
-            require_shell=self.require_shell,
-            image_name=self.spec.image,
-        )
-        self.node, self.workdir = await blocking(
-            mount_box_root, self.layer, self.ro_binds, self.box_workdir
-        )
-
-    def _image_mounts(self) -> list[str]:
-        """A box over an image: its layer as ``/``, the node's programs read-only on top."""
-        assert self.base is not None and self.layer is not None and self.node is not None
-        return image_mounts(self.base, self.layer.root, self.node, self.box_ids, self.box_workdir)
 
     def _mounts(self) -> list[str]:
         assert self.base is not None and self.workdir is not None
@@ -348,40 +376,6 @@ class BwrapRuntime(SubprocessRuntime):
             self._preexec(),
         )
 
-    async def program_user_ready(self) -> str | None:
-        """:attr:`program_user`; in a box over an image a root node unpacked (owners kept),
-        what the image gave that user under the work dir (``chown agent /app``) is given to
-        the node's user first: the user namespace maps only the program's uid, onto the
-        node's, and would leave that user's own files read-only to it."""
-        user = self.program_user
-        if user is None or self.layer is None or os.geteuid() != 0:
-            return user
-        ids = self._user_ids(user)
-        top = Path(in_root(str(self.layer.root), self.box_workdir))
-        await blocking(give_owned, top, ids, (os.getuid(), os.getgid()))
-        return user
-
-    def _user_ids(self, user: str) -> tuple[int, int]:
-        """``user``'s ids by the box root's ``/etc/passwd`` and ``/etc/group``. The user
-        namespace maps just that uid to the node's user: the box's files are its own."""
-        assert self.base is not None
-        if self.layer is not None:
-            files = [in_root(str(self.layer.root), f"/etc/{n}") for n in ("passwd", "group")]
-        else:
-            files = [str(self.base / "etc" / n) for n in ("passwd", "group")]
-        return read_user_ids(user, *files)
-
-    def program_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-        if self.node is None:
-            return list(argv)
-        return self.node.argv(argv, {"PATH": self._image_env()["PATH"], **(env or {})})
-
-    def _image_env(self) -> dict[str, str]:
-        """The environment the image sets (its config's), ``PATH`` always among it."""
-        env = dict(self.image.env) if self.image is not None else {}
-        env.setdefault("PATH", IMAGE_PATH)
-        return env
-
     def _offline_nsswitch(self) -> Path:
         assert self.base is not None
         path = self.base / "etc" / "nsswitch-offline.conf"
@@ -431,7 +425,7 @@ class BwrapRuntime(SubprocessRuntime):
         return await super().alive() and self.base is not None
 
     async def limit_hit(self) -> str | None:
-        kills = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        kills = self.cgroup.oom_kills() - self._oom_base if self.cgroup is not None else 0
         if not kills:
             return None
         return f"memory limit of {self.spec.memory_gb:g} GB ({kills} program(s) OOM-killed)"
@@ -442,20 +436,18 @@ class BwrapRuntime(SubprocessRuntime):
         await self.end_processes()
         for pgid in self._pgids:  # the marker sweep follows, batched, in super().stop()
             kill_group(pgid)
+        if await self._park():
+            return
         if self.cgroup is not None:
             await self.cgroup.destroy()
             # Every program of the box joined its cgroups before exec, and none can leave them
             # (no /sys in the box, all capabilities dropped): destroy killed each one.
             self._cgroup_emptied = not self.cgroup.pids()
             self.cgroup = None
-        if self.bridges is not None:
-            await self.bridges.close()
+        await self._close_ways()
         if self.netns is not None:
             await self.netns.close()
             self.netns = None
-        for exposed in self._exposed.values():
-            await exposed.close()
-        self._exposed.clear()
         if self.layer is not None:
             await blocking(self.layer.unmount)
         if self.base is not None:

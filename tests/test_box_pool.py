@@ -1,0 +1,114 @@
+"""Warm bwrap boxes (vfray/runtimes/_box_pool.py, as root with cgroups): a stopped box of the
+same spec is reset and handed to the next rollout, with nothing of the previous rollout
+readable or running in it; the pool is bounded per spec, off where the spec differs or
+``warm_boxes=0``, and lets go of everything when closed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vfray.runtimes._box_pool import POOL
+from vfray.runtimes.base import RuntimeSpec
+from vfray.runtimes.bwrap import BwrapRuntime
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None
+        or shutil.which("nsenter") is None
+        or os.geteuid() != 0
+        or not os.access("/sys/fs/cgroup/pids", os.W_OK),
+        reason="needs bwrap, nsenter, root and writable cgroup v1",
+    ),
+]
+
+# Rollout 1 leaves a file in every place a box's program can write, an extended attribute and
+# a mode on its work dir, and a process that keeps writing a heartbeat into /tmp.
+_LEAVE = """
+set -e
+echo secret > /work/w.txt; mkdir -p /work/sub/deep; echo s > /work/sub/deep/f
+echo secret > /tmp/t.txt; echo secret > /run/vfray-bridge/b.txt
+mkfifo /tmp/fifo
+python3 -I -c "import os; os.setxattr('/work', 'user.leak', b'1')" 2>/dev/null || true
+chmod 0555 /work/sub
+"""
+_HEARTBEAT = ["sh", "-c", "while :; do date +%s%N >> /tmp/beat; sleep 0.02; done"]
+
+
+@pytest.fixture(autouse=True)
+def _empty_pool() -> Iterator[None]:
+    POOL.close()
+    yield
+    POOL.close()
+
+
+async def test_a_warm_box_holds_nothing_of_the_rollout_before() -> None:
+    first = BwrapRuntime(RuntimeSpec())
+    await first.start()
+    base, cgroup_dirs = first.base, list(first.cgroup.dirs) if first.cgroup else []
+    left = await first.run(["sh", "-c", _LEAVE])
+    assert left.exit_code == 0, left
+    await first.open_process(_HEARTBEAT)
+    await asyncio.sleep(0.2)
+    assert (await first.read("/tmp/beat")).strip()
+    await first.stop()
+    assert POOL.count() == 1
+
+    second = BwrapRuntime(RuntimeSpec())
+    await second.start()
+    try:
+        assert second.base == base and second.cgroup is not None  # the warm box, reused
+        assert [str(d) for d in second.cgroup.dirs] == [str(d) for d in cgroup_dirs]
+        assert not second.cgroup.pids()  # nothing of rollout 1 runs
+        await asyncio.sleep(0.1)
+        seen = await second.run(
+            [
+                "sh",
+                "-c",
+                "ls -A /work /tmp /run/vfray-bridge; stat -c %a /work; "
+                "python3 -I -c \"import os; print(os.listxattr('/work'))\"",
+            ]
+        )
+        assert seen.exit_code == 0, seen
+        for name in ("w.txt", "sub", "t.txt", "fifo", "beat", "b.txt"):
+            assert name not in seen.stdout.split(), seen.stdout
+        assert "777" in seen.stdout.split() and "[]" in seen.stdout, seen.stdout
+        ok = await second.run(["sh", "-c", "echo mine > /work/w.txt && cat /work/w.txt"])
+        assert ok.stdout.strip() == "mine", ok
+    finally:
+        await second.stop()
+
+
+async def test_the_pool_is_bounded_and_off_where_the_spec_differs() -> None:
+    boxes = [BwrapRuntime(RuntimeSpec(), warm_boxes=1) for _ in range(2)]
+    for rt in boxes:
+        await rt.start()
+    bases = [rt.base for rt in boxes]
+    for rt in boxes:
+        await rt.stop()
+    assert POOL.count() == 1  # one kept, the other torn down
+    kept = [b for b in bases if b is not None and b.exists()]
+    assert len(kept) == 1
+
+    other = BwrapRuntime(RuntimeSpec(memory_gb=1.0))  # another spec: a new box
+    off = BwrapRuntime(RuntimeSpec(), warm_boxes=0)  # the pool off: a new box, torn down
+    for rt in (other, off):
+        await rt.start()
+        assert rt.base not in bases
+    off_base = off.base
+    await off.stop()
+    assert off_base is not None and not off_base.exists()
+    await other.stop()
+    assert POOL.count() == 2
+
+    POOL.close()  # lets go of every kept box: its dir and cgroups
+    assert POOL.count() == 0 and not kept[0].exists()
+    assert other.base is None and not [
+        d for d in Path("/sys/fs/cgroup/pids").iterdir() if d.name.endswith(other.box_id)
+    ]
