@@ -28,8 +28,13 @@ PROMPT = 'Write "hello terminus" to out.txt, then check it.'
 
 
 class WriteFile(vf.Task[vf.TaskData]):
+    left: list[str] = []
+    """What the rollout left in the box's .vfray (the last rollout's)."""
+
     @vf.reward
     async def wrote_it(self, runtime: Runtime) -> bool:
+        listed = await runtime.run(["find", ".vfray", "-mindepth", "1"])
+        WriteFile.left = sorted(listed.stdout.split())
         return (await runtime.read("out.txt")) == b"hello terminus\n"
 
 
@@ -95,6 +100,9 @@ async def test_a_terminus_rollout_scores_in_bwrap() -> None:
     replies = [json.loads(m.text) for m in trace.messages if m.role == "assistant"]
     assert [r["task_complete"] for r in replies] == [False, False, True, True]
     assert "hello terminus" in [m.text for m in trace.messages if m.role == "user"][2]
+    # The programs run from the node's copy: the box holds only the program's transcript (its
+    # task file, which held the secret, deleted once read; no program copies or bytecode).
+    assert WriteFile.left == [".vfray/terminus-transcript.json"]
 
 
 @pytest.mark.slow

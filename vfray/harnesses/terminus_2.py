@@ -1,6 +1,7 @@
 """The ``terminus-2`` harness: the terminal-bench reference agent (Harbor's ``Terminus2``, JSON
 format) as vfray's own stdlib program (``programs/terminus_loop.py``) in the box, driving a tmux
-session there and calling the model through the interception.
+session there and calling the model through the interception. The program runs from a read-only
+copy made once per node under the tools root; a rollout writes only its task file.
 
 tmux comes from the node's tool dir: the node's own ``tmux`` is copied there once, with the
 shared libraries it needs beyond glibc and a few terminfo entries, behind a wrapper that starts
@@ -15,9 +16,11 @@ import functools
 import hashlib
 import json
 import os
+import py_compile
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -33,7 +36,6 @@ from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import tools_root
 from vfray.trace import Message
 
-PROGRAM_PATH = f"{PROGRAM_DIR}/terminus_loop.py"
 TRANSCRIPT_PATH = f"{PROGRAM_DIR}/terminus-transcript.json"
 MANIFEST = ".vfray-tool.json"
 _GLIBC = re.compile(r"^(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[-\w]*)\.so")
@@ -134,6 +136,51 @@ def ensure_tmux(tmux: str, root: Path) -> Path:
     return final
 
 
+def ensure_programs(root: Path) -> Path:
+    """vfray's two programs (``terminus_loop.py`` and the ``chat_loop.py`` it imports) in their
+    own read-only dir under the tools root, made once per node and content-addressed by their
+    sources, with ``chat_loop``'s bytecode compiled for this Python: boxes run them from there
+    (bwrap and docker see the tools root) instead of each rollout writing, compiling and then
+    removing its own copies."""
+    sources = {"chat_loop.py": program_source(), "terminus_loop.py": loop_source()}
+    digest = hashlib.sha256()
+    for name, source in sources.items():
+        digest.update(name.encode() + b"\0" + source)
+    final = root / f"terminus-2-programs-{digest.hexdigest()[:16]}"
+    if (final / MANIFEST).is_file():
+        return final
+    staging = root / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.mkdir(parents=True)
+        for name, source in sources.items():
+            (staging / name).write_bytes(source)
+        # Named by its final path (tracebacks); checked against the source's mtime and size,
+        # which the rename keeps.
+        cache = staging / "__pycache__" / f"chat_loop.{sys.implementation.cache_tag}.pyc"
+        py_compile.compile(
+            str(staging / "chat_loop.py"),
+            cfile=str(cache),
+            dfile=str(final / "chat_loop.py"),
+            doraise=True,
+        )
+        (staging / MANIFEST).write_text(json.dumps(sorted(sources)))
+        for entry in [*staging.rglob("*"), staging]:
+            entry.chmod(0o555 if entry.is_dir() else 0o444)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / MANIFEST).is_file():  # not another process's finished copy
+                raise
+    finally:
+        if staging.exists():
+            staging.chmod(0o755)
+            for entry in staging.rglob("*"):
+                if entry.is_dir():
+                    entry.chmod(0o755)
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
 class Terminus2Harness(Harness):
     """terminus-2: JSON keystroke batches into a tmux pane, the screen back as the next turn."""
 
@@ -148,6 +195,7 @@ class Terminus2Harness(Harness):
     def __init__(self, config: HarnessConfig | dict[str, object] | None = None) -> None:
         super().__init__(config)
         self._tmux: Path | None = None
+        self._programs: Path | None = None
 
     def preflight(self, runtime_type: str) -> None:
         if node_tmux() is None:
@@ -155,9 +203,6 @@ class Terminus2Harness(Harness):
                 "harness 'terminus-2' runs tmux in the box, copied from the node's own tmux "
                 "into its tool dir, but this machine has no tmux on PATH; apt-get install tmux"
             )
-
-    def program_files(self) -> dict[str, bytes]:
-        return {f"{PROGRAM_DIR}/chat_loop.py": program_source(), PROGRAM_PATH: loop_source()}
 
     async def setup(self, runtime: Runtime) -> None:
         if runtime.type not in HOST_FILESYSTEM_RUNTIMES:
@@ -167,7 +212,7 @@ class Terminus2Harness(Harness):
                 + " or ".join(repr(r) for r in HOST_FILESYSTEM_RUNTIMES)
             )
         await self.tmux()
-        await super().setup(runtime)
+        await self.programs()
 
     async def tmux(self) -> Path:
         """The tool dir holding tmux (made on first use on this node)."""
@@ -180,13 +225,21 @@ class Terminus2Harness(Harness):
             self._tmux = await asyncio.to_thread(ensure_tmux, tmux, root)
         return self._tmux
 
-    def argv(self, python: str, task_path: str, tmux: str) -> list[str]:
+    async def programs(self) -> Path:
+        """The node's dir holding the programs (made on first use on this node)."""
+        if self._programs is None:
+            root = tools_root()
+            root.mkdir(parents=True, exist_ok=True)
+            self._programs = await asyncio.to_thread(ensure_programs, root)
+        return self._programs
+
+    def argv(self, python: str, task_path: str, tmux: str, programs: Path) -> list[str]:
         c = self.config
         return [
             c.python or python,
             "-I",
             "-S",
-            PROGRAM_PATH,
+            str(programs / "terminus_loop.py"),
             "--task",
             task_path,
             "--tmux",
@@ -212,18 +265,16 @@ class Terminus2Harness(Harness):
         messages = [Message.model_validate(m) for m in self.resolve_prompt(ctx.data)]
         system = "\n\n".join(m.text for m in messages if m.role == "system")
         instruction = "\n\n".join(m.text for m in messages if m.role != "system" and m.text)
+        # One file with the secret too, which the program deletes once read (as the key file
+        # of ChatLoopHarness.launch): one write a rollout.
         task_path = f"{PROGRAM_DIR}/terminus-task-{uuid.uuid4().hex[:12]}.json"
-        task = {"instruction": instruction, "system": system}
-        await runtime.write(task_path, json.dumps(task, ensure_ascii=False).encode())
-        # The secret in a file the program deletes once read (see ChatLoopHarness.launch).
-        key_path = f"{PROGRAM_DIR}/key-{uuid.uuid4().hex[:12]}"
-        await runtime.write(key_path, ctx.secret.encode(), mode=0o600)
+        task = {"instruction": instruction, "system": system, "key": ctx.secret}
+        await runtime.write(task_path, json.dumps(task, ensure_ascii=False).encode(), mode=0o600)
         env = {
             **self.config.env,
             "VFRAY_BASE_URL": openai_base_url(ctx.endpoint),
             "VFRAY_MODEL": ctx.model,
-            "VFRAY_API_KEY_FILE": key_path,
         }
         tmux = str(await self.tmux() / "bin" / "tmux")
-        argv = self.argv(runtime.python, task_path, tmux)
+        argv = self.argv(runtime.python, task_path, tmux, await self.programs())
         return await runtime.run_program(argv, env, timeout=ctx.timeout, signals_ready=True)

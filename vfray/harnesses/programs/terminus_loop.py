@@ -322,6 +322,10 @@ def run(args: argparse.Namespace, state: dict[str, Any]) -> None:
     key, model, url = take_key(), os.environ.get("VFRAY_MODEL", ""), f"{base}/chat/completions"
     with open(args.task, encoding="utf-8") as fh:
         task = json.load(fh)
+    if "key" in task:  # the secret came in the task file: gone once read, as a key file
+        key = task.pop("key")
+        with contextlib.suppress(OSError):
+            os.unlink(args.task)
     terminal = state["terminal"] = Terminal(args.tmux, args.width, args.height)
     screen = limit_output(terminal.incremental(), args.max_output_bytes)
     prompt = PROMPT.replace("{instruction}", task["instruction"], 1)
