@@ -24,8 +24,12 @@ PROMPT = 'Write "hello goose" to out.txt, then check it.'
 
 
 class WriteFile(vf.Task[vf.TaskData]):
+    ca_in_box: list[bool] = []
+
     @vf.reward
     async def wrote_it(self, runtime: Runtime) -> bool:
+        found = await runtime.run(["test", "-e", ".vfray/agent/goose-home/ca.pem"])
+        WriteFile.ca_in_box.append(found.ok)
         return (await runtime.read("out.txt")) == b"hello goose\n"
 
 
@@ -90,6 +94,9 @@ def test_goose_points_its_openai_provider_at_the_interception() -> None:
 @pytest.mark.bwrap
 async def test_a_goose_rollout_scores_in_bwrap(installed: None) -> None:
     _check_solved(await _rollout("bwrap"))
+    # Its CA certificate is the node's copy under the tools root, not a file in each box (the
+    # docker test's image has none of its own: goose starts only if it reads that copy).
+    assert WriteFile.ca_in_box[-1] is False
 
 
 @pytest.mark.slow

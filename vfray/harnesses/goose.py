@@ -7,11 +7,16 @@ and run as ``goose run --no-session --no-profile`` with only its ``developer`` e
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hashlib
 import json
+import os
 import platform
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from vfray.errors import ConfigError
@@ -54,6 +59,20 @@ def one_ca_certificate() -> bytes:
     return pem[start : pem.index(end, start) + len(end)] + b"\n"
 
 
+def node_ca_certificate(root: Path) -> Path:
+    """:func:`one_ca_certificate` in a read-only file under the tools root, written once per
+    node (boxes that see the tools root read it there rather than each getting a copy)."""
+    pem = one_ca_certificate()
+    path = root / f"goose-ca-{hashlib.sha256(pem).hexdigest()[:16]}.pem"
+    if not path.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        staging = root / f".staging-{path.name}-{uuid.uuid4().hex[:8]}"
+        staging.write_bytes(pem)
+        staging.chmod(0o444)
+        os.replace(staging, path)
+    return path
+
+
 def binary_package(machine: str | None = None) -> str:
     """The npm package holding the goose binary for this node's CPU."""
     machine = machine or platform.machine()
@@ -85,6 +104,10 @@ class GooseHarness(ProvisionedHarness):
     APPENDS_SYSTEM_PROMPT = False
     SUPPORTS_MCP = True
 
+    def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._ca: Path | None = None
+
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
             name="goose", kind="npm", package=binary_package(), version=self.config.version
@@ -99,7 +122,15 @@ class GooseHarness(ProvisionedHarness):
         await runtime.write(f"{GOOSE_HOME}/.config/goose/config.yaml", config.encode())
         # goose's HTTP client will not build without a CA certificate to load (a minimal image
         # has none: "Error builder error"); it only ever speaks plain HTTP to the interception.
-        await runtime.write(CA_PATH, one_ca_certificate())
+        # The node's copy where the box sees the tools root, else one in the box.
+        box_paths: tuple[str, ...] = ("HOME",)
+        if runtime.TOOLS_IN_IMAGE:
+            await runtime.write(CA_PATH, one_ca_certificate())
+            ca, box_paths = CA_PATH, ("HOME", "SSL_CERT_FILE")
+        else:
+            if self._ca is None:
+                self._ca = await asyncio.to_thread(node_ca_certificate, Path(self.tools_root))
+            ca = str(self._ca)
         argv = [
             tool.executable(tool.spec.package.rsplit("/", 1)[-1]),
             "run",
@@ -129,7 +160,7 @@ class GooseHarness(ProvisionedHarness):
             "OPENAI_API_KEY": ctx.secret,
             # No keyring daemon in a box: secrets come from the environment.
             "GOOSE_DISABLE_KEYRING": "1",
-            "SSL_CERT_FILE": CA_PATH,
+            "SSL_CERT_FILE": ca,
             **c.env,
         }
         return await self.run_logged(
@@ -138,5 +169,5 @@ class GooseHarness(ProvisionedHarness):
             env,
             stdout_path=EVENTS_PATH,
             timeout=ctx.timeout,
-            box_paths=("HOME", "SSL_CERT_FILE"),
+            box_paths=box_paths,
         )
