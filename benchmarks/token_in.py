@@ -9,9 +9,13 @@ wall time per turn; the upstream's own CPU per turn is read from its process (wi
 renders and tokenizes no history). Both runs use the same server, tokenizer and conversations.
 Each run starts from a full collection with the process's older objects frozen, so a full
 collection of the startup heap landing in one mode's run does not decide the comparison.
-``--tools`` sends a tool list (about 12 KB of schemas, as agents do) with every call.
+``--tools`` sends a tool list (about 12 KB of schemas, as agents do) with every call. Each
+mode's ratio to messages is given of the medians and paired (the median of each repeat's own
+ratio: every repeat runs the modes back to back). ``--only MODE`` (repeatable) and
+``--follow-ups same|distinct`` run part of the table.
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
+        [--only 'token-in, local'] [--follow-ups distinct]
 """
 
 from __future__ import annotations
@@ -196,7 +200,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tools", action="store_true", help="send ~12 KB of tool schemas")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="a mode to run besides messages (repeatable), e.g. --only 'token-in, local'",
+    )
+    parser.add_argument(
+        "--follow-ups", choices=("both", "same", "distinct"), default="both", dest="follow_ups"
+    )
     args = parser.parse_args()
+    kinds = {"both": (False, True), "same": (False,), "distinct": (True,)}[args.follow_ups]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build_model(folder)
@@ -216,10 +230,13 @@ def main() -> None:
                 "token-in, local": (local, {}),
                 "token-in, /tokenize": (endpoint, {}),
             }
+            if args.only:
+                keep = {"messages (today)", *args.only}
+                modes = {m: v for m, v in modes.items() if m in keep}
             results: dict[tuple[str, bool], list[dict[str, float]]] = {}
             for _ in range(args.repeats):
                 # Interleaved: drift of the machine's load hits every mode alike.
-                for distinct in (False, True):
+                for distinct in kinds:
                     for mode, (settings, options) in modes.items():
                         run = measure(
                             url,
@@ -240,7 +257,7 @@ def main() -> None:
         f"{head}{tools} (cpu: this process, median and best run; upstream: the server's; "
         "TokenIn.prompt: its CPU per turn, the branch found and the bridge built)"
     )
-    for distinct in (False, True):
+    for distinct in kinds:
         kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
         print(f" {kind}:")
         base_runs = results[("messages (today)", distinct)]
@@ -255,15 +272,20 @@ def main() -> None:
             wall = statistics.median(r["wall_ms"] for r in runs)
             up = statistics.median(r["upstream_ms"] for r in runs)
             own = statistics.median(r["prompt_ms"] for r in runs)
+            # Each repeat ran every mode back to back: its own ratio to messages follows the
+            # machine's load less than the ratio of the medians does.
+            paired = statistics.median(
+                r["cpu_ms"] / b["cpu_ms"] - 1 for r, b in zip(runs, base_runs, strict=True)
+            )
             print(
                 f"  {mode:26s} cpu {cpu:6.3f} ms/turn ({cpu / base - 1:+.1%}; "
-                f"best {best:.3f}, {best / base_best - 1:+.1%})   "
+                f"paired {paired:+.1%}; best {best:.3f}, {best / base_best - 1:+.1%})   "
                 f"wall {wall:6.3f} ({wall / base_wall - 1:+.1%})   "
                 f"upstream {up:6.3f} ({up / base_up - 1:+.1%})   "
                 f"TokenIn.prompt {own:.3f}   "
                 f"lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
             )
-    print(f"(cpus: {os.cpu_count()})")
+    print(f"(cpus: {os.cpu_count()}, load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
