@@ -112,3 +112,30 @@ async def test_the_pool_is_bounded_and_off_where_the_spec_differs() -> None:
     assert other.base is None and not [
         d for d in Path("/sys/fs/cgroup/pids").iterdir() if d.name.endswith(other.box_id)
     ]
+
+
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="needs the memory controller"
+)
+async def test_a_warm_box_reports_only_its_own_rollouts_oom_kills() -> None:
+    spec = RuntimeSpec(memory_gb=0.05)
+    first = BwrapRuntime(spec)
+    await first.start()
+    base = first.base
+    hog = "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1"
+    killed = await first.run(["python3", "-I", "-S", "-c", hog], timeout=60)
+    assert killed.exit_code == 128 + 9, killed
+    assert await first.limit_hit() is not None
+    await first.stop()
+
+    second = BwrapRuntime(spec)
+    await second.start()
+    try:
+        assert second.base == base  # the same cgroups, whose count says 1 OOM kill
+        assert second.cgroup is not None and second.cgroup.oom_kills() >= 1
+        assert await second.limit_hit() is None
+        again = await second.run(["python3", "-I", "-S", "-c", hog], timeout=60)
+        assert again.exit_code == 128 + 9, again
+        assert await second.limit_hit() == "memory limit of 0.05 GB (1 program(s) OOM-killed)"
+    finally:
+        await second.stop()
