@@ -35,10 +35,9 @@ class Ends:
 
     head: list[int]
     """Ids of the first piece up to and including the left cut token."""
-    left: int
-    """Where the middle starts in the first piece: the left cut token's start."""
-    right: int
-    """Where the middle ends in the last piece: the right cut token's end (or the piece's)."""
+    around: tuple[str, ...]
+    """The middle's text around the contents: the first piece from the left cut token on, the
+    pieces between the contents, the last piece up to the end of the right cut token."""
     tail: list[int]
     """Ids of the last piece from the right cut token on (empty when it has none)."""
     starts: tuple[str, ...]
@@ -86,8 +85,7 @@ def plan(tokenizer: Any, pieces: Sequence[str]) -> Ends | None:
     tail = tokenizer.encode(last[right[0] :], add_special_tokens=False).ids if right else []
     return Ends(
         head=list(head),
-        left=left[0],
-        right=right[1] if right else len(last),
+        around=(first[left[0] :], *pieces[1:-1], last[: right[1]] if right else last),
         tail=list(tail),
         starts=tuple(starts),
         finishes=tuple(finishes),
@@ -107,22 +105,19 @@ def _cut(
 
 
 def joined(
-    ends: Ends,
-    pieces: Sequence[str],
-    contents: Sequence[str],
-    encode: Callable[[str], list[int]],
+    ends: Ends, contents: Sequence[str], encode: Callable[[str], list[int]]
 ) -> list[int] | None:
-    """The ids of ``pieces`` joined around ``contents``, encoding only the middle; None where a
-    content could complete an added token across a cut (then encode the whole text)."""
+    """The ids of the shape's pieces joined around ``contents``, encoding only the middle; None
+    where a content could complete an added token across a cut (then encode the whole text)."""
     first, last = contents[0], contents[-1]
     if ends.starts and any(first.startswith(s) or s.startswith(first) for s in ends.starts):
         return None
     if ends.finishes and any(last.endswith(f) or f.endswith(last) for f in ends.finishes):
         return None
-    parts = [pieces[0][ends.left :]]
-    for content, after in zip(contents[:-1], pieces[1:-1], strict=True):
+    around = ends.around
+    parts = [around[0]]
+    for content, after in zip(contents, around[1:], strict=True):
         parts += (content, after)
-    parts += (last, pieces[-1][: ends.right])
     middle = encode("".join(parts))
     # The middle starts with the left cut token and ends with the right one, as in the whole.
     if not middle or middle[0] != ends.head[-1]:

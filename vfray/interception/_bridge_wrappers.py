@@ -155,7 +155,7 @@ class BridgeWrappers:
         contents = [message["content"] for message in tail]
         encode = self._template.encode
         if entry.checked and entry.ends is not None:
-            ids = joined(entry.ends, entry.pieces, contents, encode)
+            ids = joined(entry.ends, contents, encode)
             if ids is not None and entry.ends_checked:
                 self.served += 1
                 self.cut += 1
