@@ -444,3 +444,9 @@ class AgentSession:
 
     async def close(self) -> None:
         """End whatever the session still runs (always called, also after a failure)."""
+
+    def artifacts(self) -> list[AgentArtifact]:
+        """Files to keep on the trace that the session holds itself once closed (a live
+        session's transcript), beside the harness's :meth:`Harness.collect_artifacts`; none by
+        default."""
+        return []

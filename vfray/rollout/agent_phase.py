@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from vfray.errors import HarnessError, ProviderError, RolloutError, SandboxError
-from vfray.harnesses.base import Harness, LaunchContext, classify_exit
+from vfray.harnesses.base import AgentSession, Harness, LaunchContext, classify_exit
 from vfray.harnesses.session import run_segments
 from vfray.rollout.plan import RolloutPlan, SessionBroker, Timeouts
 from vfray.runtimes.base import Runtime
@@ -74,7 +74,7 @@ async def run_agent_phase(
             # Kept whatever ended the segments (a failure above is when they matter most), but
             # not on cancellation, whose teardown must be prompt.
             if not isinstance(sys.exc_info()[1], asyncio.CancelledError):
-                await _keep_artifacts(trace, harness, runtime)
+                await _keep_artifacts(trace, harness, runtime, session)
         recorded = await broker.conclude(secret)
         secret = None
         trace = _merge_recorded(trace, recorded)
@@ -117,8 +117,11 @@ async def run_agent_phase(
     return trace
 
 
-async def _keep_artifacts(trace: Trace, harness: Harness, runtime: Runtime) -> None:
+async def _keep_artifacts(
+    trace: Trace, harness: Harness, runtime: Runtime, session: AgentSession
+) -> None:
     try:
+        trace.artifacts.extend(session.artifacts())
         trace.artifacts.extend(await harness.collect_artifacts(runtime))
     except Exception as exc:  # the agent's own transcript is a bonus, never a failure
         trace.notes.append(f"harness artifacts not kept: {type(exc).__name__}: {exc}")

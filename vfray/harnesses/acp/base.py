@@ -24,14 +24,15 @@ from vfray.harnesses.provisioned import (
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.live import LiveProcess
 from vfray.runtimes.provision import InstalledTool
-from vfray.trace import Message
+from vfray.trace import AgentArtifact, Message
 from vfray.trace.messages import UserContent, content_text
 
 if TYPE_CHECKING:
     from vfray.harnesses.acp._client import Transcript
 
 TRANSCRIPT_PATH = f"{AGENT_DIR}/acp-transcript.jsonl"
-"""Where the session's ACP transcript is written in the box when it closes (then kept)."""
+"""The session's ACP transcript: its name on the trace (kept from memory); a bare
+:meth:`AcpHarness.launch`, outside a rollout, leaves it at this path in the box."""
 STDERR_TAIL = 16 * 1024
 """Bytes of the agent's stderr kept for a failure's message."""
 UPDATE = "session/update"
@@ -80,7 +81,6 @@ class AcpHarness(ProvisionedHarness):
 
     config_type: ClassVar[type[HarnessConfig]] = AcpHarnessConfig
     config: AcpHarnessConfig
-    ARTIFACTS = (TRANSCRIPT_PATH,)
     SUPPORTS_RESUME = True
     SUPPORTS_MCP = True
     """The task's tool servers go to ``session/new`` as ACP HTTP MCP servers."""
@@ -122,6 +122,9 @@ class AcpHarness(ProvisionedHarness):
             return await session.segment(ctx, None)
         finally:
             await session.close()
+            if session.transcript.lines:  # no rollout to keep it: left in the box
+                with contextlib.suppress(SandboxError, OSError):
+                    await runtime.write(TRANSCRIPT_PATH, session.transcript.text().encode())
 
 
 class _Pipe:
@@ -313,7 +316,7 @@ class AcpSession(AgentSession):
         return self._stderr.decode("utf-8", errors="replace").strip()[-4000:]
 
     async def close(self) -> None:
-        """Stop the agent and its terminals, then write the transcript into the box."""
+        """Stop the agent and its terminals (the transcript is then complete)."""
         if self.connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.connection.close(), 2.0)
@@ -326,9 +329,13 @@ class AcpSession(AgentSession):
             self._stderr_reader.cancel()
         if self._stderr:
             self.transcript.add("agent_stderr", tail=self._tail())
-        if self.transcript.lines:
-            with contextlib.suppress(SandboxError, OSError):
-                await self.runtime.write(TRANSCRIPT_PATH, self.transcript.text().encode())
+
+    def artifacts(self) -> list[AgentArtifact]:
+        """The ACP transcript, kept from memory (no round trip through the box's files)."""
+        if not self.transcript.lines:
+            return []
+        name = TRANSCRIPT_PATH.rsplit("/", 1)[-1]
+        return [AgentArtifact.of_bytes(name, self.transcript.text().encode())]
 
 
 def _turn_text(harness: str, message: UserContent | None) -> str | None:
