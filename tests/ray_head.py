@@ -89,15 +89,27 @@ def processes_of(*markers: str) -> set[int]:
     return ours
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie: a dead daemon of the head stays in /proc until PID 1 reaps it
+    (seconds here), and it needs no more signals."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def kill_all(pids: set[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM, then SIGKILL what is left after a short grace: a test's head has nothing to
+    save, and its gcs_server and autoscaler monitor took 10 s to answer a SIGTERM here."""
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 10.0)):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-            time.sleep(0.2)
-        pids = {p for p in pids if Path(f"/proc/{p}").exists()}
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        pids = {p for p in pids if _alive(p)}
         if not pids:
             return
 
