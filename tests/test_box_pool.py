@@ -48,9 +48,25 @@ def _empty_pool() -> Iterator[None]:
     POOL.close()
 
 
+async def _hello() -> tuple[asyncio.AbstractServer, str]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+
+
+_GET = "import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
+
+
 async def test_a_warm_box_holds_nothing_of_the_rollout_before() -> None:
+    (server1, url1), (server2, url2) = await _hello(), await _hello()
     first = BwrapRuntime(RuntimeSpec())
     await first.start()
+    await first.host_url(url1)  # rollout 1's bridge: not reachable from rollout 2
     base, cgroup_dirs = first.base, list(first.cgroup.dirs) if first.cgroup else []
     left = await first.run(["sh", "-c", _LEAVE])
     assert left.exit_code == 0, left
@@ -81,8 +97,16 @@ async def test_a_warm_box_holds_nothing_of_the_rollout_before() -> None:
         assert "777" in seen.stdout.split() and "[]" in seen.stdout, seen.stdout
         ok = await second.run(["sh", "-c", "echo mine > /work/w.txt && cat /work/w.txt"])
         assert ok.stdout.strip() == "mine", ok
+        env = {"NO_PROXY": "127.0.0.1"}
+        old = await second.run([second.python, "-I", "-S", "-c", _GET.format(url=url1)], env=env)
+        assert old.exit_code != 0 and "refused" in old.stderr, old
+        await second.host_url(url2)  # its own bridge is served in the kept namespace
+        new = await second.run([second.python, "-I", "-S", "-c", _GET.format(url=url2)], env=env)
+        assert new.stdout.strip() == "hello", new
     finally:
         await second.stop()
+        server1.close()
+        server2.close()
 
 
 async def test_the_pool_is_bounded_and_off_where_the_spec_differs() -> None:

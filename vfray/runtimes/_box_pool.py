@@ -8,7 +8,8 @@ leave; its listeners and bridges closed; its writable dirs (work dir, which is a
 attributes are new too. What is kept holds nothing a program could write: the cgroups (their
 OOM count is read at each take, so a rollout sees only its own), the namespace (a program in the
 box has no capability over it, so its interfaces, routes and sysctls are the owner's; its
-sockets died with their programs) and the box's bwrap mounts, computed once.
+sockets died with their programs; the owner's thread that makes listeners in it stays too) and
+the box's bwrap mounts, computed once.
 
 One pool per process, bounded per spec (:attr:`BwrapRuntime.warm_boxes`), emptied at exit; a
 forked child never takes its parent's boxes. A box the owner never got back (the owner killed)
@@ -18,7 +19,6 @@ is reaped like any other: its dir and cgroups carry the owner's token.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,9 +50,7 @@ class Parked:
     def destroy(self) -> None:
         """Everything it holds let go (blocking; its cgroups hold no process)."""
         self.cgroup.remove()
-        with contextlib.suppress(OSError):
-            os.close(self.netns.fd)
-        self.netns.fd = -1
+        self.netns.release()
         remove_tree(self.base)
 
 
