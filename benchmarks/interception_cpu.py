@@ -11,6 +11,7 @@ Prints the interception process's CPU (user + system, from ``/proc``) per call a
     python benchmarks/interception_cpu.py --trees /tmp/before,.    # alternate two source trees
     python benchmarks/interception_cpu.py --profile /tmp/icpt.prof # cProfile the interception
     python benchmarks/interception_cpu.py --profile /tmp/icpt.txt  # py-spy's collapsed stacks
+    python benchmarks/interception_cpu.py --stream-events 200,2000 # per event of a long stream
 
 ``--trees`` serves the interception from each tree in turn (its ``PYTHONPATH``), ``--runs``
 times, alternated, so a shared machine's load falls on both alike; the model and the client
@@ -253,6 +254,33 @@ def _measure(
     return cpu / (rollouts * calls)
 
 
+def _stream_events(counts: list[int]) -> None:
+    """vfray's own work per event of a streamed chat reply with token ids (an RL call on vLLM:
+    one event per token), in this process: split, parse, accumulate, as the relay does."""
+    from vfray.interception.dialects import DIALECTS
+    from vfray.interception.dialects.base import SSESplitter, parse_sse_block
+
+    def event(i: int) -> bytes:
+        lp = {"content": [{"token": f" w{i}", "logprob": -0.1, "bytes": [32], "top_logprobs": []}]}
+        choice = {"index": 0, "delta": {"content": f" w{i}"}, "logprobs": lp, "token_ids": [i]}
+        chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [choice]}
+        return f"data: {json.dumps(chunk)}\n\n".encode()
+
+    for n in counts:
+        raw = b"".join(event(i) for i in range(n)) + b"data: [DONE]\n\n"
+        chunks = [raw[i : i + 4096] for i in range(0, len(raw), 4096)]
+        best = float("inf")
+        for _ in range(3):
+            began = time.process_time()
+            accumulator, splitter = DIALECTS["chat"].accumulator(True), SSESplitter()
+            for chunk in chunks:
+                for block in splitter.feed(chunk):
+                    accumulator.feed(parse_sse_block(block))
+            assert len(accumulator.result().completion_token_ids or []) == n
+            best = min(best, time.process_time() - began)
+        print(f"{n:>6} events: {best * 1e3:8.2f} ms per call, {best / n * 1e6:6.1f} us per event")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
@@ -264,7 +292,15 @@ def main() -> None:
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--stream-events",
+        default="",
+        help="only: vfray's CPU per event of streamed chat replies of these lengths (200,2000)",
+    )
     args = parser.parse_args()
+    if args.stream_events:
+        _stream_events([int(n) for n in args.stream_events.split(",")])
+        return
     if args.serve:
         asyncio.run(_serve(args.serve, args.upstream, args.sessions, args.profile))
         return
