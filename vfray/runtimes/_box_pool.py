@@ -41,7 +41,6 @@ class Parked:
     """What a warm box keeps between rollouts."""
 
     base: Path
-    box_id: str
     owner: str | None
     cgroup: CgroupV1
     netns: BoxNetns

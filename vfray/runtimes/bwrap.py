@@ -216,7 +216,8 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
 
     async def _adopt(self, box: Parked) -> None:
         """Start as the warm ``box`` (emptied when it was parked): new bridges, new gate."""
-        self.owner, self.box_id, self.base = box.owner, box.box_id, box.base
+        # Its own box id (the mark on its programs' environment): only the box is reused.
+        self.owner, self.base = box.owner, box.base
         self.workdir = box.base / "work"
         self.cgroup, self.netns = box.cgroup, box.netns
         self._oom_base = box.cgroup.oom_kills()
@@ -234,7 +235,7 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         key = self._warm_key()
         if key is None or self.cgroup is None or self.netns is None or self.base is None:
             return False
-        box = Parked(self.base, self.box_id, self.owner, self.cgroup, self.netns, self._prefix)
+        box = Parked(self.base, self.owner, self.cgroup, self.netns, self._prefix)
         if not await POOL.reset_and_park(key, box, self.warm_boxes, self._close_ways):
             return False
         self._stopped = True
