@@ -145,8 +145,7 @@ class BridgeWrappers:
             entry = self._shapes[key]
         else:
             pieces = self._pieces(tail, tools, stop_text)
-            tokenizer = self._template.tokenizer
-            entry = None if pieces is None else _Shape(pieces, plan(tokenizer, pieces))
+            entry = None if pieces is None else _Shape(pieces, self._plan(pieces))
             if len(self._shapes) >= _MAX_SHAPES:
                 self._shapes.pop(next(iter(self._shapes)))  # the oldest
             self._shapes[key] = entry
@@ -178,6 +177,12 @@ class BridgeWrappers:
                 entry.ends = None
         self.served += 1
         return whole
+
+    def _plan(self, pieces: list[str]) -> Ends | None:
+        try:
+            return plan(self._template.tokenizer, pieces)
+        except Exception:  # a tokenizer unlike HF's: its bridges are encoded whole, as before
+            return None
 
     def _pieces(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop_text: str
