@@ -108,7 +108,9 @@ class ModelServer:
         return len(self.model.history)
 
 
-def eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
+def eval_cmd(url: str, out: Path, *extra: str, concurrency: int = 4) -> list[str]:
+    """``vfray eval`` of the run; 4 at a time by default, so that the faulted run (48 rollouts
+    of 1 s model calls) still has rollouts in flight when each fault strikes."""
     return [
         *vfray_cli(),
         "eval",
@@ -126,7 +128,7 @@ def eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
         "-o",
         str(out),
         "-c",
-        "4",
+        str(concurrency),
         "--no-progress",
         *extra,
     ]
@@ -192,7 +194,9 @@ def test_fault_mix_then_resume_loses_and_duplicates_nothing(tmp_path: Path, temp
     try:
         clean_out = tmp_path / "clean"
         subprocess.run(
-            eval_cmd(url, clean_out, "--backend", "local"),
+            # All at once: the clean run is only the reference pass@k (the scripted model answers
+            # every prompt the same, however many are in flight).
+            eval_cmd(url, clean_out, "--backend", "local", concurrency=TASKS * N),
             env=env,
             check=True,
             capture_output=True,
