@@ -144,6 +144,15 @@ class Harness(abc.ABC):
     """The program discovers agent skills (``SKILL.md`` folders): the ``skills`` option is
     installed where it looks; other harnesses refuse the option."""
 
+    @classmethod
+    def agent_files(cls) -> frozenset[str]:
+        """Names of the file sets the program keeps in the box's one fixed agent folder
+        (``.vfray/agent``: its home, config, transcript), each named by the program that owns
+        it; none by default. Two rollouts of one box whose harnesses share a name overwrite
+        each other's files (and a resume can pick up the other's session), so seating refuses
+        them (:func:`vfray.run.seating.shared_box_conflict`)."""
+        return frozenset()
+
     def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:
         self.config = self.parse_config(config)
         if self.config.skills and not self.SUPPORTS_SKILLS:

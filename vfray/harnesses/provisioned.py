@@ -65,6 +65,16 @@ class ProvisionedHarness(Harness):
         os.makedirs(self.tools_root, exist_ok=True)
         self._tool: InstalledTool | None = None
 
+    @classmethod
+    def agent_files(cls) -> frozenset[str]:
+        """Its program's home and transcript, under :data:`AGENT_DIR`, named by the harness's
+        id and those of the harnesses it subclasses (whose module's paths it keeps using)."""
+        return frozenset(
+            c.__dict__["id"]
+            for c in cls.__mro__
+            if "id" in c.__dict__ and issubclass(c, ProvisionedHarness)
+        )
+
     @property
     def tools_root(self) -> str:
         """The node's tool root: ``$VFRAY_TOOLS_DIR`` or ``~/.cache/vfray/tools``. A property of

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -211,6 +211,41 @@ def _seat_task(
     return own
 
 
+def shared_box_conflict(seats: Sequence[Seat], default: type[Harness]) -> str | None:
+    """Why these seats cannot be played, or None: two rollouts of one shared box (its owner's
+    first run, every run of a seat that borrows it) whose harnesses keep the same files in the
+    box's one agent folder (:meth:`~vfray.harnesses.base.Harness.agent_files`: the same agent
+    program's home and transcript), which would overwrite each other's and let a resume pick up
+    the other's session. ``default`` is the run's harness, for seats whose agent names none; a
+    harness that does not load is left to the seat's own seating to report."""
+    from vfray.harnesses.registry import harness_class
+
+    for owner in sorted({s.box for s in seats if s.box is not None}):
+        holders: dict[str, list[str]] = {}
+        for seat in seats:
+            # An owner's further runs get boxes of their own; a borrower's runs all share it.
+            runs = 1 if seat.name == owner else seat.runs if seat.box == owner else 0
+            if not runs:
+                continue
+            try:
+                cls = default if seat.agent.harness is None else harness_class(seat.agent.harness)
+            except Exception:
+                continue
+            for files in sorted(cls.agent_files()):
+                holders.setdefault(files, []).extend(
+                    run_name(seat.name, run) for run in range(1, runs + 1)
+                )
+        for files, names in holders.items():
+            if len(names) > 1:
+                return (
+                    f"seats {', '.join(map(repr, names))} run in the box of seat {owner!r} "
+                    f"with harnesses that keep the same agent files ({files!r} under "
+                    f".vfray/agent: home, session, transcript), which would overwrite each "
+                    f"other's; give them separate boxes (no Seat.box) or different agent programs"
+                )
+    return None
+
+
 def unseatable(
     task: SeatedTask[Any],
     plan: RolloutPlan,
@@ -263,6 +298,9 @@ async def play_game(
         seats = check_seats(task.seats())
     except Exception as exc:
         return [unseatable(task, default_plan, TaskError(f"seats(): {exc}"), **ids)]
+    conflict = shared_box_conflict(seats, type(stations.default.harness))
+    if conflict is not None:  # refused before any box starts
+        return [unseatable(task, default_plan, ConfigError(conflict), **ids)]
     by_name = {s.name: s for s in seats}
     game = Game(seats)
     over = asyncio.Event()

@@ -86,6 +86,11 @@ class AcpHarness(ProvisionedHarness):
     """The task's tool servers go to ``session/new`` as ACP HTTP MCP servers."""
     APPENDS_SYSTEM_PROMPT = False
 
+    @classmethod
+    def agent_files(cls) -> frozenset[str]:
+        """Every ACP harness also keeps the one :data:`TRANSCRIPT_PATH`."""
+        return super().agent_files() | {"acp"}
+
     @abc.abstractmethod
     def agent_argv(self, tool: InstalledTool) -> list[str]:
         """The agent's command line (it speaks ACP on its stdin/stdout)."""

@@ -31,6 +31,11 @@ class ClaudeCodeAcpHarness(AcpHarness):
     SUPPORTS_SKILLS = True
     SKILLS_DIR = f"{CONFIG_DIR}/skills"
 
+    @classmethod
+    def agent_files(cls) -> frozenset[str]:
+        """Also the claude-code harness's home (``CONFIG_DIR``, shared with it)."""
+        return super().agent_files() | {"claude-code"}
+
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
             name="claude-code-acp",

@@ -37,6 +37,11 @@ class CodexAcpHarness(AcpHarness):
     SUPPORTS_SKILLS = True
     SKILLS_DIR = f"{CODEX_HOME}/skills"
 
+    @classmethod
+    def agent_files(cls) -> frozenset[str]:
+        """Also the codex harness's home (``CODEX_HOME``, shared with it)."""
+        return super().agent_files() | {"codex"}
+
     def tool_spec(self) -> ToolSpec:
         return ToolSpec(
             name="codex-acp",
