@@ -71,6 +71,8 @@ async def test_a_box_runs_every_command_in_one_namespace_of_its_own() -> None:
         # The gate's port listens inside; a host URL bridged after start is reached too.
         url = f"http://127.0.0.1:{port}/"
         assert await rt.host_url(url) == url
+        assert rt.base is not None  # served in the namespace: no unix socket made for either
+        assert not list((rt.base / "bridge").glob("*.sock"))
         listening = await rt.run(["cat", "/proc/net/tcp"])
         assert f":{EGRESS_PORT:04X} " in listening.stdout, listening.stdout
         got = await rt.run(
@@ -101,6 +103,11 @@ async def test_without_a_namespace_of_its_own_each_run_goes_through_the_forwarde
         assert rt.netns is None
         url = f"http://127.0.0.1:{port}/"
         await rt.host_url(url)
+        assert rt.base is not None  # the forwarder's way to the bridge and the gate
+        assert {p.name for p in (rt.base / "bridge").glob("*.sock")} == {
+            f"{port}.sock",
+            f"{EGRESS_PORT}.sock",
+        }
         assert BOX_FORWARDER in rt._command(["true"], None)[0]
         got = await rt.run(
             [rt.python, "-I", "-S", "-c", _GET.format(url=url)], env={"NO_PROXY": "127.0.0.1"}

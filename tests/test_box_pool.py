@@ -109,6 +109,36 @@ async def test_a_warm_box_holds_nothing_of_the_rollout_before() -> None:
         server2.close()
 
 
+# What the box's egress gate answers to a tunnel to a loopback port: its refusal names the phase.
+_PROBE = (
+    "import socket; s = socket.create_connection(('127.0.0.1', 3128)); "
+    "s.sendall(b'CONNECT 127.0.0.1:9 HTTP/1.1\\r\\n\\r\\n'); print(s.recv(4096).decode())"
+)
+
+
+async def test_a_warm_boxs_gate_is_kept_and_back_in_the_setup_phase() -> None:
+    first = BwrapRuntime(RuntimeSpec())
+    await first.start()
+    gate = first.egress
+    await first.prepare_execution([])
+    agent = await first.run([first.python, "-I", "-S", "-c", _PROBE])
+    assert "in the agent phase" in agent.stdout, agent
+    await first.stop()
+
+    second = BwrapRuntime(RuntimeSpec())
+    await second.start()
+    try:
+        assert second.egress is gate and gate is not None  # kept, not made again
+        assert gate.policy.phase == "setup" and gate.refused == []
+        setup = await second.run([second.python, "-I", "-S", "-c", _PROBE])
+        assert "the node's own" in setup.stdout, setup  # setup's refusal, not the agent's
+        await second.prepare_execution([])
+        again = await second.run([second.python, "-I", "-S", "-c", _PROBE])
+        assert "in the agent phase" in again.stdout, again
+    finally:
+        await second.stop()
+
+
 async def test_the_pool_is_bounded_and_off_where_the_spec_differs() -> None:
     boxes = [BwrapRuntime(RuntimeSpec(), warm_boxes=1) for _ in range(2)]
     for rt in boxes:

@@ -8,7 +8,6 @@ no traffic ever leaves the machine."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import os
@@ -210,8 +209,9 @@ async def test_setup_installs_and_the_agent_reaches_only_its_allowed_host(
             assert await curl(rt, f"{url}/v1") == (0, "interception here")
             gate = rt.egress  # type: ignore[attr-defined]
             assert gate is not None and any(far.other in why for why in gate.refused)
-            sock = gate.path
-            assert sock.exists() and gate in node_proxy().gates
+            sock = gate.path  # none where the box's own namespace has the gate's listener
+            assert sock.exists() == (getattr(rt, "netns", None) is None)
+            assert gate in node_proxy().gates
         # Nothing left behind: the gate's socket and its place in the node's proxy.
         assert not sock.exists() and gate not in node_proxy().gates
 
@@ -252,15 +252,24 @@ async def test_the_setup_phase_cannot_reach_the_node_itself(far: Far) -> None:
         assert "is the node's own or a link-local address" in said, said
 
 
+_TUNNEL = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(f"CONNECT {sys.argv[1]} HTTP/1.1\\r\\n\\r\\n".encode())
+print(s.recv(4096).decode().splitlines()[0], flush=True)
+print("cut" if s.recv(4096) == b"" else "open", flush=True)
+"""
+
+
 async def test_a_tunnel_opened_in_setup_is_cut_when_the_agent_starts(far: Far) -> None:
     async with BwrapRuntime(RuntimeSpec()) as rt:
-        assert rt.egress is not None
-        reader, writer = await asyncio.open_unix_connection(str(rt.egress.path))
-        writer.write(f"CONNECT {far.allowed}:{PORT} HTTP/1.1\r\n\r\n".encode())
-        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        tunnel = await rt.open_process(
+            [rt.python, "-I", "-S", "-c", _TUNNEL, f"{far.allowed}:{PORT}"]
+        )
+        assert (await tunnel.stdout.readline()).startswith(b"HTTP/1.1 200")
         await rt.prepare_execution([])
-        assert await reader.read() == b""
-        writer.close()
+        assert await tunnel.stdout.readline() == b"cut\n"
+        assert await tunnel.wait() == 0
 
 
 PY = sys.executable
@@ -294,6 +303,7 @@ def test_an_allowed_host_that_does_not_resolve_is_refused_before_and_during_the_
     rollout = _no_network(
         "import asyncio\n"
         "from vfray.runtimes.base import RuntimeSpec\n"
+        "from vfray.runtimes._box_pool import POOL\n"
         "from vfray.runtimes.bwrap import BwrapRuntime\n"
         "async def main():\n"
         "    rt = BwrapRuntime(RuntimeSpec(network_allow=('pkg.mirror.example',)))\n"
@@ -303,12 +313,13 @@ def test_an_allowed_host_that_does_not_resolve_is_refused_before_and_during_the_
         "        print(type(exc).__name__, str(exc).split(': ', 1)[1])\n"
         "    finally:\n"
         "        await rt.stop()\n"
-        "    print('left', rt.base.exists() if rt.base else None)\n"
+        "    print('left', rt.base.exists() if rt.base else None, POOL.count())\n"
         "asyncio.run(main())\n"
     )
+    # Refused before the box's dir, cgroups or namespace are made: nothing left, none kept warm.
     assert rollout.stdout.split("\n")[:2] == [
         "SandboxError network_allow host(s) pkg.mirror.example do not resolve",
-        "left False",
+        "left None 0",
     ], rollout
 
 

@@ -32,7 +32,7 @@ import shutil
 import socket
 import struct
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import Future
 
 CLONE_NEWNET = 0x40000000
@@ -233,8 +233,15 @@ class BoxNetns:
     ) -> None:
         """Serve box port ``port`` (on the namespace's 127.0.0.1) with ``handler``, or with
         ``protocol``'s protocols when given (a server of this loop takes the connections)."""
-        if port in self._servers:
-            return
+        kept = self._servers.get(port)
+        if kept is not None:
+            if kept.get_loop() is asyncio.get_running_loop():
+                return
+            # A warm box's listener, kept from a rollout on another loop (a closed one: each
+            # asyncio.run has its own): made again on this one.
+            with contextlib.suppress(RuntimeError):
+                kept.close()
+            del self._servers[port]
         if self._binder is None:
             self._binder = _Binder(self.fd)
         sock = self._binder.call(functools.partial(_listener, port))
@@ -244,12 +251,12 @@ class BoxNetns:
         else:
             self._servers[port] = await asyncio.start_server(handler, sock=sock)
 
-    def stop_listening(self) -> None:
-        """Close every listener; the namespace and its binding thread are kept (for the box's
-        next rollout)."""
-        for server in self._servers.values():
-            server.close()
-        self._servers.clear()
+    def stop_listening(self, keep: Collection[int] = ()) -> None:
+        """Close every listener but those on the ports ``keep``; the namespace and its binding
+        thread are kept (for the box's next rollout)."""
+        for port in [port for port in self._servers if port not in keep]:
+            with contextlib.suppress(RuntimeError):  # a listener of a closed loop
+                self._servers.pop(port).close()
 
     def release(self) -> None:
         """Listeners, binding thread and descriptor let go: nothing of this process holds the

@@ -9,7 +9,9 @@ attributes are new too. What is kept holds nothing a program could write: the cg
 OOM count is read at each take, so a rollout sees only its own), the namespace (a program in the
 box has no capability over it, so its interfaces, routes and sysctls are the owner's; its
 sockets died with their programs; the owner's thread that makes listeners in it stays too) and
-the box's bwrap mounts, computed once.
+the box's bwrap mounts, computed once, and its egress gate (:mod:`vfray.runtimes.egress`),
+whose connections are cut at park and whose policy is back to the setup phase's at each take;
+the policy itself is the spec's, which the pool keys on.
 
 One pool per process, bounded per spec (:attr:`BwrapRuntime.warm_boxes`), emptied at exit; a
 forked child never takes its parent's boxes. A box the owner never got back (the owner killed)
@@ -29,6 +31,7 @@ from vfray.runtimes._box_netns import BoxNetns
 from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._remove import remove_tree
+from vfray.runtimes.egress import EgressGate
 
 WARM_BOXES = 8
 """Stopped boxes kept per box spec and process, by default."""
@@ -45,10 +48,14 @@ class Parked:
     cgroup: CgroupV1
     netns: BoxNetns
     prefix: list[str] = field(default_factory=list)
+    gate: EgressGate | None = None
+    """Kept with its listener in the namespace (it makes no socket of its own)."""
 
     def destroy(self) -> None:
         """Everything it holds let go (blocking; its cgroups hold no process)."""
         self.cgroup.remove()
+        if self.gate is not None:
+            self.gate.release()
         self.netns.release()
         remove_tree(self.base)
 
@@ -117,12 +124,15 @@ class BoxPool:
     ) -> bool:
         """Keep the stopped ``box`` for ``key`` once emptied of its rollout: every process in
         its cgroups killed, its ways in closed (``close_ways``, then its namespace's
-        listeners), its writable dirs made again. False when the pool is full or the box
-        could not be emptied: the caller tears it down."""
+        listeners but its gate's, which is out of use), its writable dirs made again.
+        False when the pool is full or the box could not be emptied: the caller tears it
+        down."""
         if self.count(key) >= limit or not await box.cgroup.empty():
             return False
         await close_ways()
-        box.netns.stop_listening()
+        if box.gate is not None:
+            box.gate.release()
+        box.netns.stop_listening(keep=[box.gate.port] if box.gate is not None else [])
         if not await blocking(renew_dirs, box.base):
             return False
         return self.park(key, box, limit)

@@ -34,6 +34,7 @@ Python, the forwarder, the agents' tool dir) run there through the node's loader
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -68,7 +69,7 @@ from vfray.runtimes._foreign_root import NodePrograms
 from vfray.runtimes._overlay import CowRoot
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BridgeSet, ExposedPort, UnixBridge
-from vfray.runtimes.egress import EgressGate, open_gate
+from vfray.runtimes.egress import EgressGate, check_named_hosts, open_gate
 from vfray.runtimes.images import ImageConfig
 from vfray.runtimes.lifeline import owner_id
 from vfray.runtimes.network_policy import BoxNetwork, box_network
@@ -169,6 +170,8 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
 
     async def start(self) -> None:
         self._bwrap = find_bwrap()
+        # Before anything is made: a box refused here leaves nothing, warm or not.
+        await check_named_hosts(self._network(), self._where)
         key = self._warm_key()
         if key is not None:
             try:
@@ -193,8 +196,6 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
             f"root:x:0:0:root:/root:/bin/sh\nnobody:x:{BOX_UID}:{BOX_UID}:nobody:{home}:/bin/sh\n"
         )
         (self.base / "etc" / "group").write_text(f"root:x:0:\nnogroup:x:{BOX_UID}:\n")
-        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
-        self.egress = await open_gate(self._network(), self.bridges, f"bwrap box {self.box_id}")
         if self.use_cgroups and os.geteuid() == 0:
             # The owner token in the name: the lifeline's reaper finds it after an owner crash.
             self.cgroup = CgroupV1(f"vfray-{self.owner or 'x'}-{self.box_id}", self.spec)
@@ -202,8 +203,15 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
                 self.cgroup = None
         if not shares_network(self.spec, self.share_network):
             self.netns = await blocking(BoxNetns.make)
-            await self._serve_bridges()
+        # In its own namespace the owner serves the bridges there: no socket in the bridge dir.
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR, sockets=self.netns is None)
+        self.egress = await open_gate(self._network(), self.bridges, self._where, checked=True)
+        await self._serve_bridges()
         self._prefix = self._mounts()
+
+    @property
+    def _where(self) -> str:
+        return f"bwrap box {self.box_id}"
 
     def _warm_key(self) -> str | None:
         """The pool key of this box's spec, or None when it is never kept warm."""
@@ -215,14 +223,17 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         return f"{self.spec.model_dump_json()}|{options!r}"
 
     async def _adopt(self, box: Parked) -> None:
-        """Start as the warm ``box`` (emptied when it was parked): new bridges, new gate."""
+        """Start as the warm ``box`` (emptied when it was parked): new bridges, its gate back
+        to the setup phase."""
         # Its own box id (the mark on its programs' environment): only the box is reused.
         self.owner, self.base = box.owner, box.base
         self.workdir = box.base / "work"
         self.cgroup, self.netns = box.cgroup, box.netns
         self._oom_base = box.cgroup.oom_kills()
-        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR)
-        self.egress = await open_gate(self._network(), self.bridges, f"bwrap box {self.box_id}")
+        self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR, sockets=False)
+        self.egress = box.gate  # the same policy: the pool keys on the spec
+        if self.egress is not None:
+            await self.egress.open(self.bridges)
         await self._serve_bridges()
         tools = str(tools_root())
         # The node's tool dir, made since the box was: mounted as a new box would have it.
@@ -235,18 +246,23 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         key = self._warm_key()
         if key is None or self.cgroup is None or self.netns is None or self.base is None:
             return False
-        box = Parked(self.base, self.owner, self.cgroup, self.netns, self._prefix)
-        if not await POOL.reset_and_park(key, box, self.warm_boxes, self._close_ways):
+        box = Parked(self.base, self.owner, self.cgroup, self.netns, self._prefix, self.egress)
+        close_ways = functools.partial(self._close_ways, keep_gate=True)
+        if not await POOL.reset_and_park(key, box, self.warm_boxes, close_ways):
             return False
         self._stopped = True
         self._pgids.clear()
-        self.cgroup = self.netns = self.bridges = self.base = self.workdir = None
+        self.cgroup = self.netns = self.bridges = self.egress = None
+        self.base = self.workdir = None
         return True
 
-    async def _close_ways(self) -> None:
-        """The box's bridges (its gate's with them) and exposed ports closed."""
+    async def _close_ways(self, keep_gate: bool = False) -> None:
+        """The box's bridges, its gate (unless ``keep_gate``: a warm box keeps it) and exposed
+        ports closed."""
         if self.bridges is not None:
-            await self.bridges.close()
+            await self.bridges.close(keep=self.egress)
+        if self.egress is not None and not keep_gate:
+            await self.egress.close()
         for exposed in self._exposed.values():
             await exposed.close()
         self._exposed.clear()

@@ -165,9 +165,9 @@ class EgressGate(UnixBridge):
         self.box_dir = bridges.box_dir
         self.policy = network.setup or EgressPolicy("setup", ())
         self.refused: list[str] = []
+        """Why requests were refused (the last 100), for the box's owner to report."""
         self.node_ca = False
         """Whether the box has the node's extra Node.js roots (:data:`NODE_CA`)."""
-        """Why requests were refused (the last 100), for the box's owner to report."""
 
     @property
     def url(self) -> str:
@@ -192,14 +192,58 @@ class EgressGate(UnixBridge):
             **({"NODE_EXTRA_CA_CERTS": f"{self.box_dir}/{NODE_CA}"} if self.node_ca else {}),
         }
 
-    async def enter_agent_phase(self) -> None:
-        """The agent's policy from now on; what setup opened is cut."""
-        self.policy = self.network.agent or EgressPolicy("agent", ())
+    async def open(self, bridges: BridgeSet) -> None:
+        """Serve the box of ``bridges`` from its setup phase on: its files written into their
+        dir, attached to them (closed with them). Again for each rollout of a warm box, which
+        keeps its gate (and its listener in the box's namespace, ~0.4 ms of the owner's CPU
+        to make anew): the policy back to setup's, no refusal or connection of the rollout
+        before kept. The policy itself is the same: a warm box is only taken for its spec."""
+        self.cut()
+        self.policy = self.network.setup or EgressPolicy("setup", ())
+        self.refused = []
+        self.bridges = bridges
+        self.box_dir = bridges.box_dir
+        bridges.directory.mkdir(parents=True, exist_ok=True)
+        (bridges.directory / APT_CONF).write_text(
+            f'Acquire::http::Proxy "{self.url}";\nAcquire::https::Proxy "{self.url}";\n'
+            # A container's root has no CAP_SETUID: apt cannot drop to its _apt user.
+            'APT::Sandbox::User "root";\n'
+            # Nor CAP_DAC_OVERRIDE: the image's lists/partial and archives/partial are _apt's
+            # 0700 dirs, which it cannot enter ("Problem unlinking ... Permission denied",
+            # then no Release file). Dirs of root's own instead (apt makes them under its
+            # state and cache dirs); an image's kept lists are not read, so setup runs
+            # `apt-get update` first.
+            f'Dir::State::Lists "{APT_LISTS}";\nDir::Cache::Archives "{APT_ARCHIVES}";\n'
+        )
+        extra = os.environ.get("NODE_EXTRA_CA_CERTS")
+        self.node_ca = bool(extra and os.path.isfile(extra))
+        if extra and self.node_ca:
+            # A node behind a TLS-inspecting proxy trusts its CA this way; a box going out
+            # through the gate meets the same proxy (npm failed SELF_SIGNED_CERT_IN_CHAIN here
+            # without it). Node's variable adds roots; the image's own trust store is left
+            # alone. A copy, never a link: the box may write in its bridge dir.
+            shutil.copyfile(extra, bridges.directory / NODE_CA)
+        await bridges.attach(EGRESS_PORT, self)
+        self.proxy.gates.add(self)
+
+    def cut(self) -> None:
+        """Every connection through the gate cut."""
         for task in list(self._conns):
             task.cancel()
 
+    async def enter_agent_phase(self) -> None:
+        """The agent's policy from now on; what setup opened is cut."""
+        self.policy = self.network.agent or EgressPolicy("agent", ())
+        self.cut()
+
     async def close(self) -> None:
         await super().close()
+        self.proxy.gates.discard(self)
+
+    def release(self) -> None:
+        """A warm box's gate (which makes no socket) out of use until :meth:`open` again: its
+        connections cut, out of the node's proxy."""
+        self.cut()
         self.proxy.gates.discard(self)
 
     def _refuse(self, why: str) -> bytes:
@@ -311,37 +355,26 @@ class EgressGate(UnixBridge):
         return None, first_why
 
 
-async def open_gate(network: BoxNetwork, bridges: BridgeSet, where: str) -> EgressGate | None:
-    """The box's gate on this node's proxy, attached to its ``bridges`` (and so closed with
-    them), or None when the box has no proxied network. The agent phase's named hosts must
-    resolve here: a :class:`SandboxError` names those that do not (``where``: the box)."""
-    if not network.proxied:
-        return None
+async def check_named_hosts(network: BoxNetwork, where: str) -> None:
+    """A :class:`SandboxError` naming the agent phase's hosts that do not resolve here
+    (``where``: the box)."""
     # No thread hop for a box that names no host (most): nothing to resolve.
     missing = await blocking(unresolved, network.named_hosts) if network.named_hosts else []
     if missing:
         raise SandboxError(f"{where}: network_allow host(s) {', '.join(missing)} do not resolve")
-    proxy = node_proxy()
-    gate = EgressGate(bridges, network, proxy)
-    (bridges.directory / APT_CONF).parent.mkdir(parents=True, exist_ok=True)
-    (bridges.directory / APT_CONF).write_text(
-        f'Acquire::http::Proxy "{gate.url}";\nAcquire::https::Proxy "{gate.url}";\n'
-        # A container's root has no CAP_SETUID: apt cannot drop to its _apt user.
-        'APT::Sandbox::User "root";\n'
-        # Nor CAP_DAC_OVERRIDE: the image's lists/partial and archives/partial are _apt's 0700
-        # dirs, which it cannot enter ("Problem unlinking ... Permission denied", then no
-        # Release file). Dirs of root's own instead (apt makes them under its state and cache
-        # dirs); an image's kept lists are not read, so setup runs `apt-get update` first.
-        f'Dir::State::Lists "{APT_LISTS}";\nDir::Cache::Archives "{APT_ARCHIVES}";\n'
-    )
-    extra = os.environ.get("NODE_EXTRA_CA_CERTS")
-    if extra and os.path.isfile(extra):
-        # A node behind a TLS-inspecting proxy trusts its CA this way; a box going out through
-        # the gate meets the same proxy (npm failed SELF_SIGNED_CERT_IN_CHAIN here without it).
-        # Node's variable adds roots; the image's own trust store is left alone. A copy, never
-        # a link: the box may write in its bridge dir.
-        shutil.copyfile(extra, bridges.directory / NODE_CA)
-        gate.node_ca = True
-    await bridges.attach(EGRESS_PORT, gate)
-    proxy.gates.add(gate)
+
+
+async def open_gate(
+    network: BoxNetwork, bridges: BridgeSet, where: str, *, checked: bool = False
+) -> EgressGate | None:
+    """The box's gate on this node's proxy, attached to its ``bridges`` (and so closed with
+    them), or None when the box has no proxied network. The agent phase's named hosts must
+    resolve here (unless ``checked`` already): a :class:`SandboxError` names those that do
+    not (``where``: the box)."""
+    if not network.proxied:
+        return None
+    if not checked:
+        await check_named_hosts(network, where)
+    gate = EgressGate(bridges, network, node_proxy())
+    await gate.open(bridges)
     return gate
