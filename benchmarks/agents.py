@@ -401,7 +401,7 @@ async def main() -> None:
     for harness, level, row in summary:
         share = row["vfray_cpu_ms"] / max(row["agent_cpu_ms"], 1e-9)
         print(
-            f"{harness:<16} {level:>3} {row['vfray_cpu_ms']:>9.0f} {row['agent_cpu_ms']:>9.0f}  "
+            f"{harness:<16} {level:>3} {row['vfray_cpu_ms']:>9.1f} {row['agent_cpu_ms']:>9.0f}  "
             f"{share:.1%}{'' if share <= 0.05 else ' (over 5%)'}"
         )
 
