@@ -126,14 +126,19 @@ def ensure_tmux(tmux: str, root: Path) -> Path:
         (staging / "bin" / "tmux").write_text(wrapper)
         os.chmod(staging / "bin" / "tmux", 0o755)
         (staging / MANIFEST).write_text(json.dumps({"tmux": tmux, "libs": [str(p) for p in libs]}))
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / MANIFEST).is_file():  # not another process's finished copy
-                raise
+        _publish(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """``staging`` renamed to ``final``, unless another process's finished copy is there."""
+    try:
+        os.rename(staging, final)
+    except OSError:
+        if not (final / MANIFEST).is_file():
+            raise
 
 
 def ensure_programs(root: Path) -> Path:
@@ -166,11 +171,7 @@ def ensure_programs(root: Path) -> Path:
         (staging / MANIFEST).write_text(json.dumps(sorted(sources)))
         for entry in [*staging.rglob("*"), staging]:
             entry.chmod(0o555 if entry.is_dir() else 0o444)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / MANIFEST).is_file():  # not another process's finished copy
-                raise
+        _publish(staging, final)
     finally:
         if staging.exists():
             staging.chmod(0o755)
