@@ -9,6 +9,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from vfray.endpoints.serving import HeadLimits
+from vfray.endpoints.serving import GRACEFUL_SHUTDOWN_S, HeadLimits
 from vfray.interception import Interception, InterceptionSettings, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
@@ -313,7 +314,8 @@ async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """uvicorn cancels the handlers still waiting when its graceful shutdown ends: the agent
-    gets a 503 and the log holds no "Exception in ASGI application" traceback."""
+    gets a 503 and the log holds no "Exception in ASGI application" traceback. The close
+    takes one grace period: the call's turn, still upstream, is not waited for a second one."""
     slow = ScriptedModel("echo", latency=30)
     with scripted_server(slow) as url:
         async with Interception(Upstream(url, model="m")) as icpt:
@@ -324,11 +326,15 @@ async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
             call = http.post("/chat/completions", json=body, headers=headers)
             waiting = asyncio.create_task(call)
             await asyncio.sleep(1.0)  # the call is upstream, which takes 30 s
+            closing = time.monotonic()
+        closed = time.monotonic() - closing
         answer = await waiting
         await http.aclose()
     assert answer.status_code == 503
     assert "shutting down" in answer.text
     assert "Exception in ASGI application" not in caplog.text
+    # A bound, not a speed: two grace periods one after the other took 10.1 s.
+    assert GRACEFUL_SHUTDOWN_S <= closed < 2 * GRACEFUL_SHUTDOWN_S - 1, closed
 
 
 def test_a_request_in_flight_when_its_loop_is_closed_gets_503_and_no_traceback(

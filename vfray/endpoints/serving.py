@@ -123,13 +123,17 @@ class _Server(uvicorn.Server):
         yield
 
 
+GRACEFUL_SHUTDOWN_S = 5.0
+"""How long a closing server waits for the requests still running before it cancels them."""
+
+
 def _config(app: Any, head_limits: HeadLimits | None, **uvicorn_options: Any) -> uvicorn.Config:
     # A bounded graceful shutdown: a harness blocked mid-request must not hold a close open.
     options: dict[str, Any] = {
         "log_level": "warning",
         "access_log": False,
         "lifespan": "off",
-        "timeout_graceful_shutdown": 5,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
         # Nothing here reads the client address: skip the X-Forwarded-For middleware per call.
         "proxy_headers": False,
         # uvicorn listens again on the socket it is given, with its own backlog (2048 unless

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.chat_template import ChatTemplate
-from vfray.endpoints.serving import HeadLimits, serve_in_loop
+from vfray.endpoints.serving import GRACEFUL_SHUTDOWN_S, HeadLimits, serve_in_loop
 from vfray.interception._incoming import Incoming, RequestError, parse_json
 from vfray.interception._relay import respond
 from vfray.interception.admission import authenticate, note_refusal, refusal, refused
@@ -183,10 +183,13 @@ class InterceptionApp:
     def session_count(self) -> int:
         return len(self.sessions)
 
-    async def aclose(self) -> None:
-        """Let in-flight turns finish recording (briefly), then close the upstream client."""
+    async def aclose(self, deadline: float | None = None) -> None:
+        """Let in-flight turns finish recording (briefly: until the loop's time ``deadline``,
+        by default :data:`GRACEFUL_SHUTDOWN_S` from now), then close the upstream client."""
         if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=5)
+            loop = asyncio.get_running_loop()
+            end = loop.time() + GRACEFUL_SHUTDOWN_S if deadline is None else deadline
+            _, pending = await asyncio.wait(set(self._tasks), timeout=max(0.0, end - loop.time()))
             for task in pending:
                 task.cancel()
         await self.forwarder.aclose()
@@ -374,12 +377,16 @@ class Interception:
         tb: TracebackType | None,
     ) -> None:
         self.app.closing = True
+        # One grace period for both: the server waits for its requests, whose turns are the
+        # in-flight ones; a turn still upstream when the server gave up is not waited for again
+        # (a close with a call stuck upstream took 10 s, not 5).
+        deadline = asyncio.get_running_loop().time() + GRACEFUL_SHUTDOWN_S
         try:
             if self._serving is not None:
                 await self._serving.__aexit__(exc_type, exc, tb)
         finally:
             self._serving = None
-            await self.app.aclose()
+            await self.app.aclose(deadline)
 
 
 def _serve(
