@@ -5,7 +5,9 @@ shown the same skills. Real agents (npm) and real bwrap boxes."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from agent_tools import need_registry
 
 import vfray as vf
 from vfray.harnesses import make_harness
-from vfray.harnesses._codex_skills import MARKER, seed_path, seeded_system_skills
+from vfray.harnesses._codex_skills import MARKER, _run_until, seed_path, seeded_system_skills
 from vfray.harnesses.codex import CODEX_HOME
 from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.runtimes.base import Runtime
@@ -44,6 +46,28 @@ class WriteAndLook(vf.Task[vf.TaskData]):
         inside = await runtime.run(["find", HOME_SKILLS, "-mindepth", "1"])
         self.seen.update(link=link.stdout.strip(), inside=inside.stdout.strip())
         return 1.0
+
+
+def test_the_unpacking_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """npm's codex-acp is a node script running the native binary as its child: the seeding run
+    is ended with every process it started, not only the one vfray spawned."""
+    marker, pid_file = tmp_path / "skills" / MARKER, tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; mkdir -p {marker.parent}; touch {marker}; wait"
+    assert _run_until(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, marker)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as fh:  # killed, not yet reaped by init
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the unpacking run's child outlived it")
 
 
 def test_the_nodes_copy_is_made_once_read_only_and_none_when_codex_makes_none(

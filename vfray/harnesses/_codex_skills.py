@@ -12,9 +12,11 @@ is no worse than none: Codex unpacks its skills into the home as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -80,21 +82,24 @@ def seeded_system_skills(tool: InstalledTool, argv: list[str]) -> Path | None:
 
 def _run_until(argv: list[str], env: dict[str, str], marker: Path) -> bool:
     """Run ``argv`` until it exits or ``marker`` (written last, after every skill) exists;
-    whether it does."""
+    whether it does. Its whole process group is killed then: npm's ``codex-acp`` is a node
+    script that runs the native binary as its child, which killing node alone left running
+    (orphaned, for the node's lifetime)."""
     process = subprocess.Popen(
         argv,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + SEED_TIMEOUT
         while process.poll() is None and not marker.is_file() and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        if process.poll() is None:
-            process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     return marker.is_file()
 
