@@ -20,7 +20,7 @@ from vfray.runtimes._executor import blocking
 from vfray.runtimes.base import BOX_DIR, Runtime
 from vfray.runtimes.bridge import BridgeSet, ExposedPort
 from vfray.runtimes.bwrap import shares_network
-from vfray.runtimes.egress import EGRESS_PORT, EgressGate, open_gate
+from vfray.runtimes.egress import EGRESS_PORT, EgressGate, check_named_hosts, open_gate
 from vfray.runtimes.lifeline import work_dir_prefix
 from vfray.runtimes.network_policy import box_network
 from vfray.runtimes.processes import network_env
@@ -150,7 +150,8 @@ class ContainerBox(Runtime):
     async def _open_egress(self) -> None:
         assert self.bridges is not None
         network = box_network(self.spec.network_allow, self.spec.network_block, self.share_network)
-        self.egress = await open_gate(network, self.bridges, f"docker box {self.box_id}")
+        await check_named_hosts(network, f"docker box {self.box_id}")
+        self.egress = await open_gate(network, self.bridges)
         if self.egress is not None:
             await self._start_forwarder(EGRESS_PORT)
 

@@ -205,7 +205,7 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
             self.netns = await blocking(BoxNetns.make)
         # In its own namespace the owner serves the bridges there: no socket in the bridge dir.
         self.bridges = BridgeSet(self.base / "bridge", BRIDGE_DIR, sockets=self.netns is None)
-        self.egress = await open_gate(self._network(), self.bridges, self._where, checked=True)
+        self.egress = await open_gate(self._network(), self.bridges)
         await self._serve_bridges()
         self._prefix = self._mounts()
 

@@ -364,17 +364,12 @@ async def check_named_hosts(network: BoxNetwork, where: str) -> None:
         raise SandboxError(f"{where}: network_allow host(s) {', '.join(missing)} do not resolve")
 
 
-async def open_gate(
-    network: BoxNetwork, bridges: BridgeSet, where: str, *, checked: bool = False
-) -> EgressGate | None:
+async def open_gate(network: BoxNetwork, bridges: BridgeSet) -> EgressGate | None:
     """The box's gate on this node's proxy, attached to its ``bridges`` (and so closed with
-    them), or None when the box has no proxied network. The agent phase's named hosts must
-    resolve here (unless ``checked`` already): a :class:`SandboxError` names those that do
-    not (``where``: the box)."""
+    them), or None when the box has no proxied network. Its named hosts are checked first, by
+    the box (:func:`check_named_hosts`), before anything of it is made."""
     if not network.proxied:
         return None
-    if not checked:
-        await check_named_hosts(network, where)
     gate = EgressGate(bridges, network, node_proxy())
     await gate.open(bridges)
     return gate
