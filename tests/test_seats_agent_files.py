@@ -19,7 +19,7 @@ from vfray.harnesses.base import Harness
 from vfray.harnesses.registry import harness_class
 from vfray.harnesses.seats import Game
 from vfray.run.environment import run_game
-from vfray.run.seating import shared_box_conflict
+from vfray.run.seat_refusals import shared_box_conflict
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
 

@@ -150,7 +150,7 @@ class Harness(abc.ABC):
         (``.vfray/agent``: its home, config, transcript), each named by the program that owns
         it; none by default. Two rollouts of one box whose harnesses share a name overwrite
         each other's files (and a resume can pick up the other's session), so seating refuses
-        them (:func:`vfray.run.seating.shared_box_conflict`)."""
+        them (:func:`vfray.run.seat_refusals.shared_box_conflict`)."""
         return frozenset()
 
     def __init__(self, config: HarnessConfig | Mapping[str, Any] | None = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -32,10 +32,11 @@ from vfray.harnesses.seats import (
 from vfray.rollout import RolloutPlan, SessionBroker, execute_rollout
 from vfray.run._shared_box import Lease, SharedBox
 from vfray.run.broker import InProcessBroker
+from vfray.run.seat_refusals import shared_box_conflict, unseatable
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.registry import make_runtime, task_spec
 from vfray.task import call_maybe_async
-from vfray.trace import StopCondition, Trace
+from vfray.trace import Trace
 from vfray.trace.messages import UserContent
 
 EndpointOpener = Callable[[Agent, str], AbstractAsyncContextManager[Any]]
@@ -209,67 +210,6 @@ def _seat_task(
 
     setattr(own, "finalize", finalize)  # noqa: B010
     return own
-
-
-def shared_box_conflict(seats: Sequence[Seat], default: type[Harness]) -> str | None:
-    """Why these seats cannot be played, or None: two rollouts of one shared box (its owner's
-    first run, every run of a seat that borrows it) whose harnesses keep the same files in the
-    box's one agent folder (:meth:`~vfray.harnesses.base.Harness.agent_files`: the same agent
-    program's home and transcript), which would overwrite each other's and let a resume pick up
-    the other's session. ``default`` is the run's harness, for seats whose agent names none; a
-    harness that does not load is left to the seat's own seating to report."""
-    from vfray.harnesses.registry import harness_class
-
-    for owner in sorted({s.box for s in seats if s.box is not None}):
-        holders: dict[str, list[str]] = {}
-        for seat in seats:
-            # An owner's further runs get boxes of their own; a borrower's runs all share it.
-            runs = 1 if seat.name == owner else seat.runs if seat.box == owner else 0
-            if not runs:
-                continue
-            try:
-                cls = default if seat.agent.harness is None else harness_class(seat.agent.harness)
-            except Exception:
-                continue
-            for files in sorted(cls.agent_files()):
-                holders.setdefault(files, []).extend(
-                    run_name(seat.name, run) for run in range(1, runs + 1)
-                )
-        for files, names in holders.items():
-            if len(names) > 1:
-                return (
-                    f"seats {', '.join(map(repr, names))} run in the box of seat {owner!r} "
-                    f"with harnesses that keep the same agent files ({files!r} under "
-                    f".vfray/agent: home, session, transcript), which would overwrite each "
-                    f"other's; give them separate boxes (no Seat.box) or different agent programs"
-                )
-    return None
-
-
-def unseatable(
-    task: SeatedTask[Any],
-    plan: RolloutPlan,
-    error: Exception,
-    seat: Seat | None = None,
-    name: str | None = None,
-    **ids: Any,
-) -> Trace:
-    """The trace of a seat (run ``name``) that could not be seated (its agent is misconfigured),
-    or the one trace of a game that could not seat anyone."""
-    name = name or (None if seat is None else seat.name)
-    trace = Trace(task=task.record(), seat=name, **ids)
-    agent = None if seat is None else seat.agent
-    trace.agent = trace.agent.model_copy(
-        update={
-            "harness": (agent and agent.harness) or plan.harness_id,
-            "runtime": (agent and agent.runtime) or plan.runtime_type,
-            "model": (agent and agent.model) or plan.model,
-            "name": agent and agent.name,
-        }
-    )
-    trace.add_error(error, "seating")
-    trace.stop(StopCondition.ERROR)
-    return trace
 
 
 async def play_game(
