@@ -1,7 +1,8 @@
 """vfray.interception's budgets and token counts below the proxy: which limit a trace has
 reached (input tokens per branch, output summed, the fields' order), the count estimate, and
 ``TokenCounter`` against a real upstream on loopback that answers a count, has no such route,
-refuses the request, fails, or answers nonsense. tests/test_interception*.py drive the proxy."""
+refuses the request, fails, or answers nonsense; which token ids of an answer are kept.
+tests/test_interception*.py drive the proxy."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from starlette.routing import Route
 
 from vfray.endpoints.serving import serve_in_loop
 from vfray.interception.count_tokens import TokenCounter, estimate
+from vfray.interception.dialects.chat import ChatDialect
 from vfray.interception.limits import Limits, input_tokens, output_tokens
 from vfray.interception.upstream import Forwarder, Upstream
 from vfray.trace import Message, StopCondition, TaskRecord, Trace, Usage
@@ -202,3 +204,21 @@ async def test_an_unreachable_upstream_is_estimated() -> None:
     finally:
         await forwarder.aclose()
     assert json.loads(bytes(response.body)) == {"input_tokens": ESTIMATE}
+
+
+# --- token ids in an answer ---------------------------------------------------------------------
+
+
+def test_an_answers_token_ids_are_kept_only_when_every_entry_is_an_int() -> None:
+    def answer(prompt_ids: Any) -> dict[str, Any]:
+        message = {"role": "assistant", "content": "ok"}
+        choice = {"message": message, "finish_reason": "stop", "token_ids": [7, 8]}
+        return {"choices": [choice], "prompt_token_ids": prompt_ids}
+
+    sent = [1, 2, 3]
+    parsed = ChatDialect().parse_response(answer(sent))
+    assert parsed.prompt_token_ids == [1, 2, 3] and parsed.prompt_token_ids is not sent
+    assert parsed.completion_token_ids == [7, 8]
+    # JSON true is 1 to Python's isinstance: it is no token id, nor are 2.0, "2" or null.
+    for bad in ([1, True], [1, 2.0], [1, "2"], [1, None], "1 2", {"ids": [1]}):
+        assert ChatDialect().parse_response(answer(bad)).prompt_token_ids is None, bad

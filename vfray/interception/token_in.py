@@ -43,6 +43,7 @@ from vfray.interception._bridge_wrappers import (
     tail_key_of,
 )
 from vfray.interception.dialects import ParsedRequest
+from vfray.interception.dialects.base import int_list
 from vfray.interception.upstream import Forwarder
 from vfray.trace import Branch, Message, Trace
 
@@ -151,8 +152,8 @@ class TokenIn:
                     status = response.status
                     raise CannotBridge(f"the endpoint's /tokenize answered {status}: {text}")
                 answer = await response.json(content_type=None)
-            tokens = answer.get("tokens") if isinstance(answer, dict) else None
-            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            tokens = int_list(answer.get("tokens")) if isinstance(answer, dict) else None
+            if tokens is None:
                 raise CannotBridge("the endpoint's /tokenize answered without a 'tokens' list")
             return tokens
 

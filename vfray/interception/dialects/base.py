@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from vfray.interception.dialects.prefix import Fold, PrefixCache
 from vfray.trace import Message, Usage, canonical_json, content_text
 
@@ -316,10 +318,21 @@ def chat_message(raw: Any, where: str) -> Message:
     return Message(**fields)
 
 
+_TOKEN_IDS = TypeAdapter(list[int])
+
+
 def int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
-        return list(value)
-    return None
+    """``value`` as a new list when it is a list of ints (token ids: no bools, no floats), else
+    None."""
+    # Checked in pydantic's Rust, not a generator of isinstance calls: a call that asks for
+    # tokens gets its whole prompt echoed, and an agent's 30,000-token prompt took 0.91 ms per
+    # call that way against 0.33 ms here (timeit, this machine).
+    if not isinstance(value, list):
+        return None
+    try:
+        return _TOKEN_IDS.validate_python(value, strict=True)
+    except ValidationError:
+        return None
 
 
 def logprob_list(logprobs: Any) -> list[float] | None:
