@@ -41,6 +41,7 @@ from vfray.run.outcomes import (
     finish_episode,
 )
 from vfray.run.seating import Station, Stations, play_game
+from vfray.runtimes.bwrap import release_warm_boxes
 from vfray.runtimes.registry import runtime_class
 from vfray.runtimes.tunnels import TunnelKeeper, TunnelSettings
 from vfray.tools.host import use_shared_tools
@@ -249,7 +250,8 @@ class SandboxHost:
         }
 
     async def shutdown(self) -> int:
-        """Cancel every rollout (each tears its sandbox down) and stop the endpoint."""
+        """Cancel every rollout (each tears its sandbox down), stop the endpoint and let the
+        warm boxes go."""
         jobs = list(self._in_flight.values())
         for job in jobs:
             job.cancel()
@@ -262,4 +264,7 @@ class SandboxHost:
             with contextlib.suppress(Exception):
                 await self.app.aclose()
         self._url = None
+        # The boxes the rollouts parked warm: the farm kills this actor next, which runs no
+        # atexit and takes the lifeline watchdog with it (Ray kills an actor's children).
+        await release_warm_boxes()
         return len(jobs)
