@@ -91,14 +91,12 @@ def shares_network(spec: RuntimeSpec, share_network: bool | None) -> bool:
     return box_network(spec.network_allow, spec.network_block, share_network).host_network
 
 
-async def release_warm_boxes() -> int:
+async def release_warm_boxes() -> None:
     """Let go of every warm box this process keeps (their dirs, cgroups and network
-    namespaces), now rather than at exit; returns how many. For an owner about to be killed: a
-    Ray actor's end runs no ``atexit``, and Ray kills the actor's direct children with it, its
-    lifeline watchdog among them, so nothing would reap the boxes it had parked."""
-    count = POOL.count()
+    namespaces), now rather than at exit. For an owner about to be killed: a Ray actor's end
+    runs no ``atexit``, and Ray kills the actor's direct children with it, its lifeline watchdog
+    among them, so nothing would reap the boxes it had parked."""
     await blocking(POOL.close)
-    return count
 
 
 class BwrapRuntime(ImageBox, SubprocessRuntime):
