@@ -265,6 +265,6 @@ class SandboxHost:
                 await self.app.aclose()
         self._url = None
         # The boxes the rollouts parked warm: the farm kills this actor next, which runs no
-        # atexit and takes the lifeline watchdog with it (Ray kills an actor's children).
+        # atexit; the lifeline's watchdog would reap them then, but only once the actor is gone.
         await release_warm_boxes()
         return len(jobs)

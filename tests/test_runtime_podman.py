@@ -151,7 +151,7 @@ async def main():
     await rt.start()
     life = lifeline._lifeline
     print(json.dumps({"token": rt.owner, "name": f"vfray-{rt.box_id}",
-                      "watchdog": life.watchdog.pid}), flush=True)
+                      "watchdog": life.watchdog_pid}), flush=True)
     time.sleep(600)
 
 asyncio.run(main())

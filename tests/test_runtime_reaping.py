@@ -54,7 +54,7 @@ async def main():
             "cgroups": [str(d) for d in cgroup.dirs] if cgroup else [],
             "container": rt.container.id if kind == "docker" else None,
         }
-    held["watchdog"] = lifeline._lifeline.watchdog.pid
+    held["watchdog"] = lifeline._lifeline.watchdog_pid
     held["token"] = lifeline._lifeline.token
     held["lock"] = os.path.join(lifeline.owners_dir(), held["token"])
     print(json.dumps(held), flush=True)
@@ -464,3 +464,52 @@ def test_a_hosts_docker_containers_are_removed_when_the_driver_is_killed(
     docker = {"url": docker_url, "image": IMAGE, "volumes": VOLUMES}
     driver, held = _host_under_a_driver(root, ["docker"], docker)
     _check_the_host_is_reaped_with_its_driver(driver, held, docker_url)
+
+
+@pytest.mark.parametrize("end", ["handle dropped", "ray.kill"])
+def test_a_ray_actors_running_boxes_are_reaped_however_it_ends(
+    root: str, ray_local: None, end: str
+) -> None:
+    """Ray kills an actor's direct children when the actor exits gracefully
+    (``RAY_kill_child_processes_on_worker_exit``, on by default), and the lifeline's watchdog
+    was one of them: a SandboxHost that ended with boxes running (its handle dropped, its job
+    done, ``ray.shutdown()`` with no farm close) left their processes, dirs, cgroups and
+    network namespaces behind. The watchdog now forks off the owner's tree. ``ray.kill``
+    (SIGKILL, no child killing) was reaped before too."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Host:
+        async def start(self, root: str, kinds: list[str]) -> dict[str, object]:
+            from vfray.runtimes.base import RuntimeSpec
+            from vfray.runtimes.registry import make_runtime
+
+            held: dict[str, object] = {"boxes": {}, "pid": os.getpid()}
+            spec = RuntimeSpec(memory_gb=0.5, cpu=1.0, pids=256)
+            for kind in kinds:
+                runtime = make_runtime(kind, spec, root=root)
+                await runtime.start()
+                ran = await runtime.run(
+                    ["sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo started"], timeout=60
+                )
+                assert ran.ok, ran
+                cgroup = getattr(runtime, "cgroup", None)
+                held["boxes"][kind] = {  # type: ignore[index]
+                    "box_id": runtime.box_id,
+                    "dir": str(getattr(runtime, "base", None) or runtime.workdir),
+                    "cgroups": [str(d) for d in cgroup.dirs] if cgroup else [],
+                    "container": None,
+                }
+            return held
+
+    # Its lock file where no other test's box start sweeps (see OWNERS_TMP): only its own
+    # watchdog can reap it. A worker of its own, as its environment differs.
+    env = {"env_vars": {"TMPDIR": OWNERS_TMP}}
+    host = Host.options(runtime_env=env).remote()  # type: ignore[attr-defined]
+    held = ray.get(host.start.remote(root, LOCAL), timeout=120)
+    assert leftovers(held), "the actor holds nothing to reap"
+    if end == "ray.kill":
+        ray.kill(host)
+    del host  # the last handle: Ray ends the actor gracefully, as at a job's end
+    assert _wait_gone(int(held["pid"]), timeout=60), "Ray did not end the actor"  # type: ignore[call-overload]
+    assert wait_until_clean(held) == []

@@ -1,7 +1,8 @@
 """Reaping what a dead owner left: its processes, bwrap cgroups, work dirs (and the overlay mounts
 of image boxes in them) and docker containers, found by the owner token in their environment,
 name or label (docker's engine API, or the podman CLI). Stdlib only: the lifeline watchdog
-runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR``.
+runs this file as ``python -I -S _reap.py TOKEN FD OWNER_PID OWNERS_DIR [ALIVE_FD]``; given
+``ALIVE_FD``, it forks off (the process the owner started exits at once) and writes its PID there.
 
 An owner is dead when its lock file ``OWNERS_DIR/TOKEN`` exists and nobody holds its ``flock``
 (the kernel drops the lock with the owner's last fd, even on SIGKILL). No lock file: unknown
@@ -428,10 +429,43 @@ def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) 
     return reaped
 
 
-def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
+def _alive(pid: int, started: str | None) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return len(fields) > 19 and fields[0] not in (b"Z", b"X") and fields[19].decode() == started
+
+
+def detach(alive_fd: int) -> None:
+    """Leave the owner's process tree: fork, the parent (the owner's child) exits, and the
+    child, reparented to init (or the nearest subreaper), writes its PID on ``alive_fd`` and
+    keeps it open for life, so the owner sees the watchdog's death as EOF there.
+
+    Why: Ray kills an actor's *direct* children when the actor exits
+    (``RAY_kill_child_processes_on_worker_exit``, on by default), and a SandboxHost's watchdog
+    was one of them: a host that exited with boxes running (``ray.shutdown()`` with no farm
+    close, or a close past its deadline) left their dirs, cgroups and network namespaces to the
+    next box start on the node. A double fork is how Ray's own docs say to outlive the worker."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.write(alive_fd, f"{os.getpid()}\n".encode())
+
+
+def watch(token: str, fd: int, owner: int, owners_dir: str, alive_fd: int | None = None) -> None:
     """The watchdog: read ``root PATH`` / ``docker URL`` lines from the owner's pipe until EOF
-    (or until it is no longer our parent), then reap what the owner left."""
+    (or until the owner process is gone while a fork of it holds the pipe), then reap what the
+    owner left. Given ``alive_fd``, it first leaves the owner's tree (:func:`detach`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Read while the owner waits for this watchdog: the owner's identity is its PID and start
+    # time (a detached watchdog is not its child, so its parent PID tells nothing). Already gone
+    # (None): reap now.
+    started = _start_time(owner)
+    if alive_fd is not None:
+        detach(alive_fd)
     roots: set[str] = set()
     urls: set[str] = set()
     pending = b""
@@ -442,11 +476,12 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
             # A walk of /proc costs a few ms: every SNAPSHOT_S is nothing next to a rollout.
             known = snapshot(token)
             next_snapshot = time.monotonic() + SNAPSHOT_S
-        # The owner's death shows as EOF, or as a new parent when a fork of it holds the
+        # The owner's death shows as EOF, or as its process gone when a fork of it holds the
         # pipe; the lines it wrote before dying are read either way.
-        readable = select.select([fd], [], [], 0.0 if os.getppid() != owner else 1.0)[0]
+        gone = not _alive(owner, started)
+        readable = select.select([fd], [], [], 0.0 if gone else 1.0)[0]
         if not readable:
-            if os.getppid() != owner:
+            if gone:
                 break
             continue
         chunk = os.read(fd, 4096)
@@ -474,4 +509,10 @@ def watch(token: str, fd: int, owner: int, owners_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    watch(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    watch(
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        int(sys.argv[5]) if len(sys.argv) > 5 else None,
+    )

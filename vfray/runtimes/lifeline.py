@@ -14,7 +14,11 @@ Both cover only the direct child (a bash harness's grandchildren outlive it; the
 sweep is dead with it), and the signal fires when the *thread* that forked the child exits, not
 the process. The watchdog costs nothing per spawn, covers grandchildren and strays by marker, and
 watches the owner *process*: it waits for EOF on a pipe whose write end only the owner holds, and
-also checks its parent pid (a fork of the owner that inherited the write end delays the EOF).
+also checks that the owner's PID still runs with the same start time (a fork of the owner that
+inherited the write end delays the EOF). The watchdog is not the owner's child: it forks off at
+start (the owner waits for its PID line), because Ray kills an actor's direct children when the
+actor exits and a SandboxHost's boxes were left behind with their watchdog. The owner sees the
+watchdog's death as EOF on a second pipe, whose write end only the watchdog holds.
 The owner tells it, on the same pipe, where its work dirs live and which docker engines it uses.
 Work dirs and cgroups carry the token in their names, containers in a label; an owner holds a
 ``flock`` on ``<tmp>/vfray-owners/<token>`` for its whole life, so a sweep tells dead owners
@@ -31,6 +35,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -59,7 +64,9 @@ class _Lifeline:
         self.token = ""
         self.write_fd = -1
         self.lock_fd = -1
-        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.watchdog_pid: int | None = None
+        self.alive_fd = -1
+        """The read end of a pipe only the watchdog writes to (its PID, once): EOF when it died."""
         self.watched: list[str] = []
         """The ``root PATH`` / ``docker URL`` lines told to the watchdog (again after a restart)."""
         self.sweeps: dict[tuple[str, ...], concurrent.futures.Future[None]] = {}
@@ -97,26 +104,33 @@ def owner_id() -> str | None:
             # the parent's lock is closed, so the parent's death is seen while the child lives.
             if life.lock_fd >= 0:
                 os.close(life.lock_fd)
-            life.pid, life.token, life.write_fd, life.watchdog = pid, uuid.uuid4().hex, -1, None
+            life.pid, life.token, life.write_fd, life.watchdog_pid = pid, uuid.uuid4().hex, -1, None
             life.lock_fd, life.watched, life.sweeps = _take_lock(life.token), [], {}
-        if life.watchdog is not None and life.watchdog.poll() is None:
+            if life.alive_fd >= 0:  # the parent's watchdog's: nothing to this process
+                os.close(life.alive_fd)
+            life.alive_fd = -1
+        if _watchdog_alive(life):
             return life.token
-        if life.write_fd >= 0:
-            os.close(life.write_fd)
+        for fd in (life.write_fd, life.alive_fd):
+            if fd >= 0:
+                os.close(fd)
+        life.write_fd = life.alive_fd = -1
+        life.watchdog_pid = None
         read_fd, life.write_fd = os.pipe()  # not inheritable: boxed programs never hold it
+        life.alive_fd, alive_write = os.pipe()
         try:
             # The same token after a restart, so the boxes started so far stay covered. Its
             # own session: a signal to the owner's process group must not take it down too.
-            life.watchdog = subprocess.Popen(
+            starter = subprocess.Popen(
                 [
                     sys.executable,
                     *("-I", "-S", _reap.__file__),
-                    *(life.token, str(read_fd), str(pid), owners_dir()),
+                    *(life.token, str(read_fd), str(pid), owners_dir(), str(alive_write)),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                pass_fds=(read_fd,),
+                pass_fds=(read_fd, alive_write),
                 start_new_session=True,
                 # None of the owner's secrets; the mark that spares it when an owner above
                 # its own (a Ray worker's driver) is reaped, so that it reaps its owner's boxes.
@@ -125,9 +139,40 @@ def owner_id() -> str | None:
             )
         finally:
             os.close(read_fd)
+            os.close(alive_write)
+        # It forks off and exits: the watchdog is not this process's child (see _reap.detach).
+        starter.wait()
+        life.watchdog_pid = _read_pid(life.alive_fd)
         for line in life.watched:
             os.write(life.write_fd, line.encode())
         return life.token
+
+
+def _read_pid(fd: int) -> int | None:
+    """The watchdog's PID line, waited for (None when it died first: the next call starts
+    another; or when it is this slow to start: :func:`_watchdog_alive` takes the line later)."""
+    data = b""
+    while not data.endswith(b"\n") and select.select([fd], [], [], 30.0)[0]:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    return int(data) if data.endswith(b"\n") else None
+
+
+def _watchdog_alive(life: _Lifeline) -> bool:
+    """Whether this process's watchdog runs: nothing to read on its pipe, or its late PID line
+    (never EOF, which is its death)."""
+    if life.alive_fd < 0:
+        return False
+    if not select.select([life.alive_fd], [], [], 0)[0]:
+        return True
+    line = os.read(life.alive_fd, 64)  # readable: this does not block
+    if not line:
+        return False
+    if line.strip().isdigit():
+        life.watchdog_pid = int(line)
+    return True
 
 
 def _tell(line: str) -> None:
