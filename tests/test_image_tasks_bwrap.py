@@ -117,9 +117,11 @@ def test_a_build_longer_than_the_boot_deadline_is_not_a_boot_timeout(
     """The build sleeps past ``timeouts.boot``: the rollout still scores (its build is timed
     by ``timeouts.image``); with ``timeouts.image`` that short, the image phase times out."""
     options = {"docker_url": docker_url} if runtime == "bwrap" else {"base_url": docker_url}
-    slow = _context(tmp_path / "slow", "RUN sleep 3\n", config=False)
+    # The boot itself must fit its deadline: a docker box's took over 1 s with three test
+    # workers on two cores, so the deadline is 4 s and the build twice that.
+    slow = _context(tmp_path / "slow", "RUN sleep 8\n", config=False)
     task = Built(vf.TaskData(prompt="hi", image=f"dockerfile:{slow}"), "slow")
-    short_boot = Timeouts(boot=1.0)
+    short_boot = Timeouts(boot=4.0)
     (trace,) = asyncio.run(_rollouts([task], runtime, options, short_boot))
     assert trace.errors == [], trace.errors
     assert trace.reward == 1.0
