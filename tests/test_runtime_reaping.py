@@ -98,10 +98,10 @@ def _env() -> dict[str, str]:
 
 
 def start_owner(
-    root: str, kinds: list[str], docker: dict[str, object] | None = None
+    root: str, kinds: list[str], docker: dict[str, object] | None = None, prelude: str = ""
 ) -> tuple[subprocess.Popen[str], dict[str, object]]:
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, root, ",".join(kinds), json.dumps(docker or {})],
+        [sys.executable, "-c", prelude + OWNER, root, ",".join(kinds), json.dumps(docker or {})],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -186,6 +186,24 @@ def test_the_watchdog_reaps_a_sigkilled_owners_boxes(root: str) -> None:
     while lock.exists() and time.monotonic() < deadline:  # removed last, once all is reaped
         time.sleep(0.05)
     assert not lock.exists()
+
+
+# An owner whose fds are past select()'s limit of 1024 when it starts its watchdog (a busy
+# SandboxHost's sockets and pipes): the pipes the watchdog reads keep their numbers.
+MANY_FDS = """
+import os, resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+held_open = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+"""
+
+
+def test_an_owner_with_fds_past_1024_is_reaped(root: str) -> None:
+    owner, held = start_owner(root, LOCAL, prelude=MANY_FDS)
+    assert leftovers(held), "the owner holds nothing to reap"
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert wait_until_clean(held) == []
 
 
 def _reap_lock(held: dict[str, object]) -> str:

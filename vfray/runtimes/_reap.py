@@ -471,6 +471,8 @@ def watch(token: str, fd: int, owner: int, owners_dir: str, alive_fd: int | None
     pending = b""
     known: dict[int, str] = {}
     next_snapshot = time.monotonic()
+    poller = select.poll()  # not select(): the owner's fd numbers, kept here, may pass 1024
+    poller.register(fd, select.POLLIN)
     while True:
         if time.monotonic() >= next_snapshot:
             # A walk of /proc costs a few ms: every SNAPSHOT_S is nothing next to a rollout.
@@ -479,7 +481,7 @@ def watch(token: str, fd: int, owner: int, owners_dir: str, alive_fd: int | None
         # The owner's death shows as EOF, or as its process gone when a fork of it holds the
         # pipe; the lines it wrote before dying are read either way.
         gone = not _alive(owner, started)
-        readable = select.select([fd], [], [], 0.0 if gone else 1.0)[0]
+        readable = poller.poll(0 if gone else 1000)
         if not readable:
             if gone:
                 break

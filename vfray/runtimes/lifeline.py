@@ -152,7 +152,7 @@ def _read_pid(fd: int) -> int | None:
     """The watchdog's PID line, waited for (None when it died first: the next call starts
     another; or when it is this slow to start: :func:`_watchdog_alive` takes the line later)."""
     data = b""
-    while not data.endswith(b"\n") and select.select([fd], [], [], 30.0)[0]:
+    while not data.endswith(b"\n") and _readable(fd, 30.0):
         chunk = os.read(fd, 64)
         if not chunk:
             break
@@ -160,12 +160,20 @@ def _read_pid(fd: int) -> int | None:
     return int(data) if data.endswith(b"\n") else None
 
 
+def _readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` has data or EOF within ``timeout`` seconds (poll: a busy owner's fds pass
+    select's limit of 1024)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
 def _watchdog_alive(life: _Lifeline) -> bool:
     """Whether this process's watchdog runs: nothing to read on its pipe, or its late PID line
     (never EOF, which is its death)."""
     if life.alive_fd < 0:
         return False
-    if not select.select([life.alive_fd], [], [], 0)[0]:
+    if not _readable(life.alive_fd, 0.0):
         return True
     line = os.read(life.alive_fd, 64)  # readable: this does not block
     if not line:
