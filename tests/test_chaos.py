@@ -268,7 +268,10 @@ def run_faulted_then_resume(
         kill_actor("TraceSink")
         lost_at_sink_death = logged(run_dir)["lost"]
         held = lost_at_sink_death - on_disk(rows(run_dir)[0], "InfrastructureError")
-        time.sleep(1.0)
+        # The outage must find rollouts calling: under load (three test workers on two cores)
+        # the host Ray started again took longer than the outage, which then hit no call.
+        received = model.received()
+        wait_for(lambda: model.received() > received, 120, "a rollout to call the model again")
         answered = model.model.calls
         model.stop()  # a model outage of a few seconds
         time.sleep(4.0)
