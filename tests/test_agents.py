@@ -26,7 +26,7 @@ from vfray.harnesses.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarne
 from vfray.harnesses.provisioned import ProvisionedHarness
 from vfray.interception import Limits
 from vfray.rollout import Timeouts
-from vfray.runtimes.base import Runtime
+from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import ensure_tool
 from vfray.runtimes.subprocess import SubprocessRuntime
 from vfray.trace import AgentArtifact
@@ -349,12 +349,34 @@ async def test_a_stopped_program_gets_sigterm_then_sigkill(kind: str) -> None:
     when the grace is up."""
     from vfray.runtimes.registry import make_runtime
 
-    polite = 'trap "echo cleaned up; exit 0" TERM; while true; do sleep 0.1; done'
-    stubborn = 'trap "" TERM; while true; do sleep 0.1; done'
+    polite = 'trap "echo cleaned up; exit 0" TERM; touch ready; while true; do sleep 0.1; done'
+    stubborn = 'trap "" TERM; touch ready; while true; do sleep 0.1; done'
     async with make_runtime(kind) as box:
+        # Stopped once its trap is set: a SIGTERM before it would end the shell outright.
+        ready = Path(getattr(box, "workdir")) / "ready"  # noqa: B009 - not on Runtime
         program = box.run_program(["sh", "-c", polite], {}, timeout=120)
-        result = await run_until_stopped(program, lambda: True, grace=60, interrupt=box.interrupt)
+        result = await run_until_stopped(program, ready.exists, grace=60, interrupt=box.interrupt)
         assert result.ok and result.stdout == "cleaned up\n", result
+        ready.unlink()
         program = box.run_program(["sh", "-c", stubborn], {}, timeout=120)
-        result = await run_until_stopped(program, lambda: True, grace=1, interrupt=box.interrupt)
+        result = await run_until_stopped(program, ready.exists, grace=1, interrupt=box.interrupt)
         assert result.exit_code == -signal.SIGKILL and result.stderr.startswith("killed "), result
+
+
+@pytest.mark.parametrize("kind", ["subprocess", "bwrap"])
+async def test_a_program_stopped_while_it_starts_still_gets_sigterm(kind: str) -> None:
+    """Stopped before its program runs (waiting for a launch slot, or bwrap still setting up
+    the box: CI saw it under load), the SIGTERM found no process and the program ran on until
+    the grace was up. It is now sent again until it reaches the program."""
+    from vfray.runtimes.registry import make_runtime
+
+    async with make_runtime(kind) as box:
+
+        async def starts_late() -> ProgramResult:
+            await asyncio.sleep(1.0)  # past the first look at the stop (STOP_POLL)
+            return await box.run_program(["sleep", "300"], {}, timeout=120)
+
+        result = await run_until_stopped(
+            starts_late(), lambda: True, grace=20, interrupt=box.interrupt
+        )
+        assert result.exit_code in (-signal.SIGTERM, 128 + signal.SIGTERM), result

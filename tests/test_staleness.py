@@ -79,8 +79,11 @@ async def _consume(farm: vf.Farm, on_stale: str) -> list[tuple[EpisodeGroup, int
 
 @pytest.mark.parametrize("on_stale", ["drop", "rerun"])
 def test_stale_groups_are_dropped_or_run_again(tmp_path: Path, on_stale: str) -> None:
+    # Every call is made (and stamped with version 0) before the first answer comes back 2 s
+    # later: with instant answers, under load, the first group could arrive (and the trainer
+    # step) before the other groups had made theirs, and no group was stale.
     with vf.Farm(
-        "scripted:arithmetic",
+        "scripted:arithmetic?latency=2",
         harness="null",
         backend="local",
         output_dir=str(tmp_path),

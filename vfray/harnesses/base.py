@@ -42,6 +42,8 @@ STDERR_TAIL_CHARS = 2000
 """How much of a crashed program's output a :class:`HarnessError` carries."""
 STOP_POLL = 0.5
 """Seconds between looks at whether the rollout was stopped while its program runs."""
+INTERRUPT_RETRY = 0.1
+"""Seconds between SIGTERMs to a stopped rollout's program that is not running yet."""
 
 
 class HarnessConfig(BaseModel):
@@ -387,14 +389,16 @@ async def run_until_stopped(
     program: Awaitable[ProgramResult],
     stopped: Callable[[], bool],
     grace: float,
-    interrupt: Callable[[], Awaitable[None]] | None = None,
+    interrupt: Callable[[], Awaitable[int]] | None = None,
 ) -> ProgramResult:
     """Await the harness program; once ``stopped()`` (the interception refused a call: a limit,
     a stop hook) the program gets SIGTERM (``interrupt``, the box's
     :meth:`~vfray.runtimes.base.Runtime.interrupt`), ``grace`` seconds to exit, and is then
     cancelled, which SIGKILLs its whole process group. Agents that retry a refusal
-    (mini-swe-agent backed off for minutes) so end at once. A killed program's result says so
-    in its stderr."""
+    (mini-swe-agent backed off for minutes) so end at once. A program still starting (no
+    process of it to signal yet: waiting for a launch slot, or bwrap not past its setup) is
+    asked again every :data:`INTERRUPT_RETRY` s of the grace until the SIGTERM reaches it. A
+    killed program's result says so in its stderr."""
     task = asyncio.ensure_future(program)
     try:
         while True:
@@ -404,9 +408,13 @@ async def run_until_stopped(
             if stopped():
                 break
         since = time.monotonic()
+        deadline = since + grace
         if interrupt is not None:
-            await interrupt()
-        done, _ = await asyncio.wait({task}, timeout=grace)
+            while not await interrupt() and time.monotonic() < deadline:
+                done, _ = await asyncio.wait({task}, timeout=INTERRUPT_RETRY)
+                if done:
+                    return task.result()
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
         if done:
             return task.result()
         task.cancel()

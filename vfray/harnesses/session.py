@@ -35,7 +35,7 @@ async def _segment_until_stopped(
     message: UserContent | None,
     stopped: Callable[[], bool],
     grace: float,
-    interrupt: Callable[[], Awaitable[None]] | None,
+    interrupt: Callable[[], Awaitable[int]] | None,
 ) -> ProgramResult:
     # The segment's coroutine is made here, inside the task wait_for runs, not by the caller:
     # a rollout cancelled before that task's first step (its loop closing) would otherwise
@@ -52,7 +52,7 @@ async def run_segments(
     budget: float,
     user_deadline: float,
     stop_grace: float,
-    interrupt: Callable[[], Awaitable[None]] | None = None,
+    interrupt: Callable[[], Awaitable[int]] | None = None,
     view: Callable[[], Awaitable[Trace]] | None = None,
     max_user_turns: int | None = None,
 ) -> tuple[ProgramResult | None, float]:

@@ -244,11 +244,13 @@ class Runtime(abc.ABC):
 
         raise SandboxError(f"the {self.type} runtime cannot expose box ports")
 
-    async def interrupt(self) -> None:  # noqa: B027 - optional: cancelling a run still kills
+    async def interrupt(self) -> int:
         """Send SIGTERM to every program :meth:`run`/:meth:`run_program` is running in the box
         now, and to their children: the rollout's stop (a refused call) asks the harness
         program to end before it is killed. Live processes are not touched (their owner stops
-        them)."""
+        them). Returns how many programs it reached: 0 while the program is still starting, so
+        the caller asks again. Optional: cancelling a run still kills it."""
+        return 0
 
     def track(self, process: LiveProcess) -> LiveProcess:
         """Remember ``process`` so :meth:`end_processes` ends it with the box."""

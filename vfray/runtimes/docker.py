@@ -358,9 +358,11 @@ class DockerRuntime(DockerFiles):
             truncated=cut_out or cut_err,
         )
 
-    async def interrupt(self) -> None:
+    async def interrupt(self) -> int:
+        reached = 0
         for token in list(self._running):
-            await blocking(signal_exec, token, signal.SIGTERM)
+            reached += await blocking(signal_exec, token, signal.SIGTERM)
+        return reached
 
     async def open_process(
         self,

@@ -151,19 +151,24 @@ async def wait_exit(proc: asyncio.subprocess.Process) -> int:
     return proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
-def signal_tree(root: int, sig: int, spare: frozenset[str] = frozenset()) -> None:
+def signal_tree(root: int, sig: int, spare: frozenset[str] = frozenset()) -> int:
     """Send ``sig`` to ``root``'s process group and to every live descendant of ``root`` (a
     descendant may have started its own session, as bwrap's boxed program does). Processes
     named in ``spare`` (their ``comm``: a namespace's wrapper that dies of SIGTERM instead of
-    passing it on) are skipped, and so is the group, which they lead."""
+    passing it on) are skipped, and so is the group, which they lead. Returns how many were
+    signalled (the group counts as one): 0 for a box whose program is not exec'd yet."""
+    signalled = 0
     if not spare:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, sig)
+            signalled += 1
     for pid in descendants(root):
         if spare and _comm(pid) in spare:
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+            signalled += 1
+    return signalled
 
 
 async def stop_tree(

@@ -210,9 +210,12 @@ class SubprocessRuntime(Runtime):
         finally:
             self._running.difference_update(started)
 
-    async def interrupt(self) -> None:
+    async def interrupt(self) -> int:
+        reached = 0
         for pgid in list(self._running):
-            await blocking(signal_tree, pgid, signal.SIGTERM, self.term_spares)
+            signalled = await blocking(signal_tree, pgid, signal.SIGTERM, self.term_spares)
+            reached += signalled > 0
+        return reached
 
     async def open_process(
         self,
