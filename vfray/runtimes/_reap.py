@@ -146,14 +146,19 @@ def _with_descendants(pids: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot): with the PID, its identity."""
+def _stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
     except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with the PID, its identity."""
+    fields = _stat(pid)
     return fields[19].decode() if len(fields) > 19 else None
 
 
@@ -431,12 +436,7 @@ def sweep_dead(owners_dir: str, roots: Iterable[str], urls: Iterable[str] = ()) 
 
 def _alive(pid: int, started: str | None) -> bool:
     """Whether the process ``pid`` that started at ``started`` still runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    fields = _stat(pid)
     return len(fields) > 19 and fields[0] not in (b"Z", b"X") and fields[19].decode() == started
 
 
