@@ -1,10 +1,10 @@
 """What a new user meets in the first hour, through the real ``python -m vfray`` command in a
 subprocess: defaults that work together, boolean flags, ``show`` by rollout index, errors with
-their cause, preflight checks before Ray, progress without a terminal, Ctrl-C / SIGTERM, Ray's
-temporary working dir, near-miss options, and one ``vfray: error:`` line instead of tracebacks.
+their cause, preflight checks before Ray, progress without a terminal, Ray's temporary working
+dir, near-miss options, and one ``vfray: error:`` line instead of tracebacks. Ctrl-C and SIGTERM
+(on the local backend and on Ray) are in ``tests/test_signals.py``.
 
-Most runs use ``--backend local`` (same driver, run folder and CLI, no Ray start-up); the
-SIGTERM test runs a real local Ray because Ray's own signal handler is what it is about.
+Most runs use ``--backend local`` (same driver, run folder and CLI, no Ray start-up).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import as_from_a_terminal, cli_env, signal_state
+from tests.test_cli import cli_env
 
 LOCAL = ("--backend", "local", "--harness", "null")
 
@@ -301,61 +300,6 @@ def test_progress_without_a_terminal_is_newline_terminated_lines(tmp_path: Path)
     shown = float(re.search(r"reward ([\d.]+)", lines[-1]).group(1))  # type: ignore[union-attr]
     assert shown == pytest.approx(float(table.group(1)), abs=1e-3)
     assert shown > 1.0  # the group reward is in both
-
-
-def wait_for(path_glob: Path, pattern: str, timeout: float = 120) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(path_glob.glob(pattern))
-        if found:
-            return found[0]
-        time.sleep(0.2)
-    raise AssertionError(f"nothing matched {path_glob}/{pattern}")
-
-
-def test_ctrl_c_names_the_run_folder_and_resume_counts_the_whole_run(tmp_path: Path) -> None:
-    run = subprocess.Popen(
-        [sys.executable, "-m", "vfray", "eval", "arithmetic", "-n", "16", "-r", "2", *LOCAL,
-         "-o", str(tmp_path), "-m", "scripted:arithmetic?latency=2", "-c", "4",
-         "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-        preexec_fn=as_from_a_terminal,
-    )  # fmt: skip
-    wait_for(tmp_path, "*/*/config.json", timeout=120)
-    # A few groups done, others in flight: the run takes at least 4 rounds of 2 s. (With 12
-    # tasks at 1 s the whole run once ended inside the 3 s, and Ctrl-C found nothing to stop.)
-    time.sleep(3)
-    run.send_signal(signal.SIGINT)
-    _, err = run.communicate(timeout=120)
-    assert run.returncode == 130, f"{signal_state()}\n{err[-3000:]}"
-    assert "Traceback" not in err
-    folder = next(tmp_path.glob("*/*/config.json")).parent
-    assert f"run folder: {folder}" in err and f"vfray resume {folder}" in err
-    assert list((folder / "traces").glob("*.parquet"))  # the finished groups were kept
-    resumed = vfray("resume", str(folder))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "32 / 32" in resumed.stdout
-    # The progress line counts what the run already held, not only the resumed part.
-    lines = [line for line in resumed.stderr.splitlines() if line.startswith("rollouts ")]
-    assert lines and lines[-1].startswith("rollouts 32/32"), resumed.stderr
-
-
-def test_sigterm_under_ray_stops_cleanly_with_the_resume_command(tmp_path: Path) -> None:
-    run = subprocess.Popen(
-        [sys.executable, "-m", "vfray", "eval", "arithmetic", "-n", "40", "-r", "2",
-         "--harness", "null", "-o", str(tmp_path), "-m", "scripted:arithmetic?latency=2",
-         "-c", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )  # fmt: skip
-    wait_for(tmp_path, "*/*/config.json", timeout=180)
-    time.sleep(3)  # rollouts in flight
-    run.send_signal(signal.SIGTERM)
-    _, err = run.communicate(timeout=180)
-    assert "starting a local Ray" in err  # said while Ray starts
-    assert run.returncode == 143, err[-3000:]
-    folder = next(tmp_path.glob("*/*/config.json")).parent
-    assert f"vfray resume {folder}" in err
-    assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err, err
 
 
 def test_ray_failing_to_start_is_one_line(tmp_path: Path) -> None:
