@@ -12,10 +12,12 @@ collection of the startup heap landing in one mode's run does not decide the com
 ``--tools`` sends a tool list (about 12 KB of schemas, as agents do) with every call. Each
 mode's ratio to messages is given of the medians and paired (the median of each repeat's own
 ratio: every repeat runs the modes back to back). ``--only MODE`` (repeatable) and
-``--follow-ups same|distinct`` run part of the table.
+``--follow-ups same|distinct`` run part of the table. ``--tokenizer FOLDER`` measures with a
+model's own tokenizer and chat template (a folder with ``tokenizer.json`` and
+``tokenizer_config.json``, as a Hugging Face model ships them) instead of the test's.
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
-        [--only 'token-in, local'] [--follow-ups distinct]
+        [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]
 """
 
 from __future__ import annotations
@@ -209,11 +211,18 @@ def main() -> None:
     parser.add_argument(
         "--follow-ups", choices=("both", "same", "distinct"), default="both", dest="follow_ups"
     )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="a model's tokenizer folder (tokenizer.json, tokenizer_config.json with its chat "
+        "template) for both the interception and the upstream; default: the test's BPE",
+    )
     args = parser.parse_args()
     kinds = {"both": (False, True), "same": (False,), "distinct": (True,)}[args.follow_ups]
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        build_model(folder)
+    with tempfile.TemporaryDirectory() as built:
+        if args.tokenizer is None:
+            build_model(Path(built))
+        folder = args.tokenizer or Path(built)
         port = multiprocessing.Value("i", 0)
         server = multiprocessing.Process(target=serve, args=(str(folder), port), daemon=True)
         server.start()
@@ -221,7 +230,7 @@ def main() -> None:
             while not port.value:
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port.value}/v1"
-            local = InterceptionSettings(token_in=True, tokenizer=tmp)
+            local = InterceptionSettings(token_in=True, tokenizer=str(folder))
             endpoint = InterceptionSettings(token_in=True)
             modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]] = {
                 "messages (today)": (InterceptionSettings(), {}),
@@ -285,7 +294,8 @@ def main() -> None:
                 f"TokenIn.prompt {own:.3f}   "
                 f"lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
             )
-    print(f"(cpus: {os.cpu_count()}, load {os.getloadavg()[0]:.1f})")
+    tokenizer = args.tokenizer or "the test's byte-level BPE, 400 ids"
+    print(f"(tokenizer: {tokenizer}; cpus: {os.cpu_count()}, load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
