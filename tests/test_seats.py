@@ -119,44 +119,85 @@ class Inspect(vf.SeatedTask[vf.TaskData]):
         return (await runtime.read("answer.txt")).strip() == b"42"
 
 
-@pytest.mark.parametrize(
-    "runtime",
-    [
-        "subprocess",
-        pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
-    ],
-)
-async def test_a_judge_works_in_another_seats_box_which_is_stopped_once(runtime: str) -> None:
+RUNTIMES = [
+    "subprocess",
+    pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
+    "docker",
+]
+
+
+def _box_options(runtime: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The runtime's options: for docker, the tests' engine and image (tests/docker_engine.py;
+    the test skips where no engine can run)."""
+    if runtime != "docker":
+        return {}
+    from docker_engine import runtime_options
+
+    return runtime_options(request.getfixturevalue("docker_url"))
+
+
+def _containers(options: dict[str, Any]) -> set[str]:
+    """Every vfray container on the test's docker engine, running or not (none without one)."""
+    if not options:
+        return set()
+    from vfray.runtimes import _reap
+
+    return {str(c["Id"]) for c in _reap._containers(options["base_url"], _reap.OWNER_LABEL)}
+
+
+JUDGE_MODEL = "scripted:bash?latency=0"
+
+
+class OwnJudge(Inspect):
+    """The judge talks to a model endpoint of its own (another interception) from the worker's
+    box: the box reaches both."""
+
+    def seats(self) -> Sequence[vf.Seat]:
+        judge = vf.Agent(name="judge", model=JUDGE_MODEL)
+        return [vf.Seat(name="worker"), vf.Seat(name="judge", box="worker", agent=judge)]
+
+
+@pytest.mark.parametrize("task", [Inspect, OwnJudge], ids=["one-endpoint", "own-endpoints"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_judge_works_in_another_seats_box_which_is_stopped_once(
+    runtime: str, task: type[Inspect], request: pytest.FixtureRequest
+) -> None:
+    options = _box_options(runtime, request)
+    before = _containers(options)
     worker, judge = await run_game(
-        Inspect(vf.TaskData()), model="scripted:bash", harness="bash", runtime=runtime
+        task(vf.TaskData()),
+        model="scripted:bash",
+        harness="bash",
+        runtime=runtime,
+        runtime_options=options,
     )
     assert judge.last_reply is not None and judge.last_reply.strip() == "42"
     assert worker.reward == judge.reward == 1.0
     assert worker.ok and judge.ok, (worker.errors, judge.errors)
+    assert len(worker.calls) == len(judge.calls) == 2
+    if task is OwnJudge:  # each seat's calls went to its own model, through its interception
+        assert {c.model for c in judge.calls} == {JUDGE_MODEL}
+        assert {c.model for c in worker.calls} == {"scripted:bash"}
     if runtime == "subprocess":  # the box is a host dir: gone once both seats were done
         box = Path((worker.last_reply or "").strip())
         assert box.is_absolute() and not box.exists()
+    assert _containers(options) == before  # the one shared container is gone too
 
 
-@pytest.mark.parametrize(
-    "runtime",
-    [
-        "subprocess",
-        pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")),
-    ],
-)
+@pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process(
-    runtime: str,
+    runtime: str, request: pytest.FixtureRequest
 ) -> None:
     class Crashing(SumDuel):  # type: ignore[misc,valid-type]
         def seats(self) -> Sequence[vf.Seat]:
             crash = vf.Agent(name="broken", harness="null", harness_options={"python": "false"})
             return [vf.Seat(name="alice"), vf.Seat(name="bob", agent=crash)]
 
-    before = _children()
+    options = _box_options(runtime, request)
+    before, containers = _children(), _containers(options)
     task = Crashing(_duel().data)
     async with LocalEnvironment(
-        model="scripted:arithmetic", harness="null", runtime=runtime
+        model="scripted:arithmetic", harness="null", runtime=runtime, runtime_options=options
     ) as env:
         alice, bob = await env.game(task)
     err = bob.error()
@@ -167,6 +208,7 @@ async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process(
     assert alice.ok and alice.last_reply == "1" and alice.reward == 1.0
     assert bob.reward == 0.0
     assert _children() <= before  # the boxes' programs are gone
+    assert _containers(options) == containers
 
 
 class Misplayed(SumDuel):  # type: ignore[misc,valid-type]

@@ -1,6 +1,6 @@
 """Seats sharing one box and taking alternate turns: each seat's chat-loop transcript is its
 own, so a seat resuming after another seat used the box continues its own conversation (local
-backend, subprocess and bwrap boxes, the scripted model)."""
+backend, subprocess, bwrap and docker boxes, the scripted model)."""
 
 from __future__ import annotations
 
@@ -40,11 +40,25 @@ def _user_texts(trace: vf.Trace) -> list[str]:
         pytest.param(
             "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
         ),
+        "docker",
     ],
 )
-async def test_seats_sharing_a_box_each_resume_their_own_transcript(runtime: str) -> None:
+async def test_seats_sharing_a_box_each_resume_their_own_transcript(
+    runtime: str, request: pytest.FixtureRequest
+) -> None:
+    options: dict[str, Any] = {}
+    if runtime == "docker":  # the tests' engine and image (tests/docker_engine.py)
+        from docker_engine import runtime_options
+
+        options = runtime_options(request.getfixturevalue("docker_url"))
     task: Any = SharedDuel(next(iter(SumDuels(n=1, rounds=4).load())).data)
-    alice, bob = await run_game(task, model="scripted:arithmetic", harness="null", runtime=runtime)
+    alice, bob = await run_game(
+        task,
+        model="scripted:arithmetic",
+        harness="null",
+        runtime=runtime,
+        runtime_options=options,
+    )
     assert alice.ok and bob.ok, (alice.errors, bob.errors)
     # Alternate turns in one box: each seat's second segment resumes its own conversation only.
     assert _user_texts(alice) == ["What is 0 + 1?", "What is 5 + 7?"]
