@@ -1,7 +1,8 @@
 """Agent skills: SKILL.md folders from the harness's ``skills`` option installed where each agent
 discovers them (claude-code: ``$CLAUDE_CONFIG_DIR/skills``; codex: ``$CODEX_HOME/skills``; the
 ACP forms use the same homes), executable bits kept, and refused in one line by a harness that
-cannot load them. The real agents (npm) are checked to offer the skill to the model."""
+cannot load them. The real agents (npm) are checked to offer the skill to the model; terminus-2's
+own program is checked in tests/test_agent_terminus_2.py."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_a_harness_without_skills_refuses_them_in_one_line(tmp_path: Path) -> No
     assert str(caught.value) == (
         "harness 'mini-swe-agent' cannot load skills (no SUPPORTS_SKILLS); use one of "
         "claude-code, claude-code-acp, codex, codex-acp, gemini-cli, hermes-agent, kimi-code, "
-        "openclaw, opencode, pi, qwen-code"
+        "openclaw, opencode, pi, qwen-code, terminus-2"
     )
     # The refusal names exactly the built-ins that can: none missing, none extra.
     can = [h for h in available_harnesses() if harness_class(h).SUPPORTS_SKILLS]

@@ -123,3 +123,86 @@ async def test_a_refused_call_ends_the_program_and_its_tmux_server() -> None:
     assert trace.stop_condition is vf.StopCondition.MAX_TURNS, (trace.stop_condition, trace.notes)
     assert trace.errors == [] and len(trace.calls) == 1
     assert set(glob.glob("/tmp/vfray-tmux-*")) == before
+
+
+# -- skills, as Harbor's Terminus2 offers them -------------------------------------------------
+
+
+SKILL_MD = (
+    "---\nname: vowel-counter\ndescription: Counts the vowels of a word (a vfray test skill).\n"
+    "---\n\nRun `scripts/count.sh WORD` and report its output.\n"
+)
+
+
+class UsesSkill(WriteFile):
+    @vf.metric
+    async def skill_readable(self, trace: vf.Trace, runtime: Runtime) -> bool:
+        """The location the first prompt names is the skill's SKILL.md in the box, with its
+        script executable: what the model needs to use it."""
+        first = next(m.text for m in trace.messages if m.role == "user")
+        location = first.split("<location>", 1)[1].split("</location>", 1)[0]
+        shown = await runtime.run(["cat", location])
+        counted = await runtime.run([location.replace("SKILL.md", "scripts/count.sh"), "banana"])
+        return shown.stdout == SKILL_MD and counted.stdout.strip() == "3"
+
+
+async def test_terminus_2_offers_its_skills_in_the_first_prompt_as_harbor_does(
+    tmp_path: Path,
+) -> None:
+    skill = tmp_path / "vowel-counter"
+    (skill / "scripts").mkdir(parents=True)
+    (skill / "SKILL.md").write_text(SKILL_MD)
+    (skill / "scripts" / "count.sh").write_text('#!/bin/sh\necho "$1" | tr -cd aeiou | wc -c\n')
+    (skill / "scripts" / "count.sh").chmod(0o755)
+    trace = await vf.run_rollout(
+        UsesSkill(vf.TaskData(prompt=PROMPT, workdir="/box")),
+        model="scripted:agent",
+        harness="terminus-2",
+        runtime="bwrap",
+        harness_options={"skills": [str(skill)]},
+    )
+    _check_solved(trace)
+    assert trace.metrics["skill_readable"] == 1.0
+    first = next(m.text for m in trace.messages if m.role == "user")
+    # Harbor's block, after the task and before the terminal state, the path absolute in the box.
+    block = (
+        f"{PROMPT}\n<available_skills>\n  <skill>\n    <name>vowel-counter</name>\n"
+        "    <description>Counts the vowels of a word (a vfray test skill).</description>\n"
+        "    <location>/box/.vfray/terminus-skills/vowel-counter/SKILL.md</location>\n"
+        "  </skill>\n</available_skills>\n\nCurrent terminal state:"
+    )
+    assert block in first, first
+
+
+@pytest.mark.parametrize(
+    "front",
+    [
+        "name: plain\ndescription: A plain one.",
+        "name: 'quoted'\ndescription: \"Has: a colon\"\nlicense: MIT",
+        "name: folded\ndescription: >\n  First line\n  second line\nallowed-tools: Bash",
+        "name: literal\ndescription: |\n  Line one\n  Line two",
+        "# a comment\nname: commented\ndescription: After a comment.",
+        "name: no-description",
+        "description: No name.",
+    ],
+)
+def test_skill_front_matter_reads_as_harbors_yaml_does(front: str) -> None:
+    import yaml
+
+    text = f"---\n{front}\n---\n\nBody.\n"
+    theirs = yaml.safe_load(front)
+    expected = (
+        {"name": theirs["name"], "description": theirs["description"].strip()}
+        if "name" in theirs and "description" in theirs
+        else None
+    )
+    assert _program().skill_frontmatter(text) == expected
+    assert _program().skill_frontmatter("no front matter\n") is None
+
+
+def test_a_box_without_skills_gets_harbors_prompt_unchanged(tmp_path: Path) -> None:
+    program = _program()
+    assert program.skills_section(None) == ""
+    assert program.skills_section(str(tmp_path / "absent")) == ""
+    (tmp_path / "not-a-skill").mkdir()
+    assert program.skills_section(str(tmp_path)) == ""

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -60,7 +61,7 @@ class HarnessConfig(BaseModel):
     skills: tuple[str, ...] = ()
     """Skill folders on the host (each holds a ``SKILL.md``) installed into the agent's own
     skill folder in the box, executable bits kept; only a harness with ``SUPPORTS_SKILLS``
-    (claude-code, codex and their ACP forms) takes them."""
+    (``SKILL_HARNESSES``) takes them."""
     forward_env: tuple[str, ...] = ()
     """Names of host environment variables passed on to the program (read where the box's host
     builds the harness; one that is unset there is left out; ``env`` wins over one). Never a
@@ -115,6 +116,7 @@ SKILL_HARNESSES = (
     "opencode",
     "pi",
     "qwen-code",
+    "terminus-2",
 )
 """The built-in harnesses with ``SUPPORTS_SKILLS``, named in the refusal (the registry imports
 this module, so it cannot be asked here; tests/test_agent_skills.py keeps the two equal)."""
@@ -144,7 +146,10 @@ class Harness(abc.ABC):
     """The program needs a container image (refused on non-container runtimes)."""
     SUPPORTS_SKILLS: ClassVar[bool] = False
     """The program discovers agent skills (``SKILL.md`` folders): the ``skills`` option is
-    installed where it looks; other harnesses refuse the option."""
+    installed where it looks (:attr:`SKILLS_DIR`); other harnesses refuse the option."""
+    SKILLS_DIR: ClassVar[str | None] = None
+    """Where the program discovers skills, relative to the box's work dir; set by the harnesses
+    with ``SUPPORTS_SKILLS``."""
 
     @classmethod
     def agent_files(cls) -> frozenset[str]:
@@ -195,6 +200,21 @@ class Harness(abc.ABC):
         """The agent programs this harness runs from the node's tool dir (none by default);
         the rollout names them to the runtime before the box starts (:meth:`Runtime.plan_tools`)."""
         return ()
+
+    async def install_skills(self, runtime: Runtime) -> None:
+        """Copy each ``skills`` folder into :attr:`SKILLS_DIR` under its own name, every file
+        with its executable bits (a skill's scripts are run by the agent)."""
+        if not self.config.skills or self.SKILLS_DIR is None:
+            return
+        for folder in self.config.skills:
+            root = Path(folder).expanduser()
+            if not (root / "SKILL.md").is_file():
+                raise HarnessError(f"skill folder {folder} has no SKILL.md")
+            for path in sorted(root.rglob("*")):
+                if path.is_file():
+                    mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+                    target = f"{self.SKILLS_DIR}/{root.name}/{path.relative_to(root).as_posix()}"
+                    await runtime.write(target, path.read_bytes(), mode=mode)
 
     async def setup(self, runtime: Runtime) -> None:
         """Install the program into the box. The default uploads :meth:`program_files`."""

@@ -11,7 +11,6 @@ import asyncio
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -122,25 +121,6 @@ class ProvisionedHarness(Harness):
                 + " or ".join(repr(r) for r in HOST_FILESYSTEM_RUNTIMES)
             )
         await self.installed()
-
-    SKILLS_DIR: ClassVar[str | None] = None
-    """Where the agent discovers skills, relative to the box's work dir (its config home's
-    ``skills``); set by the harnesses with ``SUPPORTS_SKILLS``."""
-
-    async def install_skills(self, runtime: Runtime) -> None:
-        """Copy each ``skills`` folder into :attr:`SKILLS_DIR` under its own name, every file
-        with its executable bits (a skill's scripts are run by the agent)."""
-        if not self.config.skills or self.SKILLS_DIR is None:
-            return
-        for folder in self.config.skills:
-            root = Path(folder).expanduser()
-            if not (root / "SKILL.md").is_file():
-                raise HarnessError(f"skill folder {folder} has no SKILL.md")
-            for path in sorted(root.rglob("*")):
-                if path.is_file():
-                    mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
-                    target = f"{self.SKILLS_DIR}/{root.name}/{path.relative_to(root).as_posix()}"
-                    await runtime.write(target, path.read_bytes(), mode=mode)
 
     async def box_tool(self, runtime: Runtime) -> InstalledTool:
         """The program where ``runtime``'s box sees it: the node's install (mounted at the same

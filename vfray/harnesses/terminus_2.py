@@ -37,6 +37,9 @@ from vfray.runtimes.provision import tools_root
 from vfray.trace import Message
 
 TRANSCRIPT_PATH = f"{PROGRAM_DIR}/terminus-transcript.json"
+SKILLS_DIR = f"{PROGRAM_DIR}/terminus-skills"
+"""Where the ``skills`` option is installed and the program looks for ``*/SKILL.md`` (Harbor's
+``skills_dir``)."""
 MANIFEST = ".vfray-tool.json"
 _GLIBC = re.compile(r"^(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[-\w]*)\.so")
 """Libraries the box's own C library provides: never copied (they must match its loader)."""
@@ -192,6 +195,8 @@ class Terminus2Harness(Harness):
     APPENDS_SYSTEM_PROMPT = True
     NEEDS_CONTAINER = False
     EXECUTES_CODE = True
+    SUPPORTS_SKILLS = True
+    SKILLS_DIR = SKILLS_DIR
 
     def __init__(self, config: HarnessConfig | dict[str, object] | None = None) -> None:
         super().__init__(config)
@@ -214,6 +219,7 @@ class Terminus2Harness(Harness):
             )
         await self.tmux()
         await self.programs()
+        await self.install_skills(runtime)
 
     async def tmux(self) -> Path:
         """The tool dir holding tmux (made on first use on this node)."""
@@ -247,6 +253,8 @@ class Terminus2Harness(Harness):
             tmux,
             "--transcript",
             TRANSCRIPT_PATH,
+            "--skills-dir",
+            SKILLS_DIR,
             "--max-steps",
             str(c.max_steps),
             "--max-output-bytes",

@@ -312,6 +312,77 @@ def _which(name: str) -> bool:
     )
 
 
+# -- skills ----------------------------------------------------------------------------------------
+
+_BLOCK_SCALARS = (">", ">-", ">+", "|", "|-", "|+")
+
+
+def skill_frontmatter(text: str) -> dict[str, str] | None:
+    """A SKILL.md's ``name`` and ``description`` from its YAML front matter, or None where it
+    has none or lacks either (Harbor skips such a skill). Stdlib only, so the YAML read is the
+    subset skills use: ``key: value`` lines, quoted or plain, and ``>`` / ``|`` blocks."""
+    import re
+
+    match = re.match(r"^---\n(.*?)\n---", text, re.DOTALL)
+    if not match:
+        return None
+    fields: dict[str, str] = {}
+    lines = match.group(1).split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        key, colon, value = line.partition(":")
+        if not colon or line[:1].isspace() or not key.strip() or key.lstrip().startswith("#"):
+            continue
+        value = value.strip()
+        if value in _BLOCK_SCALARS:  # the indented lines that follow
+            block: list[str] = []
+            while i < len(lines) and (lines[i][:1].isspace() or not lines[i].strip()):
+                block.append(lines[i].strip())
+                i += 1
+            value = (" " if value[0] == ">" else "\n").join(block).strip()
+        elif len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        fields[key.strip()] = value
+    if not fields.get("name") or not fields.get("description"):
+        return None
+    return {"name": fields["name"], "description": fields["description"]}
+
+
+def skills_section(skills_dir: str | None) -> str:
+    """Harbor's ``<available_skills>`` block for the first prompt: each ``DIR/*/SKILL.md`` (in
+    path order) with its name, description and absolute path, which the model can ``cat`` to
+    use the skill; empty where the folder holds none."""
+    if not skills_dir or not os.path.isdir(skills_dir):
+        return ""
+    root = os.path.abspath(skills_dir)
+    entries = []
+    # Sorted as whole paths, as Harbor's ``find | sort`` lists them ("a-b/" before "a/").
+    for path in sorted(os.path.join(root, name, "SKILL.md") for name in os.listdir(root)):
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = skill_frontmatter(fh.read())
+        if found is not None:
+            entries.append((found["name"], found["description"], path))
+    if not entries:
+        return ""
+    # What Harbor's ElementTree writes (indented by two spaces), without importing it.
+    lines = ["<available_skills>"]
+    for name, description, path in entries:
+        lines.append("  <skill>")
+        for tag, text in (("name", name), ("description", description), ("location", path)):
+            lines.append(f"    <{tag}>{_xml_text(text)}</{tag}>")
+        lines.append("  </skill>")
+    lines.append("</available_skills>")
+    return "\n" + "\n".join(lines)
+
+
+def _xml_text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 # -- the loop ------------------------------------------------------------------------------------
 
 
@@ -328,7 +399,8 @@ def run(args: argparse.Namespace, state: dict[str, Any]) -> None:
             os.unlink(args.task)
     terminal = state["terminal"] = Terminal(args.tmux, args.width, args.height)
     screen = limit_output(terminal.incremental(), args.max_output_bytes)
-    prompt = PROMPT.replace("{instruction}", task["instruction"], 1)
+    instruction = task["instruction"] + skills_section(args.skills_dir)
+    prompt = PROMPT.replace("{instruction}", instruction, 1)
     prompt = prompt.replace("{terminal_state}", screen, 1)
     messages: list[dict[str, Any]] = (
         [{"role": "system", "content": task["system"]}] if task.get("system") else []
@@ -378,6 +450,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--task", required=True, help="JSON file: instruction and system prompt")
     parser.add_argument("--tmux", default="tmux", help="the tmux program")
     parser.add_argument("--transcript", help="write the conversation here after each step")
+    parser.add_argument("--skills-dir", help="offer the skills of DIR/*/SKILL.md in the prompt")
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--max-output-bytes", type=int, default=10000)
     parser.add_argument("--width", type=int, default=160)
