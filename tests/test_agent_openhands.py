@@ -1,6 +1,7 @@
 """The ``openhands`` harness: OpenHands' SDK agent from PyPI in the node's tool dir, on a Python
 3.13 from Debian 13's packages, driven by the scripted ``agent`` model through its ``terminal`` tool
-via the interception, in a bwrap box and in a docker container; a refused call ends it. Skipped
+via the interception, in a bwrap box and in a docker container, and calling a task's tools over
+MCP; a refused call ends it. Skipped
 with the reason when PyPI or the box is not there (the interpreter needs Debian's archive too)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from docker_engine import runtime_options
 from test_agents import PROMPT, WriteFile, _check_solved
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.harnesses import make_harness
 from vfray.harnesses._debian_python import ensure_python
 from vfray.harnesses.openhands import OpenHandsConfig, OpenHandsHarness
@@ -32,6 +34,11 @@ def test_the_harness_is_built_in_with_a_typed_config() -> None:
     assert argv[:3] == ["/bin/sh", "-c", 'exec "$@"'] and argv[4] == "/tools/venv/bin/python"
     assert argv[argv.index("--tools") + 1] == "terminal"
     assert argv[argv.index("--max-iterations") + 1] == "7"
+    assert "--mcp" not in argv
+    servers = {"scratchpad": "http://127.0.0.1:9/mcp"}
+    with_mcp = harness.argv("/tools/venv/bin/python", servers)
+    assert json.loads(with_mcp[with_mcp.index("--mcp") + 1]) == servers
+    assert harness.SUPPORTS_MCP
     spec = harness.tool_spec()
     assert spec.python is not None and "python3.13-debian-trixie" in spec.python
     with pytest.raises(vf.ConfigError, match=r"tools\.0: Input should be 'terminal'"):
@@ -106,3 +113,19 @@ async def test_a_refused_call_ends_openhands() -> None:
         timeouts=Timeouts(agent=120),
     )
     check_ended_after_refusal(trace, HARNESS)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_openhands_calls_the_scratchpad_over_mcp() -> None:
+    """The task's MCP server, given to the SDK as its ``mcp_config``, is offered to the model
+    beside the agent's own tools, and its tools are called from the box."""
+    _install()
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness=HARNESS, runtime="bwrap")
+    assert trace.errors == [], trace.errors
+    offered = {t["function"]["name"] for t in trace.calls[0].tools or []}
+    assert {"terminal", "write_note", "read_note"} <= offered, offered
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.tool_calls[1].result == "water plants"
+    assert trace.rewards["remembered"].value == 1.0

@@ -1,8 +1,9 @@
 """The ``openhands`` harness: OpenHands' agent (PyPI ``openhands-sdk`` and ``openhands-tools``,
 the SDK that OpenHands' app and CLI run on) headless in the box, through litellm against the
 interception in the chat dialect, with its terminal and file-editor tools working in the box's
-work dir. vfray's program ``programs/openhands_agent.py`` builds the agent and runs one
-conversation; its events are kept on the trace.
+work dir, and a task's MCP servers (streamable HTTP) as the SDK's ``mcp_config``. vfray's program
+``programs/openhands_agent.py`` builds the agent and runs one conversation; its events are kept on
+the trace.
 
 The SDK needs Python >= 3.12. Its venv is built on a Python 3.13 taken from Debian 13's packages
 into the node's tool dir (:mod:`vfray.harnesses._debian_python`), never the image's. The full
@@ -13,7 +14,9 @@ is not used.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -69,6 +72,7 @@ class OpenHandsHarness(ProvisionedHarness):
     config_type: ClassVar[type[HarnessConfig]] = OpenHandsConfig
     config: OpenHandsConfig
     ARTIFACTS = (EVENTS_PATH, LOG_PATH)
+    SUPPORTS_MCP = True
 
     def tool_spec(self) -> ToolSpec:
         version = self.config.version
@@ -107,7 +111,9 @@ class OpenHandsHarness(ProvisionedHarness):
         program = resources.files("vfray.harnesses") / "programs" / "openhands_agent.py"
         await runtime.write(PROGRAM_PATH, program.read_bytes(), mode=0o644)
 
-    def argv(self, python: str) -> list[str]:
+    def argv(self, python: str, mcp_servers: Mapping[str, str] | None = None) -> list[str]:
+        """The command line; ``mcp_servers`` (name -> URL in the box) become the agent's MCP
+        servers, whose tools the SDK offers the model beside its own."""
         c = self.config
         return [
             # Started by the box's shell, not as a node program: the interpreter has a loader of
@@ -128,6 +134,7 @@ class OpenHandsHarness(ProvisionedHarness):
             ",".join(c.tools),
             "--num-retries",
             str(c.num_retries),
+            *(["--mcp", json.dumps(dict(mcp_servers))] if mcp_servers else []),
             *c.extra_args,
         ]
 
@@ -147,7 +154,7 @@ class OpenHandsHarness(ProvisionedHarness):
         await runtime.write(TASK_PATH, prompt_text(self.resolve_prompt(ctx.data)).encode())
         return await self.run_logged(
             runtime,
-            self.argv(tool.executable("python")),
+            self.argv(tool.executable("python"), ctx.mcp_servers),
             self.env(ctx, tool.path_env()),
             stdout_path=LOG_PATH,
             timeout=ctx.timeout,

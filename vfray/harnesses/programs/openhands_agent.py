@@ -3,7 +3,8 @@
 an OpenAI-compatible endpoint, until the agent finishes or its iterations run out. Runs in the box
 under the openhands tool dir's Python; imports nothing of vfray. The endpoint, key and model come
 from ``LLM_BASE_URL``, ``LLM_API_KEY`` and ``LLM_MODEL``; the conversation's events are kept in
-``--events`` as JSON lines.
+``--events`` as JSON lines. ``--mcp`` (a JSON object of name -> URL) gives the agent a task's MCP
+servers (streamable HTTP), as the SDK's ``mcp_config``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> int:
     parser.add_argument("--max-iterations", type=int, default=100)
     parser.add_argument("--tools", default="terminal,file_editor")
     parser.add_argument("--num-retries", type=int, default=2)
+    parser.add_argument("--mcp", default="{}", help="the task's MCP servers: name -> URL")
     args = parser.parse_args()
 
     # The tool dir's packages, not vfray's: no stubs here.
@@ -37,6 +39,7 @@ def main() -> int:
         "task_tracker": Tool(name=TaskTrackerTool.name),
     }
     tools = [known[name] for name in args.tools.split(",") if name]
+    mcp = {name: {"url": url, "transport": "http"} for name, url in json.loads(args.mcp).items()}
     llm = LLM(
         model=f"openai/{os.environ['LLM_MODEL']}",
         base_url=os.environ["LLM_BASE_URL"],
@@ -55,7 +58,7 @@ def main() -> int:
             sink.flush()
 
         conversation = Conversation(
-            agent=Agent(llm=llm, tools=tools),
+            agent=Agent(llm=llm, tools=tools, mcp_config=mcp),
             workspace=os.getcwd(),
             callbacks=[keep],
             max_iteration_per_run=args.max_iterations,
