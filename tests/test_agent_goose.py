@@ -1,7 +1,8 @@
 """goose (the native CLI from npm ``@aaif/goose-binary-linux-x64``) installed into the node's
 tool dir and driven by the scripted ``agent`` model through the interception: scored by the file
-its ``shell`` tool wrote, in bwrap and in docker (the Debian minbase image), and stopped by a
-refused call. Skipped with the reason when npm's registry is offline."""
+its ``shell`` tool wrote, in bwrap and in docker (the Debian minbase image), calling a task's
+tools over MCP, and stopped by a refused call. Skipped with the reason when npm's registry is
+offline."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from agent_tools import need_registry
 
 import vfray as vf
+from examples.tools_scratchpad import ScratchpadTaskset
 from vfray.harnesses import make_harness
 from vfray.harnesses.goose import GooseConfig, GooseHarness, binary_package, provider_env
 from vfray.harnesses.provisioned import ProvisionedHarness
@@ -121,3 +123,18 @@ async def test_a_refused_call_ends_goose(installed: None) -> None:
         f"goose: max_turns=1 agent phase {trace.timing['agent'].duration:.1f}s, {after:.1f}s after"
     )
     assert after < 30, after  # a hang check, not a performance bound
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_goose_calls_the_scratchpad_over_mcp(installed: None) -> None:
+    """The task's MCP server, a streamable-HTTP extension in goose's config, is offered to the
+    model and its tools are called from the box."""
+    task = ScratchpadTaskset().load()[3]
+    trace = await vf.run_rollout(task, model="scripted:agent", harness="goose", runtime="bwrap")
+    assert trace.errors == [], trace.errors
+    offered = {t["function"]["name"] for c in trace.calls for t in c.tools or []}
+    assert any(name.endswith("write_note") for name in offered), offered
+    assert [c.name for c in trace.tool_calls] == ["write_note", "read_note"]
+    assert trace.tool_calls[1].result == "water plants"
+    assert trace.rewards["remembered"].value == 1.0
