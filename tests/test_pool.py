@@ -1,7 +1,7 @@
 """The pool harness: one warm worker process runs many rollouts' chat loops, each rollout's
 commands in its own bwrap box, its calls under its own secret onto its own trace. Real parts
-throughout: the worker is a real process, the boxes real bwrap boxes, the model the scripted
-``agent`` model behind the real interception.
+throughout: the worker is a real process, the boxes real bwrap boxes (and docker containers), the
+model the scripted ``agent`` model behind the real interception; a farm on a real local Ray.
 """
 
 from __future__ import annotations
@@ -121,3 +121,46 @@ async def test_a_dead_worker_fails_its_rollouts_and_the_next_one_starts_anew() -
         after = await env.rollout(WriteOwn(2))
         assert after.reward == 1.0 and harness.workers_started == 2
         assert harness.worker_pid not in (None, pid)
+
+
+@pytest.mark.docker
+async def test_one_worker_serves_rollouts_in_docker_boxes(docker_url: str) -> None:
+    """The commands go to each rollout's own container; the worker stays on the node."""
+    from docker_engine import runtime_options
+
+    env = vf.LocalEnvironment(
+        "scripted:agent",
+        harness="pool",
+        runtime="docker",
+        runtime_options=runtime_options(docker_url),
+        harness_options={"idle_seconds": 0.2},
+    )
+    harness = env.harness
+    assert isinstance(harness, PoolHarness)
+    async with env:
+        traces = await asyncio.gather(*(env.rollout(WriteOwn(i)) for i in range(3)))
+    assert harness.workers_started == 1
+    for trace in traces:
+        assert trace.errors == [] and trace.reward == 1.0, (trace.errors, trace.notes)
+        assert len(trace.calls) == 3
+
+
+class OwnLines(vf.Taskset[WriteOwn]):
+    def load(self) -> list[WriteOwn]:
+        return [WriteOwn(i) for i in range(4)]
+
+
+def test_the_pool_runs_a_farm_on_ray(ray_local: None, tmp_path: Path) -> None:
+    """On Ray the harness, and so its worker, lives in the SandboxHost actor that runs the
+    rollouts."""
+    with vf.Farm(
+        "scripted:agent",
+        harness="pool",
+        runtime="bwrap",
+        output_dir=str(tmp_path),
+        progress=False,
+        hosts=1,
+    ) as farm:
+        result = farm.run(OwnLines(), rollouts_per_task=1)
+    summary = result.summary()
+    assert summary["rollouts"] == 4 and summary["reward_mean"] == 1.0, summary
