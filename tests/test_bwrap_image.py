@@ -353,3 +353,20 @@ async def test_a_provisioned_agent_solves_a_task_in_the_image(
     )  # fmt: skip
     assert trace.errors == [], trace.errors
     assert trace.rewards["wrote_it"].value == 1.0
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux on this machine")
+async def test_terminus_2_solves_a_task_in_the_image(debian_root: Path) -> None:
+    """terminus-2's program and tmux come from the node's tool dir (tmux with the libraries the
+    image lacks); the pane's shell and the commands typed into it are the image's."""
+    ImageBox.root = str(debian_root)
+    data = vf.TaskData(
+        prompt='Write "hello agent" to out.txt, then check it.', image="x", workdir="/testbed"
+    )
+    trace = await vf.run_rollout(
+        WroteFile(data), model="scripted:agent", harness="terminus-2",
+        runtime=f"{__name__}:ImageBox",
+    )  # fmt: skip
+    assert trace.errors == [], trace.errors
+    assert trace.rewards["wrote_it"].value == 1.0
+    assert len(trace.calls) == 4  # write, cat, task_complete and its confirmation
