@@ -101,8 +101,9 @@ async def test_a_terminus_rollout_scores_in_bwrap() -> None:
     assert [r["task_complete"] for r in replies] == [False, False, True, True]
     assert "hello terminus" in [m.text for m in trace.messages if m.role == "user"][2]
     # The programs run from the node's copy: the box holds only the program's transcript (its
-    # task file, which held the secret, deleted once read; no program copies or bytecode).
-    assert WriteFile.left == [".vfray/terminus-transcript.json"]
+    # task file, which held the secret, deleted once read; no program copies or bytecode), and
+    # the .gitignore that keeps the folder out of a task's repo.
+    assert WriteFile.left == [".vfray/.gitignore", ".vfray/terminus-transcript.json"]
 
 
 @pytest.mark.slow

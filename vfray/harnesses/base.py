@@ -104,6 +104,16 @@ class LaunchContext(BaseModel):
     harness keeps its per-rollout files there (a transcript) apart by it."""
 
 
+PROGRAM_DIR = ".vfray"
+"""vfray's folder in the box's work dir: the harnesses' programs, prompts, transcripts and agent
+homes (``.vfray/agent``)."""
+GIT_IGNORE_PATH = f"{PROGRAM_DIR}/.gitignore"
+"""``*`` here keeps :data:`PROGRAM_DIR` out of any git repo a task has in its work dir: vfray's
+files are not the agent's work, so neither ``git status`` nor an agent's ``git add -A`` (the
+patch mini-swe-agent's SWE-bench config submits) sees them. Git reads a folder's own
+``.gitignore``; no repo's files or settings are touched."""
+
+
 SKILL_HARNESSES = (
     "claude-code",
     "claude-code-acp",

@@ -16,12 +16,10 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from vfray.errors import SandboxError
-from vfray.harnesses.base import Harness, HarnessConfig, LaunchContext
+from vfray.harnesses.base import PROGRAM_DIR, Harness, HarnessConfig, LaunchContext
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.trace import Message
 
-PROGRAM_DIR = ".vfray"
-"""Folder (relative to the box's work dir) holding the program, prompts and transcript."""
 PROGRAM_PATH = f"{PROGRAM_DIR}/chat_loop.py"
 TRANSCRIPT_PATH = f"{PROGRAM_DIR}/transcript.json"
 

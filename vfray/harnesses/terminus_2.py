@@ -29,8 +29,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from vfray.errors import ConfigError, HarnessError
-from vfray.harnesses.base import Harness, HarnessConfig, LaunchContext
-from vfray.harnesses.chat import PROGRAM_DIR, openai_base_url, program_source
+from vfray.harnesses.base import PROGRAM_DIR, Harness, HarnessConfig, LaunchContext
+from vfray.harnesses.chat import openai_base_url, program_source
 from vfray.harnesses.provisioned import HOST_FILESYSTEM_RUNTIMES
 from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.provision import tools_root

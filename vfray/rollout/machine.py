@@ -21,7 +21,7 @@ from vfray.errors import (
     SandboxError,
     TaskError,
 )
-from vfray.harnesses.base import Harness
+from vfray.harnesses.base import GIT_IGNORE_PATH, Harness
 from vfray.rollout.agent_phase import run_agent_phase
 from vfray.rollout.plan import IMAGE_PHASE, RolloutPlan, SessionBroker
 from vfray.runtimes.base import Runtime
@@ -143,6 +143,8 @@ async def _execute(
 
         async def setup() -> None:
             await call_maybe_async(task.setup, trace, runtime)
+            if harness.EXECUTES_CODE:  # the model's commands may use a repo the task set up
+                await runtime.write(GIT_IGNORE_PATH, b"*\n")
             try:
                 await harness.setup(runtime)
             except (TimeoutError, RolloutError):
