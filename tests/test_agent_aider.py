@@ -19,6 +19,7 @@ from vfray.interception import Limits
 from vfray.models.scripted import aider as policy
 from vfray.models.scripted.conversation import Conversation
 from vfray.rollout import Timeouts
+from vfray.runtimes.base import Runtime
 
 HARNESS = "aider"
 
@@ -121,3 +122,41 @@ async def test_a_refused_call_ends_aider() -> None:
         "bwrap", Anything, "run: echo hi", limits=Limits(max_turns=1), timeouts=Timeouts(agent=90)
     )
     check_ended_after_refusal(trace, HARNESS)
+
+
+class WriteFileInARepo(WriteFile):
+    """The task's work dir is a git repo with one commit."""
+
+    state: list[str] = []
+    """The repo after the rollout (the last one's): its commit count, then its status."""
+
+    async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
+        git = ["git", "-c", "user.name=vfray", "-c", "user.email=vfray@localhost"]
+        await runtime.write("README.md", b"a repo\n")
+        steps = [["git", "init", "-q"], ["git", "add", "README.md"], [*git, "commit", "-qm", "a"]]
+        for argv in steps:
+            done = await runtime.run(argv)
+            assert done.ok, done.stderr
+
+    @vf.metric
+    async def committed(self, runtime: Runtime) -> float:
+        commits = await runtime.run(["git", "rev-list", "--count", "HEAD"])
+        status = await runtime.run(["git", "status", "--porcelain", "--untracked-files=all"])
+        WriteFileInARepo.state = [commits.stdout.strip(), *sorted(status.stdout.splitlines())]
+        return float(commits.stdout.strip()) - 1
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_aider_with_git_works_in_the_tasks_repo_and_commits_nothing() -> None:
+    """``git: true``: Aider reads the repo (its repo map), adds the file it wrote, commits
+    nothing (the scorer reads the tree as the agent left it)."""
+    trace = await _rollout(
+        "bwrap", WriteFileInARepo, harness_options={"git": True, "map_tokens": 1024}
+    )
+    _check_aider_solved(trace)
+    history = next(a for a in trace.artifacts if a.name == "aider.chat.history.md").content
+    assert "Git repo: .git with 1 files" in history and "Repo-map: using 1024 tokens" in history
+    # Still the task's one commit; out.txt added, and Aider's own .gitignore, nothing of vfray's.
+    assert trace.metrics["committed"] == 0.0
+    assert WriteFileInARepo.state == ["1", "?? .gitignore", "AM out.txt"]
