@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,15 @@ VOLUMES = {"/usr": "/usr", PYTHON_ROOT: PYTHON_ROOT}
 def runtime_options(url: str) -> dict[str, object]:
     """``runtime_options`` for a ``docker`` rollout on this engine and image."""
     return {"base_url": url, "default_image": IMAGE, "volumes": dict(VOLUMES)}
+
+
+def box_options(runtime: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``runtime_options`` for a test parametrized over runtimes: for ``docker``, this engine
+    and image (the session's ``docker_url``: the test skips where no engine can run); none for
+    the others."""
+    if runtime != "docker":
+        return {}
+    return runtime_options(request.getfixturevalue("docker_url"))
 
 
 def _rootfs() -> bytes:

@@ -6,9 +6,9 @@ Real boxes (subprocess, bwrap, docker) and vfray's ``bash`` loop driven by the s
 from __future__ import annotations
 
 import shutil
-from typing import Any
 
 import pytest
+from docker_engine import box_options
 
 import vfray as vf
 from vfray.runtimes.base import Runtime
@@ -54,11 +54,7 @@ RUNTIMES = [
 async def test_an_agents_git_add_all_stages_none_of_vfrays_files(
     runtime: str, request: pytest.FixtureRequest
 ) -> None:
-    options: dict[str, Any] = {}
-    if runtime == "docker":  # the tests' engine and image (tests/docker_engine.py)
-        from docker_engine import runtime_options
-
-        options = runtime_options(request.getfixturevalue("docker_url"))
+    options = box_options(runtime, request)
     data = vf.TaskData(prompt="run: `echo hi > out.txt && git add -A`", workdir="/box")
     trace = await vf.run_rollout(
         InARepo(data),

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from docker_engine import box_options
 
 import vfray as vf
 from vfray._plugins import load_object
@@ -126,16 +127,6 @@ RUNTIMES = [
 ]
 
 
-def _box_options(runtime: str, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The runtime's options: for docker, the tests' engine and image (tests/docker_engine.py;
-    the test skips where no engine can run)."""
-    if runtime != "docker":
-        return {}
-    from docker_engine import runtime_options
-
-    return runtime_options(request.getfixturevalue("docker_url"))
-
-
 def _containers(options: dict[str, Any]) -> set[str]:
     """Every vfray container on the test's docker engine, running or not (none without one)."""
     if not options:
@@ -162,7 +153,7 @@ class OwnJudge(Inspect):
 async def test_a_judge_works_in_another_seats_box_which_is_stopped_once(
     runtime: str, task: type[Inspect], request: pytest.FixtureRequest
 ) -> None:
-    options = _box_options(runtime, request)
+    options = box_options(runtime, request)
     before = _containers(options)
     worker, judge = await run_game(
         task(vf.TaskData()),
@@ -193,7 +184,7 @@ async def test_a_seat_whose_harness_crashes_fails_alone_and_leaves_no_process(
             crash = vf.Agent(name="broken", harness="null", harness_options={"python": "false"})
             return [vf.Seat(name="alice"), vf.Seat(name="bob", agent=crash)]
 
-    options = _box_options(runtime, request)
+    options = box_options(runtime, request)
     before, containers = _children(), _containers(options)
     task = Crashing(_duel().data)
     async with LocalEnvironment(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_engine import box_options
 
 import vfray as vf
 from vfray._plugins import load_object
@@ -46,11 +47,7 @@ def _user_texts(trace: vf.Trace) -> list[str]:
 async def test_seats_sharing_a_box_each_resume_their_own_transcript(
     runtime: str, request: pytest.FixtureRequest
 ) -> None:
-    options: dict[str, Any] = {}
-    if runtime == "docker":  # the tests' engine and image (tests/docker_engine.py)
-        from docker_engine import runtime_options
-
-        options = runtime_options(request.getfixturevalue("docker_url"))
+    options = box_options(runtime, request)
     task: Any = SharedDuel(next(iter(SumDuels(n=1, rounds=4).load())).data)
     alice, bob = await run_game(
         task,
