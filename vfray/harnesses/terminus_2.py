@@ -253,8 +253,6 @@ class Terminus2Harness(Harness):
             tmux,
             "--transcript",
             TRANSCRIPT_PATH,
-            "--skills-dir",
-            SKILLS_DIR,
             "--max-steps",
             str(c.max_steps),
             "--max-output-bytes",
@@ -267,6 +265,7 @@ class Terminus2Harness(Harness):
             f"{c.request_timeout:g}",
             "--retries",
             str(c.retries),
+            *(["--skills-dir", SKILLS_DIR] if c.skills else []),
             *c.extra_args,
         ]
 

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,8 +322,6 @@ def skill_frontmatter(text: str) -> dict[str, str] | None:
     """A SKILL.md's ``name`` and ``description`` from its YAML front matter, or None where it
     has none or lacks either (Harbor skips such a skill). Stdlib only, so the YAML read is the
     subset skills use: ``key: value`` lines, quoted or plain, and ``>`` / ``|`` blocks."""
-    import re
-
     match = re.match(r"^---\n(.*?)\n---", text, re.DOTALL)
     if not match:
         return None
