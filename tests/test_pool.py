@@ -133,7 +133,10 @@ async def test_one_worker_serves_rollouts_in_docker_boxes(docker_url: str) -> No
         harness="pool",
         runtime="docker",
         runtime_options=runtime_options(docker_url),
-        harness_options={"idle_seconds": 0.2},
+        # Each rollout starts its own container first: on a loaded machine one rollout can end
+        # more than a fraction of a second before another's container is up, so a short idle
+        # time would retire the worker between them (seen in CI: 2 workers).
+        harness_options={"idle_seconds": 5},
     )
     harness = env.harness
     assert isinstance(harness, PoolHarness)
