@@ -15,9 +15,21 @@ ratio: every repeat runs the modes back to back). ``--only MODE`` (repeatable) a
 ``--follow-ups same|distinct`` run part of the table. ``--tokenizer FOLDER`` measures with a
 model's own tokenizer and chat template (a folder with ``tokenizer.json`` and
 ``tokenizer_config.json``, as a Hugging Face model ships them) instead of the test's.
+``--drop-reasoning``: the clients send each reply back without its ``reasoning_content``, as
+most agents do (the reply still continues its branch: the model's context holds it).
+
+``--instructions`` counts instructions instead of timing CPU: each mode runs in a process of
+its own under valgrind's cachegrind (``apt install valgrind``), once with one block of the
+sessions and once with ``1 + --blocks`` blocks on the same interception, and a turn's count is
+the difference over the extra blocks' turns. The first block (imports, the interception's
+start, a template's first renders and checks) cancels out, and a count does not move with the
+machine's load: runs agree to about half a point, where CPU time on a busy 2-core machine
+spreads by ten. It counts user-space instructions only (not the kernel's socket work, the same
+in every mode) and takes a few minutes (cachegrind runs the process ~50x slower).
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
         [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]
+        [--drop-reasoning] [--instructions [--blocks 2]]
 """
 
 from __future__ import annotations
@@ -28,7 +40,9 @@ import gc
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -115,8 +129,26 @@ def upstream_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def modes_for(folder: Path) -> dict[str, tuple[InterceptionSettings, dict[str, bool]]]:
+    """Each mode's interception settings and TokenIn options, messages (today's path) first."""
+    local = InterceptionSettings(token_in=True, tokenizer=str(folder))
+    return {
+        "messages (today)": (InterceptionSettings(), {}),
+        "token-in, local, no cache": (local, {"cache": False}),
+        "token-in, local, rendered": (local, {"joined": False}),
+        "token-in, local": (local, {}),
+        "token-in, /tokenize": (InterceptionSettings(token_in=True), {}),
+    }
+
+
 async def session(
-    http: aiohttp.ClientSession, url: str, secret: str, turns: int, tag: str, tools: bool
+    http: aiohttp.ClientSession,
+    url: str,
+    secret: str,
+    turns: int,
+    tag: str,
+    tools: bool,
+    drop_reasoning: bool = False,
 ) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "echo hello world"}]
     headers = {"authorization": f"Bearer {secret}"}
@@ -127,7 +159,10 @@ async def session(
         async with http.post(f"{url}/chat/completions", json=body, headers=headers) as response:
             reply = await response.json()
             assert response.status == 200, reply
-        messages.append(reply["choices"][0]["message"])
+        message = reply["choices"][0]["message"]
+        if drop_reasoning:  # as most agents send a reply back: its content and calls alone
+            message.pop("reasoning_content", None)
+        messages.append(message)
         messages.append({"role": "user", "content": f"and again, once more {turn}{tag}"})
 
 
@@ -141,6 +176,7 @@ async def measure(
     cache: bool = True,
     joined: bool = True,
     tools: bool = False,
+    drop_reasoning: bool = False,
     server_pid: int | None = None,
 ) -> dict[str, float]:
     """``distinct``: every session sends follow-ups of its own (no bridge is rendered twice);
@@ -178,7 +214,7 @@ async def measure(
             tags = [f" (session {i})" if distinct else "" for i in range(sessions)]
             runs = zip(secrets, tags, strict=True)
             await asyncio.gather(
-                *(session(http, icpt.url, s, turns, tag, tools) for s, tag in runs)
+                *(session(http, icpt.url, s, turns, tag, tools, drop_reasoning) for s, tag in runs)
             )
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             up = (upstream_cpu(server_pid) if server_pid else 0.0) - up
@@ -194,6 +230,106 @@ async def measure(
         "lost": lost,
         "samples": len(samples),
     }
+
+
+async def run_blocks(
+    url: str,
+    settings: InterceptionSettings,
+    options: dict[str, bool],
+    sessions: int,
+    turns: int,
+    blocks: int,
+    *,
+    distinct: bool,
+    tools: bool,
+    drop_reasoning: bool,
+) -> None:
+    """``blocks`` rounds of the sessions on one interception, each with traces of its own and
+    follow-ups of its own (a bridge cached in one block is not found in the next)."""
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    async with Interception(upstream, settings=settings) as icpt:
+        token_in = icpt.app.token_in
+        if token_in is not None:
+            token_in.cache_bridges = options.get("cache", True)
+            if not options.get("joined", True):
+                token_in.wrappers = None
+        connector = aiohttp.TCPConnector(limit=sessions)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for block in range(blocks):
+                traces = [Trace(task=TaskRecord(key=str(i), hash="h")) for i in range(sessions)]
+                secrets = [icpt.app.register(t) for t in traces]
+                tags = [
+                    f" (block {block}, session {i})" if distinct else f" (block {block})"
+                    for i in range(sessions)
+                ]
+                runs = zip(secrets, tags, strict=True)
+                calls = (
+                    session(http, icpt.url, s, turns, tag, tools, drop_reasoning) for s, tag in runs
+                )
+                await asyncio.gather(*calls)
+
+
+def instructions(
+    url: str, folder: Path, mode: str, blocks: int, distinct: bool, args: argparse.Namespace
+) -> int:
+    """Instructions of a process that runs ``blocks`` blocks of ``mode``, under cachegrind."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "cachegrind.out"
+        command = [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            f"--cachegrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            json.dumps([url, mode, blocks, distinct]),
+            f"--sessions={args.sessions}",
+            f"--turns={args.turns}",
+            f"--tokenizer={folder}",
+            *(["--tools"] if args.tools else []),
+            *(["--drop-reasoning"] if args.drop_reasoning else []),
+        ]
+        # A fixed hash seed: set and dict orders, and so the work done, are the same each run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the {mode!r} run failed: {done.stderr.strip()[-2000:]}")
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+        raise SystemExit(f"cachegrind wrote no summary for the {mode!r} run")
+
+
+def count_instructions(
+    url: str,
+    folder: Path,
+    modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]],
+    kinds: tuple[bool, ...],
+    args: argparse.Namespace,
+) -> None:
+    turns = args.blocks * args.sessions * args.turns
+    tools = f", {len(json.dumps(TOOLS)) // 1000} KB of tools per call" if args.tools else ""
+    print(
+        f"{args.sessions} sessions x {args.turns} turns{tools}: instructions of the "
+        f"interception's process per turn (runs of 1 and {1 + args.blocks} blocks, the "
+        "difference over the extra blocks' turns; cachegrind, user space)"
+    )
+    for distinct in kinds:
+        kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
+        print(f" {kind}:", flush=True)
+        base = 0.0
+        for mode in modes:
+            one = instructions(url, folder, mode, 1, distinct, args)
+            more = instructions(url, folder, mode, 1 + args.blocks, distinct, args)
+            per_turn = (more - one) / turns
+            if per_turn <= 0:
+                raise SystemExit(
+                    f"{mode}: the extra blocks counted no more than one block ({more - one:,} "
+                    "instructions): too few turns to count, raise --sessions, --turns or --blocks"
+                )
+            base = base or per_turn
+            print(f"  {mode:26s} {per_turn / 1000:8.1f} K/turn ({per_turn / base - 1:+.1%})")
 
 
 def main() -> None:
@@ -217,7 +353,40 @@ def main() -> None:
         help="a model's tokenizer folder (tokenizer.json, tokenizer_config.json with its chat "
         "template) for both the interception and the upstream; default: the test's BPE",
     )
+    parser.add_argument(
+        "--drop-reasoning",
+        action="store_true",
+        dest="drop_reasoning",
+        help="the clients send each reply back without its reasoning_content, as most agents do",
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count each mode's instructions per turn under valgrind's cachegrind, not CPU time",
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=2, help="with --instructions: the blocks counted"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        url, mode, blocks, distinct = json.loads(args.child)
+        settings, options = modes_for(args.tokenizer)[mode]
+        run = run_blocks(
+            url,
+            settings,
+            options,
+            args.sessions,
+            args.turns,
+            blocks,
+            distinct=distinct,
+            tools=args.tools,
+            drop_reasoning=args.drop_reasoning,
+        )
+        asyncio.run(run)
+        return
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
     kinds = {"both": (False, True), "same": (False,), "distinct": (True,)}[args.follow_ups]
     with tempfile.TemporaryDirectory() as built:
         if args.tokenizer is None:
@@ -230,18 +399,13 @@ def main() -> None:
             while not port.value:
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port.value}/v1"
-            local = InterceptionSettings(token_in=True, tokenizer=str(folder))
-            endpoint = InterceptionSettings(token_in=True)
-            modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]] = {
-                "messages (today)": (InterceptionSettings(), {}),
-                "token-in, local, no cache": (local, {"cache": False}),
-                "token-in, local, rendered": (local, {"joined": False}),
-                "token-in, local": (local, {}),
-                "token-in, /tokenize": (endpoint, {}),
-            }
+            modes = modes_for(folder)
             if args.only:
                 keep = {"messages (today)", *args.only}
                 modes = {m: v for m, v in modes.items() if m in keep}
+            if args.instructions:
+                count_instructions(url, folder, modes, kinds, args)
+                return
             results: dict[tuple[str, bool], list[dict[str, float]]] = {}
             for _ in range(args.repeats):
                 # Interleaved: drift of the machine's load hits every mode alike.
@@ -254,6 +418,7 @@ def main() -> None:
                             args.turns,
                             distinct=distinct,
                             tools=args.tools,
+                            drop_reasoning=args.drop_reasoning,
                             server_pid=server.pid,
                             **options,
                         )

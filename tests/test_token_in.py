@@ -204,6 +204,40 @@ async def test_token_in_keeps_the_branch(
     assert not [n for n in trace.notes if n.startswith("token-in")]
 
 
+async def test_replies_sent_back_without_reasoning_keep_one_branch_over_many_turns(
+    server: tuple[ScriptedModel, str], model_dir: Path
+) -> None:
+    """An agent that sends every reply back without its reasoning, turn after turn, in two
+    rollouts with the same conversation: each call after the first extends the branch's exact
+    ids (a reply's id without reasoning, worked out once, must match on every later call and in
+    the other trace too, as content addresses do)."""
+    scripted, url = server
+    upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    async with Interception(upstream, settings=settings) as icpt:
+        for _ in range(2):
+            trace = new_trace()
+            secret = icpt.app.register(trace)
+            client = openai.AsyncOpenAI(base_url=icpt.url, api_key=secret, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": "echo hello world"}]
+            for turn in range(5):
+                reply = await client.chat.completions.create(model="x", messages=messages)
+                sent = scripted.history[-1]
+                expected = "/v1/chat/completions" + ("/tokens" if turn else "")
+                assert sent.route == expected, (turn, trace.notes)
+                if turn:
+                    last = trace.calls[-2]
+                    context = [*(last.prompt_token_ids or []), *(last.completion_token_ids or [])]
+                    assert sent.body["tokens"][: len(context)] == context
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+                messages.append({"role": "user", "content": f"and again {turn}"})
+            trace = icpt.app.conclude(secret)
+            assert len(trace.branch_list) == 1 and len(trace.calls) == 5
+            assert not [n for n in trace.notes if n.startswith("token-in")]
+            (row,) = to_samples([trace]).to_pylist()
+            assert row["token_error"] is None
+
+
 async def test_token_in_bridges_tool_results(template: ChatTemplate, model_dir: Path) -> None:
     scripted = ScriptedModel("bash", chat_template=template)
     with scripted_server(scripted) as url:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,10 @@ NOTE_PREFIX = "token-in:"
 _MAX_NOTES = 5
 _MAX_BRIDGES = 4096
 """Bridges kept (per interception app), keyed by the new messages, tools and stop token."""
+_MAX_ID_TEXTS = 1 << 18
+"""Token ids whose text is kept (more than a model's vocabulary: the bound is for garbage)."""
+_MAX_STRIPPED = 1 << 16
+"""Replies whose id without reasoning is kept."""
 _MAX_BRIDGE_KEY = 8192
 """Longer new messages (a long tool output) are rendered each time rather than kept."""
 _TAIL_ROLES = frozenset({"tool", "user"})
@@ -84,6 +89,17 @@ class SentTokens:
     json: str
 
 
+class _IdTexts(dict[int, str]):
+    """Each token id's decimal text, made the first time it is asked for (bounded: a model's
+    ids are its vocabulary's)."""
+
+    def __missing__(self, key: int) -> str:
+        if len(self) >= _MAX_ID_TEXTS:
+            self.clear()
+        text = self[key] = str(key)
+        return text
+
+
 class CannotBridge(Exception):
     """This call cannot be sent as tokens; the message says why (noted on the trace)."""
 
@@ -110,13 +126,15 @@ class TokenIn:
         """A new user turn or tool result's bridge text joined from the template's text around
         its content, found once per shape, instead of rendered (see
         :mod:`~vfray.interception._bridge_wrappers`)."""
-        self._bridges: dict[tuple[Any, str, int], list[int]] = {}
+        self._bridges: OrderedDict[tuple[Any, str, int], tuple[int, ...]] = OrderedDict()
         self.cache_bridges = True
         self.bridges_rendered = 0
         """Bridges rendered (the others came from the cache: the same new messages after the
         same stop token, as a group's rollouts send the task's next user turn or tool output)."""
         self.supported = True
         """False once the endpoint answered the tokens route 404: later calls go as chat."""
+        self._id_texts = _IdTexts()
+        self._without_reasoning = _WithoutReasoning()
 
     @classmethod
     def local(cls, template: ChatTemplate) -> TokenIn:
@@ -172,7 +190,7 @@ class TokenIn:
         session last sent as tokens, whose JSON is reused when the branch's prompt is it."""
         if not self.supported:
             raise CannotBridge("the endpoint has no tokens route (404)")
-        found = _extended_branch(trace, request.messages)
+        found = _extended_branch(trace, request.messages, self._without_reasoning)
         if found is None:
             return None
         branch, history = found
@@ -195,17 +213,19 @@ class TokenIn:
         tokens = [*prompt, *new]
         # The recorded prompt is the endpoint's echo of what was sent: equal lists compare in C
         # at a fraction of encoding them. Every id is an int (a ModelCall's validated ids, the
-        # tokenizer's, /tokenize's checked), whose list's repr is its JSON, written faster.
+        # tokenizer's, /tokenize's checked): the list's JSON is its repr, and joining each id's
+        # text made once costs half of that (repr makes a new str per id every time).
+        texts = self._id_texts.__getitem__
         if sent is not None and sent.json != "[]" and sent.ids == prompt:
-            text = f"{sent.json[:-1]}, {repr(new)[1:]}"
+            text = f"{sent.json[:-1]}, {', '.join(map(texts, new))}]"
         else:
-            text = repr(tokens)
+            text = f"[{', '.join(map(texts, tokens))}]"
         messages = [*history, *request.messages[len(history) :]]
         return Bridged(tokens, messages, text)
 
     async def _bridge(
         self, tail: list[dict[str, Any]], tools: list[dict[str, Any]] | None, stop: int
-    ) -> list[int]:
+    ) -> Sequence[int]:
         # The bridge depends only on the new messages, the tools and the stop token: rendering
         # it is most of what token-in costs per turn, so a repeat is served from the cache.
         # Tools (often tens of KB of schemas) enter the key as a digest, so entries stay small.
@@ -221,8 +241,11 @@ class TokenIn:
             bridge = await self._rendered_bridge(tail, tools, tools_key, stop)
         if size <= _MAX_BRIDGE_KEY:
             if len(self._bridges) >= _MAX_BRIDGES:
-                self._bridges.pop(next(iter(self._bridges)))  # the oldest
-            self._bridges[key] = bridge
+                self._bridges.popitem(last=False)  # the oldest
+            # A tuple of ints (its key is tuples of strings) leaves the garbage collector's
+            # lists at its first pass: thousands of cached bridges are not traversed again.
+            self._bridges[key] = kept = tuple(bridge)
+            return kept
         return bridge
 
     def _tools_key(self, tools: list[dict[str, Any]]) -> str:
@@ -406,10 +429,13 @@ class TokenIn:
         return bridge
 
 
-def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, list[Message]] | None:
+def _extended_branch(
+    trace: Trace, messages: list[Message], without_reasoning: Callable[[Message], str | None]
+) -> tuple[Branch, list[Message]] | None:
     """The longest answered branch this request continues, with its messages. A reply the
     client sent back without its reasoning (clients drop ``reasoning_content``; templates drop
-    earlier ``<think>`` blocks) still continues it: the model's context holds the reasoning."""
+    earlier ``<think>`` blocks) still continues it: the model's context holds the reasoning.
+    ``without_reasoning``: a reply's id without its reasoning (None: it has none)."""
     ids = [m.id for m in messages]
     best: tuple[Branch, list[Message]] | None = None
     for branch in trace.branch_list:
@@ -422,7 +448,7 @@ def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, lis
         if last.response_id is None or last.response_id != branch.message_ids[-1]:
             continue  # the branch ends in a request that got no answer: nothing to extend
         if ids[:n] != branch.message_ids and not all(
-            mine == theirs or _without_reasoning(trace.graph[mine]) == theirs
+            mine == theirs or without_reasoning(trace.graph[mine]) == theirs
             for mine, theirs in zip(branch.message_ids, ids[:n], strict=True)
         ):
             continue
@@ -430,12 +456,26 @@ def _extended_branch(trace: Trace, messages: list[Message]) -> tuple[Branch, lis
     return best
 
 
-def _without_reasoning(message: Message) -> str | None:
-    if message.role != "assistant" or not message.reasoning_content:
-        return None
-    fields = message.model_dump(exclude_none=True)
-    fields.pop("reasoning_content")
-    return Message(**fields).id
+class _WithoutReasoning(dict[str, str | None]):
+    """A reply's message id -> the id of the same reply without its reasoning (None where it
+    has none), each worked out once. An agent that drops ``reasoning_content`` sends every
+    earlier reply back without it on every call, so each call compares all of the branch's
+    replies: rebuilding and hashing each one every time made a turn's cost grow with the
+    conversation. Ids are content addresses, so an entry holds across traces (bounded)."""
+
+    def __call__(self, message: Message) -> str | None:
+        key = message.id
+        if key in self:
+            return self[key]
+        if len(self) >= _MAX_STRIPPED:
+            self.clear()
+        stripped = None
+        if message.role == "assistant" and message.reasoning_content:
+            fields = message.model_dump(exclude_none=True)
+            fields.pop("reasoning_content")
+            stripped = Message(**fields).id
+        self[key] = stripped
+        return stripped
 
 
 def unsupported_dialect(trace: Trace, dialect: str) -> None:
