@@ -53,6 +53,7 @@ import aiohttp
 
 from vfray.interception import Interception, Upstream
 from vfray.interception.settings import InterceptionSettings
+from vfray.interception.token_in import TokenIn
 from vfray.trace import TaskRecord, Trace
 from vfray.traces.samples import to_samples
 
@@ -166,6 +167,14 @@ async def session(
         messages.append({"role": "user", "content": f"and again, once more {turn}{tag}"})
 
 
+def set_options(token_in: TokenIn, *, cache: bool = True, joined: bool = True) -> None:
+    """A mode's TokenIn options: ``cache=False`` keeps no bridge, ``joined=False`` renders
+    every new bridge by the template (none joined from the text around its content)."""
+    token_in.cache_bridges = cache
+    if not joined:
+        token_in.wrappers = None
+
+
 async def measure(
     url: str,
     settings: InterceptionSettings,
@@ -188,9 +197,7 @@ async def measure(
     async with Interception(upstream, settings=settings) as icpt:
         token_in = icpt.app.token_in
         if token_in is not None:
-            token_in.cache_bridges = cache
-            if not joined:
-                token_in.wrappers = None
+            set_options(token_in, cache=cache, joined=joined)
             prompt = token_in.prompt
 
             async def timed(*args: Any) -> Any:
@@ -248,11 +255,8 @@ async def run_blocks(
     follow-ups of its own (a bridge cached in one block is not found in the next)."""
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
     async with Interception(upstream, settings=settings) as icpt:
-        token_in = icpt.app.token_in
-        if token_in is not None:
-            token_in.cache_bridges = options.get("cache", True)
-            if not options.get("joined", True):
-                token_in.wrappers = None
+        if icpt.app.token_in is not None:
+            set_options(icpt.app.token_in, **options)
         connector = aiohttp.TCPConnector(limit=sessions)
         async with aiohttp.ClientSession(connector=connector) as http:
             for block in range(blocks):

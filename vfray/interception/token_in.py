@@ -456,25 +456,24 @@ def _extended_branch(
     return best
 
 
-class _WithoutReasoning(dict[str, str | None]):
-    """A reply's message id -> the id of the same reply without its reasoning (None where it
-    has none), each worked out once. An agent that drops ``reasoning_content`` sends every
+class _WithoutReasoning(dict[str, str]):
+    """A reply's message id -> the id of the same reply without its reasoning, each worked out
+    once (None where it has none). An agent that drops ``reasoning_content`` sends every
     earlier reply back without it on every call, so each call compares all of the branch's
     replies: rebuilding and hashing each one every time made a turn's cost grow with the
     conversation. Ids are content addresses, so an entry holds across traces (bounded)."""
 
     def __call__(self, message: Message) -> str | None:
+        if message.role != "assistant" or not message.reasoning_content:
+            return None  # nothing to strip: not kept
         key = message.id
-        if key in self:
-            return self[key]
-        if len(self) >= _MAX_STRIPPED:
-            self.clear()
-        stripped = None
-        if message.role == "assistant" and message.reasoning_content:
+        stripped = self.get(key)
+        if stripped is None:
+            if len(self) >= _MAX_STRIPPED:
+                self.clear()
             fields = message.model_dump(exclude_none=True)
             fields.pop("reasoning_content")
-            stripped = Message(**fields).id
-        self[key] = stripped
+            stripped = self[key] = Message(**fields).id
         return stripped
 
 
