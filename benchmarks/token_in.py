@@ -22,10 +22,11 @@ most agents do (the reply still continues its branch: the model's context holds 
 its own under valgrind's cachegrind (``apt install valgrind``), once with one block of the
 sessions and once with ``1 + --blocks`` blocks on the same interception, and a turn's count is
 the difference over the extra blocks' turns. The first block (imports, the interception's
-start, a template's first renders and checks) cancels out, and a count does not move with the
-machine's load: runs agree to about half a point, where CPU time on a busy 2-core machine
-spreads by ten. It counts user-space instructions only (not the kernel's socket work, the same
-in every mode) and takes a few minutes (cachegrind runs the process ~50x slower).
+start, a template's first renders and checks) cancels out, and a count hardly moves with the
+machine's load: runs agree to about two points (the event loop's wake-ups follow the native
+upstream's timing), where CPU time on a busy 2-core machine spreads by ten. It counts
+user-space instructions only (not the kernel's socket work, the same in every mode) and takes a
+few minutes (cachegrind runs the process ~50x slower).
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
         [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]

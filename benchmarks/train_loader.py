@@ -14,6 +14,10 @@ other, so a ratio compares paths under the same load; the ratios printed are the
 median over ``--repeats``, the rates the best.
 
     python benchmarks/train_loader.py [--samples 10000] [--repeats 7] [--sizes 64,128]
+
+Issue 32's other goal, token-in/token-out's cost per turn through the interception against
+messages at 64 sessions, is measured by ``benchmarks/token_in.py`` (it needs the scripted model
+server and a tokenizer; ``--instructions`` counts under valgrind).
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ import openai
 import pytest
 
 from vfray.endpoints.chat_template import ChatTemplate
+from vfray.endpoints.serving import serve_in_thread
 from vfray.interception import Interception, Upstream
+from vfray.interception._echo import without_echo
 from vfray.interception.settings import InterceptionSettings
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
@@ -294,6 +296,69 @@ async def test_an_endpoint_without_the_tokens_route_is_used_as_chat(
     assert len(trace.calls) == 2 and trace.calls[1].error is None
     assert trace.calls[1].completion_token_ids
     assert any("answered 404" in n for n in trace.notes)
+
+
+class _EchoWithBos:
+    """ASGI wrapper of the scripted model: its tokens route echoes the prompt with one more id
+    in front (as an endpoint that adds a BOS token would), so the echo is not what was sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/tokens"):
+            await self.app(scope, receive, send)
+            return
+
+        async def rewritten(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message["headers"] if h[0] != b"content-length"]
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                body = body.replace(b'"prompt_token_ids":[', b'"prompt_token_ids":[0,')
+                message = {**message, "body": body}
+            await send(message)
+
+        await self.app(scope, receive, rewritten)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_echo_that_differs_from_the_ids_sent_is_recorded_as_echoed(
+    template: ChatTemplate, model_dir: Path, stream: bool
+) -> None:
+    """A call sent as tokens records the ids the endpoint says it saw: an echo equal to what was
+    sent is checked as bytes and not parsed; one that differs is parsed and kept."""
+    scripted = ScriptedModel("echo", chat_template=template, think=THINK)
+    settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
+    with serve_in_thread(_EchoWithBos(scripted)) as root:
+        trace = await two_turns(f"{root}/v1", settings, stream=stream)
+    first, second = trace.calls
+    sent = scripted.history[-1]
+    assert sent.route == "/v1/chat/completions/tokens"
+    assert second.prompt_token_ids == [0, *sent.body["tokens"]]
+    # The first call went as chat: its echo is the model's own, parsed as ever.
+    asked = scripted.history[0].body["messages"]
+    assert first.prompt_token_ids == template.tokenize_chat(asked)
+
+
+def test_an_echo_equal_to_the_ids_sent_is_cut_before_parsing() -> None:
+    sent = "[1,22,333]"
+    compact = b'{"id":"x","prompt_token_ids":[1,22,333],"choices":[]}'
+    assert json.loads(without_echo(compact, sent)) == {
+        "id": "x",
+        "prompt_token_ids": None,
+        "choices": [],
+    }
+    spaced = b'{"prompt_token_ids" : [1, 22, 333]}'
+    assert json.loads(without_echo(spaced, sent)) == {"prompt_token_ids": None}
+    # Another list, none at all, or the key only inside a string: parsed as it came.
+    for data in (
+        b'{"prompt_token_ids":[0,1,22,333]}',
+        b'{"prompt_token_ids":null}',
+        b'{"content":"\\"prompt_token_ids\\":[1,22,333]"}',
+    ):
+        assert without_echo(data, sent) is data
 
 
 async def test_on_prefix_break_from_config_reaches_the_loaders(

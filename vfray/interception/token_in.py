@@ -211,15 +211,16 @@ class TokenIn:
         prompt = last.prompt_token_ids
         new = [*last.completion_token_ids, *bridge]
         tokens = [*prompt, *new]
-        # The recorded prompt is the endpoint's echo of what was sent: equal lists compare in C
-        # at a fraction of encoding them. Every id is an int (a ModelCall's validated ids, the
-        # tokenizer's, /tokenize's checked): the list's JSON is its repr, and joining each id's
-        # text made once costs half of that (repr makes a new str per id every time).
+        # The recorded prompt is what was sent (or the endpoint's echo of it): equal lists
+        # compare in C at a fraction of encoding them. Every id is an int (a ModelCall's
+        # validated ids, the tokenizer's, /tokenize's checked): the list's JSON is each id's
+        # text, made once, joined compact as the endpoint echoes it (:mod:`._echo` compares
+        # the two as bytes); repr made a new str per id every time, at twice the cost.
         texts = self._id_texts.__getitem__
         if sent is not None and sent.json != "[]" and sent.ids == prompt:
-            text = f"{sent.json[:-1]}, {', '.join(map(texts, new))}]"
+            text = f"{sent.json[:-1]},{','.join(map(texts, new))}]"
         else:
-            text = f"[{', '.join(map(texts, tokens))}]"
+            text = f"[{','.join(map(texts, tokens))}]"
         messages = [*history, *request.messages[len(history) :]]
         return Bridged(tokens, messages, text)
 

@@ -19,6 +19,7 @@ import aiohttp
 
 from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
+from vfray.interception._echo import ECHO_KEY, without_echo
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
@@ -221,7 +222,9 @@ async def _relay_error(turn: Turn, response: aiohttp.ClientResponse, exchange: E
 async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
     data = await response.read()
     try:
-        body = json.loads(data)
+        # A call sent as tokens: its echo of them is checked as bytes, not parsed.
+        text = data if turn.tokens_json is None else without_echo(data, turn.tokens_json)
+        body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
         reply = turn.dialect.parse_response(body)
@@ -238,11 +241,15 @@ async def _relay_stream(turn: Turn, response: aiohttp.ClientResponse, exchange: 
     accumulator = turn.dialect.accumulator(turn.client_wants_usage)
     splitter = SSESplitter()
     held: list[bytes] = []
+    echo = turn.tokens_json  # a call sent as tokens: the event that echoes them is checked
     async for chunk in response.content.iter_any():
         relay = []
         for block in splitter.feed(chunk):
+            read = block
+            if echo is not None and ECHO_KEY in block:
+                read, echo = without_echo(block, echo), None
             try:
-                action = accumulator.feed(parse_sse_block(block))
+                action = accumulator.feed(parse_sse_block(read))
             except Exception as exc:
                 raise UnreadableReply(f"stream event: {type(exc).__name__}: {exc}") from exc
             if action is Action.RELAY:
