@@ -412,10 +412,14 @@ def main() -> None:
                 count_instructions(url, folder, modes, kinds, args)
                 return
             results: dict[tuple[str, bool], list[dict[str, float]]] = {}
-            for _ in range(args.repeats):
-                # Interleaved: drift of the machine's load hits every mode alike.
+            for repeat in range(args.repeats):
+                # Interleaved: drift of the machine's load hits every mode alike; and the order
+                # flips every repeat (a repeat's first run measured slower than its second).
+                ordered = list(modes.items())
+                if repeat % 2:
+                    ordered.reverse()
                 for distinct in kinds:
-                    for mode, (settings, options) in modes.items():
+                    for mode, (settings, options) in ordered:
                         run = measure(
                             url,
                             settings,
