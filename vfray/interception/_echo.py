@@ -24,6 +24,7 @@ def without_echo(data: bytes, sent: str) -> bytes:
     """``data`` with its first ``prompt_token_ids`` list replaced by ``null`` where that list is
     ``sent`` (the ids' JSON, written compact as vLLM and Starlette write theirs; spaces in the
     echo are allowed); else ``data`` as it is."""
+    # A match is a key, never text inside a string: there its quotes would be escaped.
     found = _ECHO.search(data)
     if found is None:
         return data
@@ -35,5 +36,4 @@ def without_echo(data: bytes, sent: str) -> bytes:
     expected = sent.encode()
     if echo != expected and echo.replace(b" ", b"") != expected:
         return data
-    # A key outside any string: inside one, its quotes would be escaped.
     return b"%snull%s" % (data[:start], data[end:])
