@@ -223,8 +223,8 @@ async def _relay_json(turn: Turn, response: aiohttp.ClientResponse, exchange: Ex
     data = await response.read()
     try:
         # A call sent as tokens: its echo of them is checked as bytes, not parsed.
-        text = data if turn.tokens_json is None else without_echo(data, turn.tokens_json)
-        body = json.loads(text)
+        read = data if turn.tokens_json is None else without_echo(data, turn.tokens_json)
+        body = json.loads(read)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
         reply = turn.dialect.parse_response(body)
