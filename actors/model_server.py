@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from vfray.endpoints.serving import serve_in_loop
+from vfray.endpoints.serving import close_abandoning, serve_in_loop
 from vfray.models.local import LocalModelServer
 
 
@@ -34,7 +34,8 @@ class ScriptedModelServer:
         return self._url
 
     async def shutdown(self) -> None:
-        await self._stack.aclose()
+        # The farm shuts its hosts down first: a request still here is a cancelled rollout's.
+        await close_abandoning(self._stack)
         self._url = None
 
 

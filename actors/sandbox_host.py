@@ -25,7 +25,7 @@ import ray
 from actors.interception_pool import PoolRef, ServeBroker
 from actors.toolset_node import NodeTools
 from vfray.endpoints.client import Target
-from vfray.endpoints.serving import serve_in_loop
+from vfray.endpoints.serving import close_abandoning, serve_in_loop
 from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.harnesses.seats import SeatedTask
@@ -259,10 +259,15 @@ class SandboxHost:
             await asyncio.gather(*jobs, return_exceptions=True)
         if self.tunnel is not None:
             await self.tunnel.close()
-        await self._stack.aclose()
+        if jobs:
+            # Their calls still in flight have no rollout left to answer: not waited for.
+            await close_abandoning(self._stack)
+        else:
+            await self._stack.aclose()
         if self.app is not None:
             with contextlib.suppress(Exception):
-                await self.app.aclose()
+                now = asyncio.get_running_loop().time()
+                await self.app.aclose(now if jobs else None)
         self._url = None
         # The boxes the rollouts parked warm: the farm kills this actor next, which runs no
         # atexit; the lifeline's watchdog would reap them then, but only once the actor is gone.

@@ -19,7 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from vfray.endpoints.serving import GRACEFUL_SHUTDOWN_S, HeadLimits
+from vfray.endpoints.serving import (
+    GRACEFUL_SHUTDOWN_S,
+    HeadLimits,
+    close_abandoning,
+    serve_in_loop,
+)
 from vfray.interception import Interception, InterceptionSettings, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
 from vfray.trace import TaskRecord, Trace
@@ -335,6 +340,24 @@ async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
     assert "Exception in ASGI application" not in caplog.text
     # A bound, not a speed: two grace periods one after the other took 10.1 s.
     assert GRACEFUL_SHUTDOWN_S <= closed < 2 * GRACEFUL_SHUTDOWN_S - 1, closed
+
+
+async def test_a_server_closed_for_a_stop_cancels_its_requests_instead_of_waiting() -> None:
+    """``close_abandoning`` (a SandboxHost or the model actor shutting down under cancelled
+    rollouts): the request still at the model, which would answer within the 5 s grace
+    period, is cancelled and answered 503 at once. Closed the ordinary way, the same request
+    is waited for and answered 200."""
+    answers = []
+    for abandon in (True, False):
+        stack = contextlib.AsyncExitStack()
+        url = await stack.enter_async_context(serve_in_loop(ScriptedModel("echo", latency=3)))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            waiting = asyncio.create_task(http.post("/v1/chat/completions", json=body))
+            await asyncio.sleep(0.5)  # at the model, which answers after 3 s
+            await (close_abandoning(stack) if abandon else stack.aclose())
+            answers.append((await waiting).status_code)
+    assert answers == [503, 200]
 
 
 def test_a_request_in_flight_when_its_loop_is_closed_gets_503_and_no_traceback(

@@ -119,3 +119,45 @@ def test_a_signal_stops_the_run_cleanly_and_resume_completes_it(
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("rollouts ")]
     assert lines and lines[-1].startswith(f"rollouts {total}/{total}"), resumed.stderr
     assert _failed_rows(folder) == []
+
+
+def test_a_run_stopped_before_its_first_row_is_stopped_at_once_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while every rollout's model call is still in flight (the model answers after
+    8 s): the servers cancel those calls instead of waiting out their 5 s graceful shutdown
+    each (uvicorn's "Cancel N running task(s), timeout graceful shutdown exceeded" ERROR line
+    twice, and a 12 s stop, before). The folder then has its config.json and no traces/ yet:
+    ``vfray show`` reads it as a run with no rows, and ``vfray resume`` runs it whole."""
+    argv = [
+        sys.executable, "-m", "vfray", "eval", "arithmetic", "-n", "2", "-r", "1",
+        "--backend", "local", "--harness", "null", "-o", str(tmp_path),
+        "-m", "scripted:arithmetic?latency=8", "-c", "2", "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()
+    )
+    deadline = time.monotonic() + 120
+    while not (found := sorted(tmp_path.glob("*/*/config.json"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    folder = found[0].parent
+    time.sleep(1.0)  # the two calls are at the model
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "graceful shutdown" not in err and "ERROR" not in err, err
+    assert f"resume with: vfray resume {folder}" in err
+    assert not (folder / "traces").exists(), "a row was written before the stop: no test"
+    shown = subprocess.run(
+        [sys.executable, "-m", "vfray", "show", str(folder)],
+        capture_output=True, text=True, env=cli_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0 and "0 / 0" in shown.stdout, shown.stderr
+    resumed = subprocess.run(
+        [sys.executable, "-m", "vfray", "resume", str(folder), "--no-progress"],
+        capture_output=True, text=True, env=cli_env(), timeout=300, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "2 / 2" in resumed.stdout, resumed.stdout
+    assert _failed_rows(folder) == []

@@ -35,6 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "traces").is_dir():
+        if (run_dir / "config.json").is_file():
+            raise ConfigError(
+                f"{run_dir} has no rows yet (it stopped before its first rollout ended); "
+                f"`vfray resume {run_dir}` runs it"
+            )
         raise ConfigError(f"{run_dir} is not a run folder (no traces/ in it)")
     if args.format == "harbor":
         from vfray.compat.harbor_jobs import export_run as export_harbor

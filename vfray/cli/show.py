@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from vfray.traces.convert import table_to_traces
 
     run_dir = Path(args.run_dir).absolute()
-    if not (run_dir / "traces").exists():
+    if not (run_dir / "traces").exists() and not (run_dir / "config.json").is_file():
         raise ConfigError(f"{run_dir} has no traces/ folder: not a vfray run folder")
     result = RunResult(run_dir)
     with readable_run(run_dir):

@@ -20,7 +20,7 @@ import uvicorn
 
 from vfray.endpoints._guarded_http import HeadLimits, guarded_protocol
 
-__all__ = ["HeadLimits", "in_loop_server", "serve_in_loop", "serve_in_thread"]
+__all__ = ["HeadLimits", "close_abandoning", "in_loop_server", "serve_in_loop", "serve_in_thread"]
 
 
 _BACKLOG = 8192
@@ -173,6 +173,14 @@ def serve_in_thread(
         sock.close()
 
 
+async def close_abandoning(stack: contextlib.AsyncExitStack) -> None:
+    """Close ``stack`` as a stop closes it, for an owner whose rollouts were cancelled: each
+    server :func:`serve_in_loop` runs in it cancels the requests still in flight at once
+    instead of waiting out its graceful shutdown for answers no one will read."""
+    stop = asyncio.CancelledError()
+    await stack.__aexit__(asyncio.CancelledError, stop, None)
+
+
 @contextlib.asynccontextmanager
 async def serve_in_loop(
     app: Any,
@@ -197,6 +205,15 @@ async def serve_in_loop(
         key = (host, bound)
         _IN_LOOP[key] = (asyncio.get_running_loop(), _protocol_factory(server))
         yield f"http://{host}:{bound}"
+    except BaseException:
+        # Its owner leaves with an error or a stop (the run cancelled): the requests still in
+        # flight were for rollouts that are gone. Waiting out the graceful shutdown for them
+        # only delays the stop (by GRACEFUL_SHUTDOWN_S per server, against a slow model), and
+        # uvicorn would log an ERROR line as it cancels them; cancelled now, each is answered
+        # 503 by _AnswerWhenCancelled.
+        for handler in list(server.server_state.tasks):
+            handler.cancel()
+        raise
     finally:
         if key is not None:
             _IN_LOOP.pop(key, None)

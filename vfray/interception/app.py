@@ -380,7 +380,10 @@ class Interception:
         # One grace period for both: the server waits for its requests, whose turns are the
         # in-flight ones; a turn still upstream when the server gave up is not waited for again
         # (a close with a call stuck upstream took 10 s, not 5).
-        deadline = asyncio.get_running_loop().time() + GRACEFUL_SHUTDOWN_S
+        # Leaving with an error or a stop, nothing is waited for: the turns in flight belong
+        # to rollouts that are gone (a stop re-runs them).
+        grace = GRACEFUL_SHUTDOWN_S if exc_type is None else 0.0
+        deadline = asyncio.get_running_loop().time() + grace
         try:
             if self._serving is not None:
                 await self._serving.__aexit__(exc_type, exc, tb)

@@ -129,7 +129,9 @@ class LocalEnvironment:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._stack.aclose()
+        # The exception goes down to the servers and the interception: on a stop they cancel
+        # what is in flight instead of waiting out their graceful shutdown.
+        await self._stack.__aexit__(exc_type, exc, tb)
 
     @property
     def interception(self) -> Interception:

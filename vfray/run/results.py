@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from vfray.episode import seat_role
 from vfray.errors import RunFolderError
 from vfray.traces.io import read_parquet, read_traces
-from vfray.traces.schema import PHASES
+from vfray.traces.schema import PHASES, TRACE_SCHEMA
 
 
 def final_rows(table: pa.Table) -> pa.Table:
@@ -220,8 +220,13 @@ class RunResult:
 
     @property
     def traces(self) -> pa.Table:
-        """Every trace row (all attempts), same schema as the Parquet files."""
-        return read_traces(self.run_dir / "traces")
+        """Every trace row (all attempts), same schema as the Parquet files. A run stopped
+        before its first row has its ``config.json`` and no ``traces/`` yet (the local backend
+        makes its writer on first use): that is a run with no rows, not a missing folder."""
+        folder = self.run_dir / "traces"
+        if not folder.exists() and (self.run_dir / "config.json").is_file():
+            return TRACE_SCHEMA.empty_table()
+        return read_traces(folder)
 
     @property
     def final_traces(self) -> pa.Table:
