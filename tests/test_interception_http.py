@@ -342,6 +342,42 @@ async def test_a_request_still_waiting_at_shutdown_gets_503_and_no_traceback(
     assert GRACEFUL_SHUTDOWN_S <= closed < 2 * GRACEFUL_SHUTDOWN_S - 1, closed
 
 
+async def test_a_call_at_the_model_when_its_rollout_concludes_is_hung_up_upstream() -> None:
+    """A rollout that ends with a call still at the model (its agent timed out, or was
+    stopped): the interception closes that upstream connection, so the endpoint (vLLM aborts
+    a request whose client went away) stops generating an answer no one reads; before, the
+    call went on for up to ``upstream_timeout`` (1800 s). The agent, if still there, gets a
+    503, and nothing is recorded on the handed-over trace. The upstream here is a plain socket
+    that reads the request and never answers."""
+    asked, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def silent_model(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
+        while await reader.read(65536):
+            pass
+        hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(silent_model, "127.0.0.1", 0)
+    upstream = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    async with server, Interception(Upstream(upstream, model="m")) as icpt:
+        trace = new_trace()
+        secret = icpt.app.register(trace)
+        async with httpx.AsyncClient(base_url=icpt.url, timeout=60) as http:
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            headers = {"authorization": f"Bearer {secret}"}
+            call = http.post("/chat/completions", json=body, headers=headers)
+            waiting = asyncio.create_task(call)
+            await asyncio.wait_for(asked.wait(), 30)
+            assert icpt.app.conclude(secret) is trace
+            # A bound on a hang, not a speed: the old interception never hung up.
+            await asyncio.wait_for(hung_up.wait(), 30)
+            answer = await asyncio.wait_for(waiting, 30)
+    assert answer.status_code == 503, answer.text
+    assert trace.calls == []
+
+
 async def test_a_server_closed_for_a_stop_cancels_its_requests_instead_of_waiting() -> None:
     """``close_abandoning`` (a SandboxHost or the model actor shutting down under cancelled
     rollouts): the request still at the model, which would answer within the 5 s grace

@@ -336,6 +336,8 @@ class InterceptionApp:
         task = asyncio.create_task(run_turn(turn, self.forwarder, exchange))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        session.turns.add(task)
+        task.add_done_callback(session.turns.discard)
         return await respond(exchange, self.settings.sse_keepalive)
 
 

@@ -6,6 +6,7 @@ lookup time does not depend on how much of a guessed secret is right.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -72,6 +73,10 @@ class Session:
     """The session's recent requests as parsed, so each call parses only its new messages."""
     sent_tokens: SentTokens | None = None
     """What token-in last sent as token ids, with their JSON (reused by the next call)."""
+    turns: set[asyncio.Task[None]] = field(default_factory=set)
+    """Its calls still at the model. Cancelled when the session concludes: a call of a rollout
+    that ended (its agent timed out or was stopped) would otherwise keep the model generating
+    an answer no one reads, for up to ``upstream_timeout``."""
 
     def same_call(
         self,
@@ -176,6 +181,8 @@ class SessionRegistry:
         key = digest(secret)
         session = self._live.pop(key)
         session.concluded = True
+        for turn in session.turns:
+            turn.cancel()  # closes its upstream connection: the endpoint stops generating
         self._concluded[key] = None
         while len(self._concluded) > _CONCLUDED_KEPT:
             self._concluded.popitem(last=False)

@@ -10,6 +10,7 @@ that request (:mod:`vfray.endpoints.answers`); a context-length refusal stops th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -180,6 +181,15 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
     except Exception as exc:  # vfray's own failure to record must not surface as a 500
         message = f"could not process the upstream reply ({type(exc).__name__}: {exc})"
         turn.fail(exchange, 502, message, "InterceptionError")
+    except asyncio.CancelledError:
+        # Its rollout concluded, or the interception is closing: nothing is recorded (the trace
+        # was handed over, or is being dropped), and no one counts this as the endpoint's
+        # failure. A client still waiting gets an answer rather than a request that never ends.
+        if exchange.status == 0:
+            message = "the rollout ended while this call was at the model"
+            exchange.start(503, dict(JSON_HEADERS))
+            exchange.push(json.dumps(turn.dialect.error_body(503, message)).encode())
+        raise
     finally:
         exchange.finish()
 
