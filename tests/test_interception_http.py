@@ -386,11 +386,11 @@ async def test_a_server_closed_for_a_stop_cancels_its_requests_instead_of_waitin
     answers = []
     for abandon in (True, False):
         stack = contextlib.AsyncExitStack()
-        url = await stack.enter_async_context(serve_in_loop(ScriptedModel("echo", latency=3)))
+        url = await stack.enter_async_context(serve_in_loop(ScriptedModel("echo", latency=2)))
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
             waiting = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            await asyncio.sleep(0.5)  # at the model, which answers after 3 s
+            await asyncio.sleep(0.5)  # at the model, which answers after 2 s
             await (close_abandoning(stack) if abandon else stack.aclose())
             answers.append((await waiting).status_code)
     assert answers == [503, 200]
