@@ -123,6 +123,10 @@ class Turn:
     def fail(self, exchange: Exchange, status: int, message: str, kind: str) -> None:
         """Answer with vfray's own error (if nothing was sent yet) and record it on the call."""
         self.record(None, ErrorInfo(type=kind, message=message))
+        self.answer_error(exchange, status, message)
+
+    def answer_error(self, exchange: Exchange, status: int, message: str) -> None:
+        """Answer with vfray's own error, unless the answer has started; records nothing."""
         if exchange.status == 0:
             exchange.start(status, dict(JSON_HEADERS))
             exchange.push(json.dumps(self.dialect.error_body(status, message)).encode())
@@ -185,10 +189,7 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
         # Its rollout concluded, or the interception is closing: nothing is recorded (the trace
         # was handed over, or is being dropped), and no one counts this as the endpoint's
         # failure. A client still waiting gets an answer rather than a request that never ends.
-        if exchange.status == 0:
-            message = "the rollout ended while this call was at the model"
-            exchange.start(503, dict(JSON_HEADERS))
-            exchange.push(json.dumps(turn.dialect.error_body(503, message)).encode())
+        turn.answer_error(exchange, 503, "the rollout ended while this call was at the model")
         raise
     finally:
         exchange.finish()
