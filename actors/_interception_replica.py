@@ -19,6 +19,7 @@ import ray
 from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError
 from vfray.interception import InterceptionApp, InterceptionSettings, Limits, Upstream
+from vfray.owned_process import tune_owned_process
 from vfray.runtimes.tunnels import TunnelKeeper, TunnelSettings
 from vfray.trace import Trace
 
@@ -86,6 +87,7 @@ class InterceptionReplica:
         tunnel: TunnelSettings | None = None,
         settings: InterceptionSettings | None = None,
     ) -> None:
+        tune_owned_process()
         # The key is read here, on the replica's node, so it never travels through the driver.
         api_key = os.environ.get(api_key_var) if api_key_var else None
         if api_key_var and api_key is None:

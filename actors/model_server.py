@@ -12,6 +12,7 @@ import ray
 
 from vfray.endpoints.serving import close_abandoning, serve_in_loop
 from vfray.models.local import LocalModelServer
+from vfray.owned_process import tune_owned_process
 
 
 class ScriptedModelServer:
@@ -19,6 +20,8 @@ class ScriptedModelServer:
 
     def __init__(self, policy: str, options: dict[str, Any], bind_host: str | None = None) -> None:
         from vfray.models.scripted.server import ScriptedModel
+
+        tune_owned_process()
 
         self.app = ScriptedModel(policy=policy, **options)
         self.bind_host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
@@ -45,6 +48,7 @@ class LocalModelActor:
     signal), so ``ray.kill`` leaves nothing behind; ``shutdown()`` stops it gracefully."""
 
     def __init__(self, model: str, bind_host: str | None = None) -> None:
+        tune_owned_process()
         host = bind_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.server = LocalModelServer(model, host=host)
         self._lock = asyncio.Lock()

@@ -30,6 +30,7 @@ from vfray.errors import ConfigError
 from vfray.harnesses.registry import make_harness
 from vfray.harnesses.seats import SeatedTask
 from vfray.interception import InterceptionApp, InterceptionSettings, Upstream
+from vfray.owned_process import tune_owned_process
 from vfray.rollout import RolloutPlan, run_planned_rollout
 from vfray.run.broker import InProcessBroker
 from vfray.run.environment import open_endpoint
@@ -90,6 +91,7 @@ class SandboxHost:
         """``slot``: this host's index among the hosts on its node; with the Serve pool it
         picks the node's replica (:class:`~actors.interception_pool.ServeBroker`).
         ``tools_prefix``: the name prefix of the farm's per-node shared-toolset actors."""
+        tune_owned_process()
         self.plan = plan
         if isinstance(base_url, LateUrl):  # the built-in model actor, started beside this host
             base_url = base_url.get()

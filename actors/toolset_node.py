@@ -22,6 +22,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from vfray.owned_process import tune_owned_process
 from vfray.tools.host import HostToolServer, SharedTools, host_server
 from vfray.tools.toolset import Placement, Scope, Toolset, task_toolsets
 from vfray.trace import ToolCall
@@ -37,6 +38,7 @@ class ToolsetNode:
     """The node's shared toolsets: a :class:`HostToolServer` in this actor's event loop."""
 
     def __init__(self) -> None:
+        tune_owned_process()
         self.server: HostToolServer | None = None
 
     def _server(self) -> HostToolServer:

@@ -206,13 +206,15 @@ async def test_token_in_keeps_the_branch(
     assert not [n for n in trace.notes if n.startswith("token-in")]
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["every-reply", "every-other-reply"])
 async def test_replies_sent_back_without_reasoning_keep_one_branch_over_many_turns(
-    server: tuple[ScriptedModel, str], model_dir: Path
+    server: tuple[ScriptedModel, str], model_dir: Path, mixed: bool
 ) -> None:
     """An agent that sends every reply back without its reasoning, turn after turn, in two
     rollouts with the same conversation: each call after the first extends the branch's exact
     ids (a reply's id without reasoning, worked out once, must match on every later call and in
-    the other trace too, as content addresses do)."""
+    the other trace too, as content addresses do). ``mixed``: every other reply goes back with
+    its reasoning, so the history matches neither the branch as sampled nor as all stripped."""
     scripted, url = server
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
     settings = InterceptionSettings(token_in=True, tokenizer=str(model_dir))
@@ -231,7 +233,12 @@ async def test_replies_sent_back_without_reasoning_keep_one_branch_over_many_tur
                     last = trace.calls[-2]
                     context = [*(last.prompt_token_ids or []), *(last.completion_token_ids or [])]
                     assert sent.body["tokens"][: len(context)] == context
-                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+                said = reply.choices[0].message
+                if mixed and turn % 2:
+                    assert said.model_dump()["reasoning_content"]
+                    messages.append(said.model_dump(exclude_none=True))
+                else:
+                    messages.append({"role": "assistant", "content": said.content})
                 messages.append({"role": "user", "content": f"and again {turn}"})
             trace = icpt.app.conclude(secret)
             assert len(trace.branch_list) == 1 and len(trace.calls) == 5

@@ -32,7 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``vfray`` command. ``argv`` None: this process is the command's own (the console
+    script, ``python -m vfray``), tuned as vfray's processes are (:mod:`vfray.owned_process`);
+    a caller passing ``argv`` keeps its process as it is."""
     from vfray.cli.overrides import normalize_bool_flags
+
+    if argv is None:
+        from vfray.owned_process import tune_owned_process
+
+        tune_owned_process()
 
     parser = build_parser()
     args, extra = parser.parse_known_args(
