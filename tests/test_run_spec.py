@@ -6,9 +6,11 @@ imposed twice on Ray)."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,15 @@ def test_an_unset_api_key_variable_is_refused_on_both_backends(backend: str) -> 
         )
 
 
+@pytest.fixture
+def gc_thresholds_kept() -> Iterator[None]:
+    """A SandboxHost built in this process (not as an actor) tunes it as its own: undone after."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+@pytest.mark.usefixtures("gc_thresholds_kept")
 def test_a_sandbox_host_refuses_a_key_variable_its_node_lacks() -> None:
     from actors.sandbox_host import SandboxHost
 
@@ -106,6 +117,7 @@ def test_a_sandbox_host_refuses_a_key_variable_its_node_lacks() -> None:
         SandboxHost(plan, base_url="http://127.0.0.1:9/v1", api_key_var=UNSET)
 
 
+@pytest.mark.usefixtures("gc_thresholds_kept")
 async def test_a_sandbox_host_imposes_the_sampling_once_per_session() -> None:
     from actors.sandbox_host import SandboxHost
 
