@@ -12,6 +12,9 @@ Where the interception is not most of the work it moves nothing beyond the run-t
 one rollout at a time (``benchmarks/agents.py``, c=1, two pairs) and a whole ``vfray eval
 arithmetic -n 200 -r 4 --harness null -c 64`` (CPU 4.9 s either way, three pairs). The cycles it
 leaves for longer are request and reply garbage, a few MB at most.
+
+Internal: importable, but not the public API (:mod:`vfray`, :mod:`vfray.testing`,
+:mod:`vfray.train`, :mod:`vfray.compat.v1`); names here may move.
 """
 
 from __future__ import annotations
