@@ -51,10 +51,13 @@ def rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     is being written."""
     try:
         result = vf.RunResult(run_dir)
+        # Episodes first: the sink writes a group's episode row after its trace rows, so every
+        # episode read here has its traces on disk when they are read next. Read the other way
+        # round, a group written in between shows its episode row over no trace rows.
+        episodes = result.episodes.select(["task_key", "n", "num_ok"]).to_pylist()
         traces = result.traces.select(
             ["task_key", "rollout_index", "attempt", "ok", "error_type", "error_message"]
         ).to_pylist()
-        episodes = result.episodes.select(["task_key", "n", "num_ok"]).to_pylist()
     except Exception:  # a folder with no parts yet, or a part half written
         return [], []
     return traces, episodes

@@ -134,6 +134,10 @@ def eval_cmd(url: str, out: Path, *extra: str, concurrency: int = 4) -> list[str
     ]
 
 
+class TimedOut(AssertionError):
+    """What :func:`wait_for` raises: told apart from an assertion the predicate itself made."""
+
+
 def wait_for(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -141,7 +145,7 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise TimedOut(f"timed out waiting for {what}")
 
 
 def run_dir_of(out: Path) -> Path:
@@ -296,7 +300,7 @@ def run_faulted_then_resume(
 
         try:
             wait_for(settled, 60, "the retried attempts to reach the run folder")
-        except AssertionError:
+        except TimedOut:
             problems = folder_problems(run_dir, N, running=True)
             assert problems == [], problems
             seen = logged(run_dir)
