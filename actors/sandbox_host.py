@@ -27,6 +27,7 @@ from actors.toolset_node import NodeTools
 from vfray.endpoints.client import Target
 from vfray.endpoints.serving import close_abandoning, serve_in_loop
 from vfray.errors import ConfigError
+from vfray.harnesses.base import killed_from_outside
 from vfray.harnesses.registry import make_harness
 from vfray.harnesses.seats import SeatedTask
 from vfray.interception import InterceptionApp, InterceptionSettings, Upstream
@@ -50,6 +51,11 @@ from vfray.trace import Trace
 
 if TYPE_CHECKING:
     from vfray.traces.wire import PackedRows
+
+
+KILLED_PROGRAM_HOLD_S = 5.0
+"""How long a rollout whose harness program was SIGKILLed from outside waits before it answers:
+well past the ~0.5 s Ray's force-kill takes from killing the actor's children to its exit."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,14 @@ class SandboxHost:
         finally:
             self._in_flight.pop(key, None)
         self.completed += 1
+        traces = done if isinstance(done, list) else [done]
+        if any(killed_from_outside(e) for t in traces for e in t.errors):
+            # Ray's force-kill of this actor SIGKILLs its direct children (the harness programs)
+            # first, then flushes metrics before it exits (core_worker_shutdown_executor.cc):
+            # answered in that gap, a rollout the host's death cut short would end as a failure
+            # of its harness, kept as final, instead of lost with the host and retried. Held a
+            # moment, the answer dies with the host; any other killer costs only the moment.
+            await asyncio.sleep(KILLED_PROGRAM_HOLD_S)
         if isinstance(done, list):
             return RolloutOutcome.of_game(done), done
         return RolloutOutcome.of(done), done

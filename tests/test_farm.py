@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,62 @@ def test_killed_sandbox_host_is_retried_without_loss_or_duplicates(tmp_path: Pat
     retried = [r for r in result.traces.to_pylist() if r["error_type"] == "InfrastructureError"]
     assert retried, "the killed host had rollouts in flight; their lost attempts are rows"
     assert result.traces.num_rows == 60 + len(retried)
+
+
+def _programs_of(host_pid: int) -> list[int]:
+    """The harness programs a host started: its direct children carrying the box marker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                marked = b"VFRAY_BOX_ID=" in fh.read()
+        except (OSError, ValueError):
+            continue
+        if ppid == host_pid and marked:
+            found.append(int(entry))
+    return found
+
+
+def test_a_host_killed_just_after_its_harness_programs_has_its_rollouts_retried(
+    tmp_path: Path,
+) -> None:
+    """Ray's force-kill of an actor SIGKILLs the actor's children, then flushes metrics, then
+    exits: in that gap the host saw its harness programs die and answered their rollouts as
+    HarnessErrors, kept as final instead of retried (the flake of the test above). Replayed
+    here in that order, with the gap widened to half a second."""
+    f = farm(tmp_path, model="scripted:arithmetic?latency=3", hosts=1, max_concurrent=4)
+
+    async def chaos() -> vf.Farm:
+        run = asyncio.ensure_future(
+            f.run_async(ArithmeticTaskset(num_tasks=2), rollouts_per_task=2)
+        )
+        f._start()
+        stats = await asyncio.to_thread(_stats_when_up, f._hosts[0])
+        programs: list[int] = []
+        for _ in range(600):
+            await asyncio.sleep(0.1)
+            programs = _programs_of(stats["pid"])
+            if len(programs) == 4:
+                break
+        assert len(programs) == 4, "the host's four harness programs should be running"
+        for pid in programs:
+            os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        ray.kill(f._hosts[0], no_restart=False)
+        return await run  # type: ignore[no-any-return]
+
+    with f:
+        result: Any = asyncio.run(chaos())
+    final = result.final_traces.to_pylist()
+    assert len(final) == 4
+    assert [r["error_message"] for r in final if not r["ok"]] == []
+    lost = [r for r in result.traces.to_pylist() if not r["ok"]]
+    assert {r["error_type"] for r in lost} == {"InfrastructureError"}, lost
+    assert len(lost) == 4
 
 
 def _box_processes(root: Path) -> list[int]:

@@ -33,7 +33,7 @@ from vfray.runtimes.base import ProgramResult, Runtime
 from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.processes import is_secret
 from vfray.task import TaskData
-from vfray.trace import AgentArtifact, Message, Trace
+from vfray.trace import AgentArtifact, ErrorInfo, Message, Trace
 from vfray.trace.messages import UserContent
 
 if TYPE_CHECKING:
@@ -382,12 +382,25 @@ def output_tail(result: ProgramResult, limit: int = STDERR_TAIL_CHARS) -> str:
 
 
 def _describe_exit(code: int) -> str:
+    if code == -signal.SIGKILL:
+        return KILLED_BY_SIGKILL
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+KILLED_BY_SIGKILL = "killed by SIGKILL"
+
+
+def killed_from_outside(error: ErrorInfo) -> bool:
+    """The error is a harness program's (or its box's) death by a SIGKILL vfray did not send:
+    vfray's own kills end a rollout as a timeout, a limit or a cancel, never as these."""
+    return error.type in ("HarnessError", "SandboxError") and (
+        f"({KILLED_BY_SIGKILL})" in error.message
+    )
 
 
 def classify_exit(
