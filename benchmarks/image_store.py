@@ -1,21 +1,27 @@
 """The node's image store: what the first rollout that asks for an image pays against every later
 one, for a Docker engine (a Dockerfile built FROM the offline base image) and for an unpacked
-root (the base image's OCI layout through umoci), as ratios of one run.
+root (the base image's OCI layout), as ratios of one run; then the Dockerfile image's first
+unpack into a root both ways, alternated: untarred from the engine's archive (as root) against
+``skopeo copy`` to a layout and ``umoci unpack`` (the way before, kept for other users).
 
-Run as root: ``python benchmarks/image_store.py [--repeat 200]``. It builds (or finds) the base
-image in /var/cache/vfray-ci/images, starts the tests' private dockerd (tests/docker_engine.py)
-and uses a fresh store in a temporary dir. "cached" is the in-process memo for docker (a content
-key, then a dict) and the directory check for rootfs (a content key, then a stat); "cached in
-another process" drops docker's memo, so the flock and the engine's ``image inspect`` answer,
-as they do for a second SandboxHost on the node.
+Run as root: ``python benchmarks/image_store.py [--repeat 200] [--rounds 3]``. It builds (or
+finds) the base image in /var/cache/vfray-ci/images, starts the tests' private dockerd
+(tests/docker_engine.py) and uses a fresh store in a temporary dir. "cached" is the in-process
+memo for docker (a content key, then a dict) and the directory check for rootfs (a content key,
+then a stat); "cached in another process" drops docker's memo, so the flock and the engine's
+``image inspect`` answer, as they do for a second SandboxHost on the node.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import contextlib
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,7 +67,7 @@ def _report(what: str, first: float, same: float, other: float | None = None) ->
     print(line)
 
 
-async def main(repeat: int) -> None:
+async def main(repeat: int, rounds: int) -> None:
     import docker
     from docker_engine import docker_engine
 
@@ -96,10 +102,70 @@ async def main(repeat: int) -> None:
         first = await _once_ms(unpack)
         same = await _p50_ms(unpack, repeat, lambda: None)
         # No memo to drop: every process finds the root by its directory.
-        _report("rootfs (umoci unpack of the base layout)", first, same)
+        _report("rootfs (the base layout unpacked)", first, same)
+        _compare_unpacks(ref, name, make, Path(tmp), rounds)
+
+
+def _cpu_meter() -> Callable[[], float]:
+    """CPU seconds of this process and everything it starts, from a cgroup v1 ``cpuacct`` group
+    it joins (the tools' children inherit it: bwrap's tar is never reaped into this process's
+    children's times, being a child of the box's init); the reaped children's times where no
+    such group can be made."""
+    group = Path(f"/sys/fs/cgroup/cpuacct/vfray-bench-{os.getpid()}")
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        @atexit.register
+        def leave() -> None:
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+                group.rmdir()
+
+        return lambda: int((group / "cpuacct.usage").read_text()) / 1e9
+    except OSError:
+
+        def reaped() -> float:
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+        return reaped
+
+
+def _compare_unpacks(ref: Any, name: str, make: Callable[[], Any], tmp: Path, rounds: int) -> None:
+    """The Dockerfile image (built, in the engine) unpacked into a root, alternately: the
+    engine's archive untarred in place (as root) and copied by skopeo to a layout that umoci
+    unpacks (the way before, kept for other users). CPU here and in the tools; the engine's own
+    ``docker save`` is not counted, on either side."""
+    from vfray.runtimes import _image_rootfs as store
+
+    ways = {"tar": store._untar_image, "skopeo + umoci": store._umoci_image}
+    cpu_s = _cpu_meter()
+    cpu: dict[str, list[float]] = {way: [] for way in ways}
+    wall: dict[str, list[float]] = {way: [] for way in ways}
+    for round_ in range(rounds):
+        for way, unpack in ways.items():
+            work = tmp / f"cmp-{round_}-{way.split()[0]}"
+            work.mkdir()
+            cpu_before, started = cpu_s(), time.perf_counter()
+            unpack(ref, work, work / "bundle", name, make)
+            wall[way].append(time.perf_counter() - started)
+            cpu[way].append(cpu_s() - cpu_before)
+            subprocess.run(["rm", "-rf", str(work)], check=True)
+    tar, umoci = (statistics.median(cpu[w]) for w in ways)
+    for way in ways:
+        cpu_p50, wall_p50 = statistics.median(cpu[way]), statistics.median(wall[way])
+        print(
+            f"first unpack of the Dockerfile image, {way}: CPU p50 {cpu_p50:.2f} s, "
+            f"wall p50 {wall_p50:.2f} s ({rounds} rounds)"
+        )
+    print(f"  skopeo + umoci / tar CPU: {umoci / tar:.1f}x")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=200)
-    asyncio.run(main(parser.parse_args().repeat))
+    parser.add_argument("--rounds", type=int, default=3, help="unpacks of each way, alternated")
+    args = parser.parse_args()
+    asyncio.run(main(args.repeat, args.rounds))

@@ -125,7 +125,9 @@ def test_a_build_longer_than_the_boot_deadline_is_not_a_boot_timeout(
     (trace,) = asyncio.run(_rollouts([task], runtime, options, short_boot))
     assert trace.errors == [], trace.errors
     assert trace.reward == 1.0
-    slower = _context(tmp_path / "slower", "RUN sleep 4\n", config=False)
+    # Its own build per runtime: the engine caches a build the other runtime's run timed out
+    # on (the build goes on in the engine), and the same Dockerfile would be there already.
+    slower = _context(tmp_path / "slower", f"RUN echo {runtime} && sleep 4\n", config=False)
     task = Built(vf.TaskData(prompt="hi", image=f"dockerfile:{slower}"), "slower")
     (trace,) = asyncio.run(_rollouts([task], runtime, options, Timeouts(image=1.0)))
     (error,) = trace.errors

@@ -1,11 +1,13 @@
 """A task's image unpacked into a root filesystem, once per node and content, for the runtimes
-that build a box from a directory (bwrap): ``umoci unpack`` of an OCI layout; other kinds go
-through ``skopeo copy`` to a layout first (a Dockerfile, or a registry image the node's Docker
-engine has, through the engine: built or found there, then ``docker save``).
+that build a box from a directory (bwrap). As root the layers are untarred where they lie (the
+engine's ``docker save`` archive for a Dockerfile or an image the node's Docker engine has, an
+OCI layout's blobs: :mod:`vfray.runtimes._image_layers`); other kinds go through ``skopeo copy``
+to a layout first. Other users get ``umoci unpack --rootless`` of a layout.
 
-``<cache>/rootfs/<content key>/`` holds ``rootfs/`` and umoci's ``config.json`` (the image's
-environment, working dir and user). It appears only whole: the unpack runs in a scratch dir and
-is renamed into place. Nothing writes to it afterwards: boxes mount it read-only.
+``<cache>/rootfs/<content key>/`` holds ``rootfs/`` and ``config.json`` (the image's
+environment, working dir and user, in the shape umoci writes). It appears only whole: the unpack
+runs in a scratch dir and is renamed into place. Nothing writes to it afterwards: boxes mount it
+read-only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -33,6 +36,7 @@ from vfray.runtimes._image_flight import (
     image_cache_dir,
     scratch_dir,
 )
+from vfray.runtimes._image_layers import can_untar, docker_archive, oci_layout, unpack
 from vfray.runtimes._image_ref import ImageRef, content_key, parse_image
 
 LAYOUT_TAG = "image"
@@ -127,19 +131,9 @@ def _unpack(
         with build_slot(cache, slots):
             work = scratch_dir(cache)
             try:
-                layout, tag = _layout(ref, work, engine_name, make_client)
                 bundle = work / "bundle"
-                _tool(
-                    ref,
-                    "umoci",
-                    [
-                        "unpack",
-                        *(["--rootless"] if os.geteuid() != 0 else []),
-                        "--image",
-                        f"{layout}:{tag}",
-                        str(bundle),
-                    ],
-                )
+                unpack_image = _untar_image if can_untar() else _umoci_image
+                unpack_image(ref, work, bundle, engine_name, make_client)
                 if not has_shell(bundle / "rootfs"):
                     raise ContentFailure(
                         f"image {str(ref)!r} has no /bin/sh; vfray runs its programs and the "
@@ -150,6 +144,45 @@ def _unpack(
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     return dest / "rootfs"
+
+
+def _untar_image(
+    ref: ImageRef,
+    work: Path,
+    bundle: Path,
+    engine_name: str | None,
+    make_client: Callable[[], Any] | None,
+) -> None:
+    """``ref`` unpacked into ``bundle`` by tar (:mod:`vfray.runtimes._image_layers`): read in
+    the engine's archive, in its own OCI layout, or in a layout skopeo copies it to."""
+    try:
+        if engine_name is not None:
+            assert make_client is not None
+            archive = work / "engine.tar"
+            _export(make_client, engine_name, archive, ref)
+            image = docker_archive(archive, engine_name)
+        else:
+            layout, tag = _layout(ref, work, engine_name, make_client)
+            image = oci_layout(Path(layout), tag)
+        unpack(image, bundle)
+    except ContentFailure as exc:
+        raise ContentFailure(f"cannot unpack image {str(ref)!r}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as exc:
+        raise ContentFailure(f"cannot unpack image {str(ref)!r}: {exc}") from exc
+
+
+def _umoci_image(
+    ref: ImageRef,
+    work: Path,
+    bundle: Path,
+    engine_name: str | None,
+    make_client: Callable[[], Any] | None,
+) -> None:
+    """``ref`` unpacked into ``bundle`` by ``umoci unpack`` of an OCI layout (a copy in ``work``
+    when it is not one): the way for users other than root."""
+    layout, tag = _layout(ref, work, engine_name, make_client)
+    rootless = ["--rootless"] if os.geteuid() != 0 else []
+    _tool(ref, "umoci", ["unpack", *rootless, "--image", f"{layout}:{tag}", str(bundle)])
 
 
 def _layout(
