@@ -158,7 +158,13 @@ def test_an_oci_layouts_layers_apply_in_order_and_write_nothing_outside(
     _check_root(root, outside)
     config = image_config(root)
     assert (config.uid, config.gid, config.workdir) == (1234, 4321, "/srv")
-    assert config.env == {"PATH": "/usr/bin:/bin", "GREETING": "hi"}
+    # HOME (the user's) and TERM added, as umoci adds them where the image sets neither.
+    assert config.env == {
+        "PATH": "/usr/bin:/bin",
+        "GREETING": "hi",
+        "TERM": "xterm",
+        "HOME": "/home/app",
+    }
     assert config.args == ("/bin/sh", "-c", "true")
 
 
@@ -197,3 +203,35 @@ def test_rootfs_untars_an_oci_layout_once(
     assert len(set(roots)) == 1
     _check_root(roots[0], outside)
     assert image_config(roots[0]).uid == 1234
+
+
+def _tree(root: Path) -> dict[str, tuple[Any, ...]]:
+    found: dict[str, tuple[Any, ...]] = {}
+    for path in [root, *root.rglob("*")]:
+        info = os.lstat(path)
+        link = os.readlink(path) if path.is_symlink() else None
+        size = info.st_size if path.is_file() and not path.is_symlink() else None
+        found[str(path.relative_to(root))] = (info.st_mode, info.st_uid, info.st_gid, size, link)
+    return found
+
+
+def test_the_tar_way_and_the_umoci_way_give_the_same_root(
+    debian_image: Any, tmp_path: Path
+) -> None:
+    """The Debian base image both ways: every entry with the same type, mode, owner, size and
+    link target, and the same config (umoci's way is the one for users other than root)."""
+    from vfray.runtimes import _image_rootfs as store
+    from vfray.runtimes.images import parse_image
+
+    ref = parse_image(debian_image.oci)
+    roots = {}
+    for name, way in (("tar", store._untar_image), ("umoci", store._umoci_image)):
+        work = tmp_path / name
+        work.mkdir()
+        way(ref, work, work / "bundle", None, None)
+        roots[name] = work / "bundle" / "rootfs"
+    tar, umoci = _tree(roots["tar"]), _tree(roots["umoci"])
+    assert len(tar) > 5000
+    assert sorted(set(tar) ^ set(umoci)) == []
+    assert {k: v for k, v in tar.items() if umoci[k] != v} == {}
+    assert image_config(roots["tar"]) == image_config(roots["umoci"])

@@ -327,21 +327,34 @@ def _untar(layer: Layer, root: Path, which: str) -> None:
 
 
 def _process(config: dict[str, Any], root: Path) -> dict[str, Any]:
-    """The runtime spec's ``process`` for ``config``: as umoci writes it (the user resolved by
-    the root's own ``/etc/passwd`` and ``/etc/group``)."""
+    """The runtime spec's ``process`` for ``config``, as umoci writes it: the user resolved by
+    the root's own ``/etc/passwd`` and ``/etc/group``; ``HOME`` (that user's home, else ``/``)
+    and ``TERM=xterm`` added when the image sets neither."""
     user = str(config.get("User") or "")
+    passwd = _etc_text(root, "passwd")
     uid = gid = 0
     if user:
-        ids = user_ids(user, _etc_text(root, "passwd"), _etc_text(root, "group"))
+        ids = user_ids(user, passwd, _etc_text(root, "group"))
         if ids is None:
             raise ContentFailure(f"the image's user {user!r} is not in its /etc/passwd")
         uid, gid = ids
+    env = list(config.get("Env") or [])
+    names = {item.partition("=")[0] for item in env}
+    if "TERM" not in names:
+        env.append("TERM=xterm")
+    if "HOME" not in names:
+        homes = [e[5] for e in _passwd_entries(passwd) if e[2] == str(uid) and e[5]]
+        env.append(f"HOME={homes[0] if homes else '/'}")
     return {
-        "env": list(config.get("Env") or []),
+        "env": env,
         "cwd": config.get("WorkingDir") or "/",
         "user": {"uid": uid, "gid": gid},
         "args": [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])],
     }
+
+
+def _passwd_entries(text: str) -> list[list[str]]:
+    return [fields for line in text.splitlines() if len(fields := line.split(":")) >= 7]
 
 
 def _etc_text(root: Path, name: str) -> str:
