@@ -92,7 +92,9 @@ def _blob(layout: Path, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def _oci(layout: Path, layers: list[bytes], tag: str = "t") -> Path:
+def _oci(
+    layout: Path, layers: list[bytes], tag: str = "t", config: dict[str, Any] = CONFIG
+) -> Path:
     blobs = [
         {
             "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -100,9 +102,18 @@ def _oci(layout: Path, layers: list[bytes], tag: str = "t") -> Path:
         }
         for d in layers
     ]
-    config = _blob(layout, json.dumps({"architecture": "amd64", "config": CONFIG}).encode())
-    manifest = {"schemaVersion": 2, "config": config, "layers": blobs}
+    diff_ids = [f"sha256:{hashlib.sha256(d).hexdigest()}" for d in layers]
+    image = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    described = _blob(layout, json.dumps(image).encode())
+    described["mediaType"] = "application/vnd.oci.image.config.v1+json"
+    manifest = {"schemaVersion": 2, "config": described, "layers": blobs}
     entry = _blob(layout, json.dumps(manifest).encode())
+    entry["mediaType"] = "application/vnd.oci.image.manifest.v1+json"
     entry["annotations"] = {"org.opencontainers.image.ref.name": tag}
     (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
@@ -235,3 +246,28 @@ def test_the_tar_way_and_the_umoci_way_give_the_same_root(
     assert sorted(set(tar) ^ set(umoci)) == []
     assert {k: v for k, v in tar.items() if umoci[k] != v} == {}
     assert image_config(roots["tar"]) == image_config(roots["umoci"])
+
+
+def test_a_layer_through_an_absolute_link_is_unpacked_by_umoci_inside_the_root(
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``lib -> /usr/lib`` (absolute) in one layer and ``lib/extra`` in the next: the box's tar
+    cannot follow the link inside the image, so the image is unpacked by umoci, which does
+    (nothing is written on the host's /usr/lib, nor outside the root)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "store"))
+    lower = _layer(
+        [
+            ("bin", "dir", None),
+            ("bin/sh", "exe", "#!/bin/true\n"),
+            ("usr", "dir", None),
+            ("usr/lib", "dir", None),
+            ("lib", "link", "/usr/lib"),
+        ]
+    )
+    upper = _layer([("lib/extra-from-the-image", "file", "extra")])
+    layout = _oci(tmp_path / "layout", [lower, upper], config={"Env": ["PATH=/bin"]})
+    root = asyncio.run(rootfs(f"oci:{layout}:t"))
+    assert (root / "usr/lib/extra-from-the-image").read_text() == "extra"
+    assert not Path("/usr/lib/extra-from-the-image").exists()
+    assert os.listdir(outside) == ["keep"]
+    assert "layer 2 of 2 did not apply" in caplog.text and "with umoci instead" in caplog.text

@@ -323,7 +323,7 @@ def _untar(layer: Layer, root: Path, which: str) -> None:
         reader.join()
     if code:
         why = " ".join(b"".join(errors).decode(errors="replace").split())[:600]
-        raise ContentFailure(f"{which} did not apply: tar: {why}")
+        raise ContentFailure(f"{which} did not apply: {why}")
 
 
 def _process(config: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 that build a box from a directory (bwrap). As root the layers are untarred where they lie (the
 engine's ``docker save`` archive for a Dockerfile or an image the node's Docker engine has, an
 OCI layout's blobs: :mod:`vfray.runtimes._image_layers`); other kinds go through ``skopeo copy``
-to a layout first. Other users get ``umoci unpack --rootless`` of a layout.
+to a layout first. Other users get ``umoci unpack --rootless`` of a layout, and so does an image
+whose layers tar cannot apply (one writing through an absolute link a lower layer left).
 
 ``<cache>/rootfs/<content key>/`` holds ``rootfs/`` and ``config.json`` (the image's
 environment, working dir and user, in the shape umoci writes). It appears only whole: the unpack
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import stat
@@ -38,6 +40,8 @@ from vfray.runtimes._image_flight import (
 )
 from vfray.runtimes._image_layers import can_untar, docker_archive, oci_layout, unpack
 from vfray.runtimes._image_ref import ImageRef, content_key, parse_image
+
+logger = logging.getLogger(__name__)
 
 LAYOUT_TAG = "image"
 """The tag an image copied into a scratch OCI layout gets."""
@@ -132,8 +136,18 @@ def _unpack(
             work = scratch_dir(cache)
             try:
                 bundle = work / "bundle"
-                unpack_image = _untar_image if can_untar() else _umoci_image
-                unpack_image(ref, work, bundle, engine_name, make_client)
+                if can_untar():
+                    try:
+                        _untar_image(ref, work, bundle, engine_name, make_client)
+                    except ContentFailure as exc:
+                        # A layer that writes through a link a lower one left (an absolute
+                        # link, which the box's tar cannot follow inside the image): umoci
+                        # follows it inside the root, as the engine did when it built it.
+                        logger.warning("%s; unpacking it with umoci instead", exc)
+                        shutil.rmtree(bundle, ignore_errors=True)
+                        _umoci_image(ref, work, bundle, engine_name, make_client)
+                else:
+                    _umoci_image(ref, work, bundle, engine_name, make_client)
                 if not has_shell(bundle / "rootfs"):
                     raise ContentFailure(
                         f"image {str(ref)!r} has no /bin/sh; vfray runs its programs and the "
