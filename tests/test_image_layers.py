@@ -12,6 +12,8 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -92,13 +94,22 @@ def _blob(layout: Path, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
+def _zstd(data: bytes) -> bytes:
+    return subprocess.run(["zstd", "-q", "-c"], input=data, capture_output=True, check=True).stdout
+
+
 def _oci(
-    layout: Path, layers: list[bytes], tag: str = "t", config: dict[str, Any] = CONFIG
+    layout: Path,
+    layers: list[bytes],
+    tag: str = "t",
+    config: dict[str, Any] = CONFIG,
+    compression: str = "gzip",
 ) -> Path:
+    compress = _zstd if compression == "zstd" else gzip.compress
     blobs = [
         {
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            **_blob(layout, gzip.compress(d)),
+            "mediaType": f"application/vnd.oci.image.layer.v1.tar+{compression}",
+            **_blob(layout, compress(d)),
         }
         for d in layers
     ]
@@ -177,6 +188,13 @@ def test_an_oci_layouts_layers_apply_in_order_and_write_nothing_outside(
         "HOME": "/home/app",
     }
     assert config.args == ("/bin/sh", "-c", "true")
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="the zstd program is not installed")
+def test_zstd_layers_apply_too(tmp_path: Path, outside: Path) -> None:
+    layout = _oci(tmp_path / "layout", _layers(outside)[:2], compression="zstd")
+    root = unpack(oci_layout(layout, "t"), tmp_path / "bundle")
+    _check_root(root, outside)
 
 
 def test_a_docker_archives_layers_are_read_in_place(tmp_path: Path, outside: Path) -> None:

@@ -65,9 +65,23 @@ class Layer:
                 with gzip.GzipFile(fileobj=region) as unzipped:
                     yield cast(IO[bytes], unzipped)
             elif compression == "zstd":
-                yield _zstd_reader(self.path, self.offset, self.size)
+                with _zstd_stream(self) as unzstd:
+                    yield unzstd
             else:
                 yield region
+
+    def send(self, pipe: IO[bytes]) -> None:
+        """Write the layer's bytes, as stored, into ``pipe`` (``sendfile``: no copy through
+        Python), then close it; a reader that went away ends it early."""
+        with self.path.open("rb") as source, contextlib.suppress(BrokenPipeError):
+            offset, left = self.offset, self.size
+            while left > 0:
+                sent = os.sendfile(pipe.fileno(), source.fileno(), offset, min(left, 1 << 22))
+                if sent == 0:
+                    break
+                offset, left = offset + sent, left - sent
+        with contextlib.suppress(BrokenPipeError):
+            pipe.close()
 
     def compression(self) -> str:
         with self.path.open("rb") as raw:
@@ -117,18 +131,25 @@ class _Region(io.RawIOBase):
         return len(data)
 
 
-def _zstd_reader(path: Path, offset: int, size: int) -> IO[bytes]:
-    """A zstd layer decompressed by the ``zstd`` program (the stdlib has no zstd)."""
+@contextlib.contextmanager
+def _zstd_stream(layer: Layer) -> Iterator[IO[bytes]]:
+    """A zstd layer decompressed by the ``zstd`` program (the stdlib has no zstd), streamed."""
     program = shutil.which("zstd")
     if program is None:
         raise ContentFailure("a zstd layer needs the zstd program (apt-get install zstd)")
-    with path.open("rb") as raw:
-        raw.seek(offset)
-        data = raw.read(size)
-    done = subprocess.run([program, "-dc"], input=data, capture_output=True)
-    if done.returncode:
-        raise ContentFailure(f"zstd: {done.stderr.decode(errors='replace').strip()[:300]}")
-    return io.BytesIO(done.stdout)
+    proc = subprocess.Popen(
+        [program, "-dcq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    feeder = threading.Thread(target=layer.send, args=(proc.stdin,), daemon=True)
+    feeder.start()
+    try:
+        yield proc.stdout
+    finally:
+        proc.kill()
+        proc.wait()
+        feeder.join()
+        proc.stdout.close()
 
 
 def can_untar() -> bool:
@@ -286,7 +307,7 @@ def _remove(path: Path) -> None:
 
 def _untar(layer: Layer, root: Path, which: str) -> None:
     """GNU tar, in a bwrap box whose only writable mount is ``root``, reads the layer from a
-    pipe this thread feeds straight from the file (``sendfile``: no copy through Python)."""
+    pipe this thread feeds straight from the file."""
     binds: list[str] = []
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
@@ -310,14 +331,7 @@ def _untar(layer: Layer, root: Path, which: str) -> None:
     reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()))  # type: ignore[union-attr]
     reader.start()
     try:
-        with layer.path.open("rb") as source, contextlib.suppress(BrokenPipeError):
-            offset, left = layer.offset, layer.size
-            while left > 0:
-                sent = os.sendfile(proc.stdin.fileno(), source.fileno(), offset, min(left, 1 << 22))
-                if sent == 0:
-                    break
-                offset, left = offset + sent, left - sent
-        proc.stdin.close()
+        layer.send(proc.stdin)
     finally:
         code = proc.wait()
         reader.join()
