@@ -140,7 +140,8 @@ def _compare_unpacks(ref: Any, name: str, make: Callable[[], Any], tmp: Path, ro
     ``docker save`` is not counted, on either side."""
     from vfray.runtimes import _image_rootfs as store
 
-    ways = {"tar": store._untar_image, "skopeo + umoci": store._umoci_image}
+    ways = {"tar": store.untar_image, "skopeo + umoci": store.umoci_image}
+    source = store.ImageSource(ref, name, make)
     cpu_s = _cpu_meter()
     cpu: dict[str, list[float]] = {way: [] for way in ways}
     wall: dict[str, list[float]] = {way: [] for way in ways}
@@ -149,7 +150,7 @@ def _compare_unpacks(ref: Any, name: str, make: Callable[[], Any], tmp: Path, ro
             work = tmp / f"cmp-{round_}-{way.split()[0]}"
             work.mkdir()
             cpu_before, started = cpu_s(), time.perf_counter()
-            unpack(ref, work, work / "bundle", name, make)
+            unpack(source, work, work / "bundle")
             wall[way].append(time.perf_counter() - started)
             cpu[way].append(cpu_s() - cpu_before)
             subprocess.run(["rm", "-rf", str(work)], check=True)

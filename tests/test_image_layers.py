@@ -254,10 +254,10 @@ def test_the_tar_way_and_the_umoci_way_give_the_same_root(
 
     ref = parse_image(debian_image.oci)
     roots = {}
-    for name, way in (("tar", store._untar_image), ("umoci", store._umoci_image)):
+    for name, way in (("tar", store.untar_image), ("umoci", store.umoci_image)):
         work = tmp_path / name
         work.mkdir()
-        way(ref, work, work / "bundle", None, None)
+        way(store.ImageSource(ref), work, work / "bundle")
         roots[name] = work / "bundle" / "rootfs"
     tar, umoci = _tree(roots["tar"]), _tree(roots["umoci"])
     assert len(tar) > 5000

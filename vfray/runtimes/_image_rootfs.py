@@ -22,6 +22,7 @@ import stat
 import subprocess
 import tarfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -107,7 +108,8 @@ async def rootfs(
             raise SandboxError(
                 f"image {str(ref)!r}: building a Dockerfile needs a Docker engine on the node"
             )
-        return await waiting(_unpack, ref, key, cache, engine_name, make_client, max_unpacks)
+        source = ImageSource(ref, engine_name, make_client)
+        return await waiting(_unpack, source, key, cache, max_unpacks)
 
     try:
         return await _FLIGHTS.do(key, work)
@@ -120,14 +122,18 @@ def _client(url: str) -> Any:
     return docker.DockerClient(base_url=url)
 
 
-def _unpack(
-    ref: ImageRef,
-    key: str,
-    cache: Path,
-    engine_name: str | None,
-    make_client: Callable[[], Any] | None,
-    slots: int,
-) -> Path:
+@dataclass(frozen=True)
+class ImageSource:
+    """Where an image's content is read from: its reference, and where the node's Docker engine
+    has it (built from a Dockerfile, or found there), the engine's name for it and a client."""
+
+    ref: ImageRef
+    engine_name: str | None = None
+    make_client: Callable[[], Any] | None = None
+
+
+def _unpack(source: ImageSource, key: str, cache: Path, slots: int) -> Path:
+    ref = source.ref
     dest = cache / "rootfs" / key
     with file_lock(cache / "locks" / f"rootfs-{key}"):
         if (dest / "rootfs").is_dir():
@@ -138,16 +144,16 @@ def _unpack(
                 bundle = work / "bundle"
                 if can_untar():
                     try:
-                        _untar_image(ref, work, bundle, engine_name, make_client)
+                        untar_image(source, work, bundle)
                     except ContentFailure as exc:
                         # A layer that writes through a link a lower one left (an absolute
                         # link, which the box's tar cannot follow inside the image): umoci
                         # follows it inside the root, as the engine did when it built it.
                         logger.warning("%s; unpacking it with umoci instead", exc)
                         shutil.rmtree(bundle, ignore_errors=True)
-                        _umoci_image(ref, work, bundle, engine_name, make_client)
+                        umoci_image(source, work, bundle)
                 else:
-                    _umoci_image(ref, work, bundle, engine_name, make_client)
+                    umoci_image(source, work, bundle)
                 if not has_shell(bundle / "rootfs"):
                     raise ContentFailure(
                         f"image {str(ref)!r} has no /bin/sh; vfray runs its programs and the "
@@ -160,23 +166,15 @@ def _unpack(
     return dest / "rootfs"
 
 
-def _untar_image(
-    ref: ImageRef,
-    work: Path,
-    bundle: Path,
-    engine_name: str | None,
-    make_client: Callable[[], Any] | None,
-) -> None:
-    """``ref`` unpacked into ``bundle`` by tar (:mod:`vfray.runtimes._image_layers`): read in
-    the engine's archive, in its own OCI layout, or in a layout skopeo copies it to."""
+def untar_image(source: ImageSource, work: Path, bundle: Path) -> None:
+    """The image unpacked into ``bundle`` by tar (:mod:`vfray.runtimes._image_layers`): read
+    in the engine's archive, in its own OCI layout, or in a layout skopeo copies it to."""
+    ref = source.ref
     try:
-        if engine_name is not None:
-            assert make_client is not None
-            archive = work / "engine.tar"
-            _export(make_client, engine_name, archive, ref)
-            image = docker_archive(archive, engine_name)
+        if source.engine_name is not None:
+            image = docker_archive(_engine_archive(source, work), source.engine_name)
         else:
-            layout, tag = _layout(ref, work, engine_name, make_client)
+            layout, tag = _layout(source, work)
             image = oci_layout(Path(layout), tag)
         unpack(image, bundle)
     except ContentFailure as exc:
@@ -185,37 +183,35 @@ def _untar_image(
         raise ContentFailure(f"cannot unpack image {str(ref)!r}: {exc}") from exc
 
 
-def _umoci_image(
-    ref: ImageRef,
-    work: Path,
-    bundle: Path,
-    engine_name: str | None,
-    make_client: Callable[[], Any] | None,
-) -> None:
-    """``ref`` unpacked into ``bundle`` by ``umoci unpack`` of an OCI layout (a copy in ``work``
-    when it is not one): the way for users other than root."""
-    layout, tag = _layout(ref, work, engine_name, make_client)
+def umoci_image(source: ImageSource, work: Path, bundle: Path) -> None:
+    """The image unpacked into ``bundle`` by ``umoci unpack`` of an OCI layout (a copy in
+    ``work`` when it is not one): the way for users other than root."""
+    layout, tag = _layout(source, work)
     rootless = ["--rootless"] if os.geteuid() != 0 else []
-    _tool(ref, "umoci", ["unpack", *rootless, "--image", f"{layout}:{tag}", str(bundle)])
+    _tool(source.ref, "umoci", ["unpack", *rootless, "--image", f"{layout}:{tag}", str(bundle)])
 
 
-def _layout(
-    ref: ImageRef, work: Path, engine_name: str | None, make_client: Callable[[], Any] | None
-) -> tuple[str, str]:
-    """An OCI layout holding ``ref`` and its tag there: the image's own, or a copy in ``work``."""
+def _engine_archive(source: ImageSource, work: Path) -> Path:
+    """The engine's ``docker save`` of the image, in ``work``."""
+    assert source.engine_name is not None and source.make_client is not None
+    archive = work / "engine.tar"
+    _export(source.make_client, source.engine_name, archive, source.ref)
+    return archive
+
+
+def _layout(source: ImageSource, work: Path) -> tuple[str, str]:
+    """An OCI layout holding the image and its tag there: its own, or a copy in ``work``."""
+    ref = source.ref
     if ref.transport == "oci":
         assert ref.path is not None
         return ref.path, ref.reference or only_tag(Path(ref.path))
-    source = str(ref)
-    if engine_name is not None:
-        assert make_client is not None
-        archive = work / "engine.tar"
-        _export(make_client, engine_name, archive, ref)
-        source = f"docker-archive:{archive}"
+    copied = str(ref)
+    if source.engine_name is not None:
+        copied = f"docker-archive:{_engine_archive(source, work)}"
     elif ref.transport == "docker":
-        source = f"docker://{ref.reference}"
+        copied = f"docker://{ref.reference}"
     layout = work / "layout"
-    _tool(ref, "skopeo", ["copy", "--quiet", source, f"oci:{layout}:{LAYOUT_TAG}"])
+    _tool(ref, "skopeo", ["copy", "--quiet", copied, f"oci:{layout}:{LAYOUT_TAG}"])
     return str(layout), LAYOUT_TAG
 
 
