@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from vfray.errors import SandboxError
 from vfray.runtimes._image_flight import ContentFailure
 from vfray.runtimes._image_layers import can_untar, docker_archive, oci_layout, unpack
 from vfray.runtimes.images import CACHE_ENV, image_config, rootfs
@@ -289,3 +290,18 @@ def test_a_layer_through_an_absolute_link_is_unpacked_by_umoci_inside_the_root(
     assert not Path("/usr/lib/extra-from-the-image").exists()
     assert os.listdir(outside) == ["keep"]
     assert "layer 2 of 2 did not apply" in caplog.text and "with umoci instead" in caplog.text
+
+
+def test_an_image_neither_way_unpacks_names_both_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "store"))
+    layout = _oci(tmp_path / "layout", [b"not a tar"], config={"Env": ["PATH=/bin"]})
+    [blob] = [p for p in (layout / "blobs/sha256").iterdir() if p.stat().st_size < 64]
+    blob.write_bytes(b"\x1f\x8b" + b"\x00" * 40)  # a gzip header over nothing
+    with pytest.raises(SandboxError) as caught:
+        asyncio.run(rootfs(f"oci:{layout}:t"))
+    message = str(caught.value)
+    assert "umoci" in message
+    assert "(untarring it failed first: layer 1 of 1 cannot be read: " in message
+    assert "\n" not in message

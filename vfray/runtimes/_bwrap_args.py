@@ -65,7 +65,12 @@ def namespaces(host_root: bool = True, uid: int = BOX_UID, gid: int = BOX_UID) -
     args += ["--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
     if not host_root:
         return args
-    args += ["--ro-bind", "/usr", "/usr"]
+    return args + system_binds()
+
+
+def system_binds() -> list[str]:
+    """The host's ``/usr`` and root-level system dirs, read-only (as links where they are)."""
+    args = ["--ro-bind", "/usr", "/usr"]
     for d in _ROOT_DIRS:
         if os.path.islink(d):
             args += ["--symlink", os.readlink(d), d]
@@ -101,6 +106,12 @@ def user_ids(user: str, passwd: str, group: str) -> tuple[int, int] | None:
             return None
         gid = int(found[0][2])
     return uid, gid
+
+
+def home_of(uid: int, passwd: str) -> str | None:
+    """The home dir of ``uid`` by the box's ``/etc/passwd`` text; None when it has none."""
+    homes = [e[5] for e in _entries(passwd) if len(e) > 5 and e[2] == str(uid) and e[5]]
+    return homes[0] if homes else None
 
 
 def read_user_ids(user: str, passwd: str, group: str) -> tuple[int, int]:

@@ -23,6 +23,7 @@ root without following links: one under a link is ignored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -37,13 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
-from vfray.runtimes._bwrap_args import user_ids
+from vfray.runtimes._bwrap_args import home_of, system_binds, user_ids
 from vfray.runtimes._image_flight import ContentFailure
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 _GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Layer:
     @contextlib.contextmanager
     def open(self) -> Iterator[IO[bytes]]:
         """The layer's bytes, decompressed."""
-        compression = self.compression()
+        compression = self.compression
         with self.path.open("rb") as raw:
             region = io.BufferedReader(_Region(raw, self.offset, self.size), 1 << 16)
             if compression == "gzip":
@@ -83,7 +83,9 @@ class Layer:
         with contextlib.suppress(BrokenPipeError):
             pipe.close()
 
+    @functools.cached_property
     def compression(self) -> str:
+        """``gzip``, ``zstd`` or ``""`` (plain tar), by the layer's first bytes."""
         with self.path.open("rb") as raw:
             raw.seek(self.offset)
             head = raw.read(4)
@@ -241,11 +243,15 @@ def unpack(image: ImageLayers, bundle: Path) -> Path:
     root.mkdir(parents=True)
     os.chmod(root, 0o755)
     for number, layer in enumerate(image.layers):
-        with layer.open() as stream:
-            whiteouts = _whiteouts(stream)
+        which = f"layer {number + 1} of {len(image.layers)}"
+        try:
+            with layer.open() as stream:
+                whiteouts = _whiteouts(stream)
+        except (OSError, EOFError, tarfile.TarError) as exc:  # a bad gzip stream, a bad tar
+            raise ContentFailure(f"{which} cannot be read: {exc}") from exc
         for path in whiteouts:
             _apply_whiteout(root, path)
-        _untar(layer, root, f"layer {number + 1} of {len(image.layers)}")
+        _untar(layer, root, which)
     (bundle / "config.json").write_text(json.dumps({"process": _process(image.config, root)}))
     return root
 
@@ -308,20 +314,14 @@ def _remove(path: Path) -> None:
 def _untar(layer: Layer, root: Path, which: str) -> None:
     """GNU tar, in a bwrap box whose only writable mount is ``root``, reads the layer from a
     pipe this thread feeds straight from the file."""
-    binds: list[str] = []
-    for path in _SYSTEM_DIRS:
-        if os.path.islink(path):
-            binds += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            binds += ["--ro-bind", path, path]
-    compression = layer.compression()
+    compression = layer.compression
     flags = {"gzip": ["--gzip"], "zstd": ["--zstd"], "": []}[compression]
     argv = [
         shutil.which("bwrap") or "bwrap",
         # No user namespace: root's own, so that tar gives files any owner.
         "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
         "--die-with-parent", "--new-session", "--cap-add", "ALL",
-        *binds, "--bind", str(root), "/image", "--chdir", "/image",
+        *system_binds(), "--bind", str(root), "/image", "--chdir", "/image",
         "tar", "--extract", "--file=-", *flags, "--numeric-owner", "--same-owner",
         "--same-permissions", "--xattrs", "--xattrs-include=*", f"--exclude={WHITEOUT}*",
     ]  # fmt: skip
@@ -357,18 +357,13 @@ def _process(config: dict[str, Any], root: Path) -> dict[str, Any]:
     if "TERM" not in names:
         env.append("TERM=xterm")
     if "HOME" not in names:
-        homes = [e[5] for e in _passwd_entries(passwd) if e[2] == str(uid) and e[5]]
-        env.append(f"HOME={homes[0] if homes else '/'}")
+        env.append(f"HOME={home_of(uid, passwd) or '/'}")
     return {
         "env": env,
         "cwd": config.get("WorkingDir") or "/",
         "user": {"uid": uid, "gid": gid},
         "args": [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])],
     }
-
-
-def _passwd_entries(text: str) -> list[list[str]]:
-    return [fields for line in text.splitlines() if len(fields := line.split(":")) >= 7]
 
 
 def _etc_text(root: Path, name: str) -> str:

@@ -145,13 +145,23 @@ def _unpack(source: ImageSource, key: str, cache: Path, slots: int) -> Path:
                 if can_untar():
                     try:
                         untar_image(source, work, bundle)
-                    except ContentFailure as exc:
+                    except ContentFailure as untarred:
                         # A layer that writes through a link a lower one left (an absolute
                         # link, which the box's tar cannot follow inside the image): umoci
                         # follows it inside the root, as the engine did when it built it.
-                        logger.warning("%s; unpacking it with umoci instead", exc)
+                        logger.warning(
+                            "image %r: untarring it failed (%s); unpacking it with umoci instead",
+                            str(ref),
+                            untarred,
+                        )
                         shutil.rmtree(bundle, ignore_errors=True)
-                        umoci_image(source, work, bundle)
+                        try:
+                            umoci_image(source, work, bundle)
+                        except SandboxError as exc:
+                            # Both reasons: umoci's alone ("not installed") would hide tar's.
+                            raise type(exc)(
+                                f"{exc} (untarring it failed first: {untarred})"
+                            ) from None
                 else:
                     umoci_image(source, work, bundle)
                 if not has_shell(bundle / "rootfs"):
@@ -168,8 +178,8 @@ def _unpack(source: ImageSource, key: str, cache: Path, slots: int) -> Path:
 
 def untar_image(source: ImageSource, work: Path, bundle: Path) -> None:
     """The image unpacked into ``bundle`` by tar (:mod:`vfray.runtimes._image_layers`): read
-    in the engine's archive, in its own OCI layout, or in a layout skopeo copies it to."""
-    ref = source.ref
+    in the engine's archive, in its own OCI layout, or in a layout skopeo copies it to. Raises
+    ContentFailure with the reason alone (the caller names the image, then tries umoci)."""
     try:
         if source.engine_name is not None:
             image = docker_archive(_engine_archive(source, work), source.engine_name)
@@ -177,10 +187,8 @@ def untar_image(source: ImageSource, work: Path, bundle: Path) -> None:
             layout, tag = _layout(source, work)
             image = oci_layout(Path(layout), tag)
         unpack(image, bundle)
-    except ContentFailure as exc:
-        raise ContentFailure(f"cannot unpack image {str(ref)!r}: {exc}") from None
-    except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as exc:
-        raise ContentFailure(f"cannot unpack image {str(ref)!r}: {exc}") from exc
+    except (OSError, EOFError, ValueError, KeyError, TypeError, tarfile.TarError) as exc:
+        raise ContentFailure(f"{type(exc).__name__}: {exc}") from exc
 
 
 def umoci_image(source: ImageSource, work: Path, bundle: Path) -> None:
@@ -195,7 +203,8 @@ def _engine_archive(source: ImageSource, work: Path) -> Path:
     """The engine's ``docker save`` of the image, in ``work``."""
     assert source.engine_name is not None and source.make_client is not None
     archive = work / "engine.tar"
-    _export(source.make_client, source.engine_name, archive, source.ref)
+    if not archive.exists():  # exported whole already when the tar way fell back to umoci
+        _export(source.make_client, source.engine_name, archive, source.ref)
     return archive
 
 
