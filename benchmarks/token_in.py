@@ -17,6 +17,9 @@ model's own tokenizer and chat template (a folder with ``tokenizer.json`` and
 ``tokenizer_config.json``, as a Hugging Face model ships them) instead of the test's.
 ``--drop-reasoning``: the clients send each reply back without its ``reasoning_content``, as
 most agents do (the reply still continues its branch: the model's context holds it).
+``--latency SECONDS``: the upstream answers each call after that long, as a serving engine does
+(the default 0 makes the two modes' replies arrive at different rates: token-in's upstream
+renders no history, so it answers faster).
 
 ``--instructions`` counts instructions instead of timing CPU: each mode runs in a process of
 its own under valgrind's cachegrind (``apt install valgrind``), once with one block of the
@@ -30,7 +33,7 @@ few minutes (cachegrind runs the process ~50x slower).
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
         [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]
-        [--drop-reasoning] [--instructions [--blocks 2]]
+        [--drop-reasoning] [--latency 0.01] [--instructions [--blocks 2]]
 """
 
 from __future__ import annotations
@@ -79,14 +82,16 @@ def build_model(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def serve(folder: str, port: Any) -> None:
-    """The scripted model with the template, in its own process."""
+def serve(folder: str, port: Any, latency: float = 0.0) -> None:
+    """The scripted model with the template, in its own process, answering each call after
+    ``latency`` seconds."""
     import uvicorn
 
     from vfray.endpoints.chat_template import ChatTemplate
     from vfray.models.scripted.server import ScriptedModel
 
-    app = ScriptedModel("echo", chat_template=ChatTemplate.load(folder), think="let me see")
+    template = ChatTemplate.load(folder)
+    app = ScriptedModel("echo", chat_template=template, think="let me see", latency=latency)
     # A long keep-alive, as a serving engine behind a proxy has: uvicorn's 5 s default let the
     # server close a pooled connection just as the interception reused it (a 503, under load).
     config = uvicorn.Config(
@@ -344,6 +349,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tools", action="store_true", help="send ~12 KB of tool schemas")
     parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="seconds the upstream takes per call (a serving engine's; default 0)",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         default=[],
@@ -398,7 +409,9 @@ def main() -> None:
             build_model(Path(built))
         folder = args.tokenizer or Path(built)
         port = multiprocessing.Value("i", 0)
-        server = multiprocessing.Process(target=serve, args=(str(folder), port), daemon=True)
+        server = multiprocessing.Process(
+            target=serve, args=(str(folder), port, args.latency), daemon=True
+        )
         server.start()
         try:
             while not port.value:

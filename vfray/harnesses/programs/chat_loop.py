@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # Every rollout starts this program afresh, so what it imports is paid per rollout: urllib
 # (with http.client and email) and subprocess cost ~60 ms of CPU of the ~90 ms a start took
 # (benchmarks/program_start.py). Plain-HTTP calls to the interception go over a socket here;
-# urllib is imported only for https or a proxy, subprocess only when the model runs a command.
+# urllib is imported only for https or a proxy that applies to the host (a box's egress gate
+# sets one, with the interception in no_proxy), subprocess only when the model runs a command.
 
 EXIT_ERROR = 2
 """Exit status for a refused request, a malformed reply or a bad configuration."""
@@ -237,14 +238,39 @@ class HttpError(Exception):
 _PROXY_VARS = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
 
 
+def _proxied(host: str, authority: str) -> bool:
+    """Whether a proxy from the environment applies to ``host``: one is set and ``no_proxy``
+    does not name the host (or a domain it is in), as urllib reads it. A box's egress gate sets
+    a proxy and names the interception in ``no_proxy``: its calls go over the socket here."""
+    if not any(os.environ.get(v) for v in _PROXY_VARS):
+        return False
+    skip = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    names = (host.lower(), authority.lower())
+    for entry in skip.replace(" ", "").split(","):
+        if entry == "*":
+            return False
+        entry = entry.lstrip(".").lower()
+        if entry and any(n == entry or n.endswith("." + entry) for n in names):
+            return False
+    return True
+
+
+_KEPT: dict[tuple[str, int], socket.socket] = {}
+"""The open connection to each endpoint a model call left for the next (HTTP keep-alive): a
+call on a connection of its own cost the interception an accept, a protocol and a close."""
+
+
+class _Stale(Exception):
+    """A kept connection the server had closed while it sat idle: nothing of a reply came."""
+
+
 def http_post(
-    url: str, data: bytes, headers: dict[str, str], timeout: float
+    url: str, data: bytes, headers: dict[str, str], timeout: float, keep_alive: bool = False
 ) -> tuple[dict[str, str], bytes]:
     """POST ``data``; returns the reply's headers (lower-cased names) and body. Raises
-    :class:`HttpError` for a status of 400 or more and ``OSError`` when unreachable."""
+    :class:`HttpError` for a status of 400 or more and ``OSError`` when unreachable.
+    ``keep_alive``: the connection stays open for the next call to the same host and port."""
     scheme, _, rest = url.partition("://")
-    if scheme != "http" or any(os.environ.get(v) for v in _PROXY_VARS):
-        return _urllib_post(url, data, headers, timeout)
     authority, _, path = rest.partition("/")
     host, port = authority, 80
     if authority.startswith("["):  # [::1]:8000
@@ -254,43 +280,107 @@ def http_post(
     elif ":" in authority:
         name, _, digits = authority.rpartition(":")
         host, port = name, int(digits)
+    if scheme != "http" or _proxied(host, authority):
+        return _urllib_post(url, data, headers, timeout)
     lines = [f"POST /{path} HTTP/1.1", f"Host: {authority}", f"Content-Length: {len(data)}"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
-    lines += ["Connection: close", "", ""]
-    with socket.create_connection((host, port), timeout=timeout) as conn:
-        conn.sendall("\r\n".join(lines).encode("latin-1") + data)
-        chunks = []
-        while chunk := conn.recv(65536):
-            chunks.append(chunk)
-    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
-    if not sep:
-        raise OSError(f"the connection to {authority} closed before a complete reply")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise OSError(f"not an HTTP reply from {authority}: {status_line[:100]!r}")
-    reply = {}
-    for line in header_lines:
-        name, _, value = line.partition(":")
-        reply[name.strip().lower()] = value.strip()
-    if "chunked" in reply.get("transfer-encoding", "").lower():
-        body = _dechunk(body)
-    elif reply.get("content-length", "").isdigit():
-        body = body[: int(reply["content-length"])]
-    if int(parts[1]) >= 400:
-        raise HttpError(int(parts[1]), body)
-    return reply, body
+    lines += ([] if keep_alive else ["Connection: close"]) + ["", ""]
+    request = "\r\n".join(lines).encode("latin-1") + data
+    key = (host, port)
+    kept = _KEPT.pop(key, None) if keep_alive else None
+    if kept is not None:
+        try:
+            return _exchange(kept, key, authority, request, keep_alive, reused=True)
+        except _Stale:
+            pass  # closed while idle (a server's restart): the request goes on a new one
+    conn = socket.create_connection((host, port), timeout=timeout)
+    try:
+        return _exchange(conn, key, authority, request, keep_alive, reused=False)
+    except _Stale:
+        raise OSError(f"the connection to {authority} closed before a complete reply") from None
 
 
-def _dechunk(raw: bytes) -> bytes:
+def _exchange(
+    conn: socket.socket,
+    key: tuple[str, int],
+    authority: str,
+    request: bytes,
+    keep_alive: bool,
+    reused: bool,
+) -> tuple[dict[str, str], bytes]:
+    """Send ``request`` on ``conn`` and read its reply, leaving ``conn`` in :data:`_KEPT`
+    when the reply's end was framed and both sides keep the connection; closed otherwise."""
+    kept = False
+    raw = b""
+    try:
+        try:
+            conn.sendall(request)
+            while b"\r\n\r\n" not in raw:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            if reused and not raw:
+                raise _Stale from None
+            raise
+        head, sep, body = raw.partition(b"\r\n\r\n")
+        if not sep:
+            if reused and not raw:
+                raise _Stale
+            raise OSError(f"the connection to {authority} closed before a complete reply")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise OSError(f"not an HTTP reply from {authority}: {status_line[:100]!r}")
+        reply = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            reply[name.strip().lower()] = value.strip()
+        framed = True
+        if "chunked" in reply.get("transfer-encoding", "").lower():
+            while (whole := _dechunked(body)) is None:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise OSError("a chunked reply ended early")
+                body += chunk
+            body = whole
+        elif reply.get("content-length", "").isdigit():
+            length = int(reply["content-length"])
+            while len(body) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise OSError(f"the connection to {authority} closed mid-reply")
+                body += chunk
+            body = body[:length]
+        else:  # the reply ends when the server closes
+            framed = False
+            while chunk := conn.recv(65536):
+                body += chunk
+        kept = keep_alive and framed and reply.get("connection", "").lower() != "close"
+        if kept:
+            _KEPT[key] = conn
+        if int(parts[1]) >= 400:
+            raise HttpError(int(parts[1]), body)
+        return reply, body
+    finally:
+        if not kept:
+            conn.close()
+
+
+def _dechunked(raw: bytes) -> bytes | None:
+    """The body of a chunked reply; None while its last chunk has not arrived."""
     out, at = bytearray(), 0
     while True:
         end = raw.find(b"\r\n", at)
         if end < 0:
-            raise OSError("a chunked reply ended early")
+            return None
         size = int(raw[at:end].split(b";")[0], 16)
         if size == 0:
-            return bytes(out)
+            # The last chunk, then trailers (if any) up to an empty line.
+            return bytes(out) if raw.find(b"\r\n\r\n", end) >= 0 else None
+        if len(raw) < end + 2 + size + 2:
+            return None
         out += raw[end + 2 : end + 2 + size]
         at = end + 2 + size + 2
 
@@ -440,7 +530,8 @@ def post_chat(url: str, key: str, body: dict[str, Any], args: argparse.Namespace
             "x-stainless-retry-count": str(attempt),
         }
         try:
-            return json.loads(http_post(url, data, headers, args.request_timeout)[1])
+            reply = http_post(url, data, headers, args.request_timeout, keep_alive=True)
+            return json.loads(reply[1])
         except HttpError as exc:
             detail = exc.body.decode("utf-8", "replace")
             if exc.status < 500 and "rollout stopped" in detail:
