@@ -7,8 +7,10 @@ per level, default one full wave: N = c), the peak RSS of the whole process tree
 the interception, the scripted model and every agent program) while they run, and the first
 rollout's wall time with the tool dir warm (``--tools-dir``, default ``$VFRAY_TOOLS_DIR``) and
 cold (a fresh empty tool dir under /tmp, so that rollout's setup installs the program from
-PyPI/npm with empty uv/npm caches). The load average is printed before and after: on a shared
-machine it moves the figures more than anything measured here.
+PyPI/npm with empty uv/npm caches), and how many connections the agents opened to the
+interception per rollout (a program that opens one per call costs vfray an accept, a protocol
+and a close each time). The load average is printed before and after: on a shared machine it
+moves the figures more than anything measured here.
 
 CPU per rollout (issue 30's goal: vfray's at most 5% of the agent's) is measured apart from the
 scripted model, which runs in its own process (``vfray serve-model --policy agent``, not
@@ -49,6 +51,7 @@ from rollouts import tree_rss
 
 import vfray as vf
 from vfray.harnesses.swe_agent import UPSTREAM as SWE_AGENT_UPSTREAM
+from vfray.interception.app import InterceptionApp
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import TOOLS_DIR_ENV
 
@@ -232,6 +235,24 @@ class AgentCpu:
 
 AGENT_CPU: list[AgentCpu] = []
 
+CLIENTS: list[tuple[str, int]] = []
+"""The client address of every request the interception served (see :func:`count_clients`)."""
+
+
+def count_clients() -> None:
+    """A pass-through spy on the interception app that notes each HTTP request's client address
+    (a list append; it changes nothing): the distinct addresses of a run are the connections
+    its agents opened. A program that opens one per call costs the interception an accept, a
+    protocol and a close each time."""
+    serve = InterceptionApp.__call__
+
+    async def noting(self: InterceptionApp, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("client"):
+            CLIENTS.append(tuple(scope["client"]))
+        await serve(self, scope, receive, send)
+
+    InterceptionApp.__call__ = noting  # type: ignore[method-assign]
+
 
 @contextmanager
 def peak_tree_rss() -> Iterator[list[float]]:
@@ -291,6 +312,7 @@ async def throughput(
             # Warm-up: the program's files in the page cache.
             await one(tasks(1, runtime, harness)[0])
             floor = tree_rss(psutil.Process())
+            CLIENTS.clear()
             box_before = AGENT_CPU[0].seconds()
             cpu_before, loop_before = psutil.Process().cpu_times(), time.thread_time()
             with peak_tree_rss() as peak:
@@ -314,6 +336,7 @@ async def throughput(
         "per_rollout_mib": (peak[0] - floor) / 2**20 / min(concurrency, count),
         "agent_s_mean": sum(agent) / max(1, len(agent)),
         "calls_mean": sum(len(t.calls) for t in traces) / max(1, len(traces)),
+        "connections_mean": len(set(CLIENTS)) / max(1, count),
         "failed": failures(traces),
         # This process less the RSS sampler's thread (vfray: the rollouts, the interception and
         # their threads; the scripted model runs in its own process) against the box process
@@ -352,6 +375,7 @@ async def main() -> None:
         help="the event loop (a Ray SandboxHost actor runs its rollouts on uvloop)",
     )
     args = parser.parse_args()
+    count_clients()
     harnesses = args.harnesses.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     print(
@@ -384,7 +408,8 @@ async def main() -> None:
                 f"({row['per_rollout_mib']:.0f} MiB per rollout in flight above the idle "
                 f"environment), "
                 f"agent phase mean {row['agent_s_mean']:.1f} s, "
-                f"{row['calls_mean']:.1f} model calls each {row['failed']}"
+                f"{row['calls_mean']:.1f} model calls each over "
+                f"{row['connections_mean']:.1f} connections {row['failed']}"
             )
             share = row["vfray_cpu_ms"] / max(row["agent_cpu_ms"], 1e-9)
             print(
