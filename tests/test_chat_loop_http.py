@@ -209,7 +209,7 @@ def test_a_host_no_proxy_names_goes_over_the_socket_not_the_proxy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A box's egress gate sets a proxy and names the interception in no_proxy: its calls must
-    # not fall back to urllib (its import cost the box ~60 ms of CPU per rollout, and it opens
+    # not fall back to urllib (its import cost the box ~30 ms of CPU per rollout, and it opens
     # a connection per call).
     proxy = serve(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
     model = serve(LENGTH_REPLY + b'{"n": 1}', keep_alive=True)
