@@ -370,6 +370,10 @@ def _exchange(
 
 def _dechunked(raw: bytes) -> bytes | None:
     """The body of a chunked reply; None while its last chunk has not arrived."""
+    # Called again as each piece arrives: a whole reply ends with an empty line, so the chunks
+    # are walked only when it could be whole (not once per piece of a long stream).
+    if not raw.endswith(b"\r\n\r\n"):
+        return None
     out, at = bytearray(), 0
     while True:
         end = raw.find(b"\r\n", at)
