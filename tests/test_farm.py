@@ -131,6 +131,29 @@ def test_a_task_with_a_next_message_runs_two_segments_in_the_farm(
     assert {(len(t.segments), len(t.calls)) for t in traces} == {(2, 2)}
 
 
+class LoopKind(vf.Task[vf.TaskData]):
+    """Scores 1.0 when its rollout's event loop is the one the test expects."""
+
+    @vf.reward
+    async def on_uvloop(self, trace: vf.Trace) -> float:
+        return float(type(asyncio.get_running_loop()).__module__.startswith("uvloop"))
+
+
+@pytest.mark.parametrize(("event_loop", "uvloop"), [(None, 1.0), ("asyncio", 0.0)])
+def test_local_runs_are_on_uvloop_unless_asyncio_is_asked_for(
+    tmp_path: Path, event_loop: str | None, uvloop: float
+) -> None:
+    """The local backend's rollouts share the run's loop: uvloop by default (as a Ray
+    SandboxHost's), asyncio's with ``farm.event_loop = "asyncio"``."""
+    config = vf.EvalConfig()
+    if event_loop is not None:
+        config.farm.event_loop = event_loop  # type: ignore[assignment]
+    with farm(tmp_path, config=config, model="scripted:echo", backend="local") as f:
+        result = f.run([LoopKind(vf.TaskData(prompt="hi"))], rollouts_per_task=1)
+    [trace] = table_to_traces(result.traces)
+    assert trace.errors == [] and trace.rewards["on_uvloop"].value == uvloop
+
+
 class FlakyData(vf.TaskData):
     marker: str
 

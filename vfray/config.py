@@ -167,6 +167,12 @@ class FarmConfig(BaseModel):
     flush_rows: int = Field(1000, ge=1, description="trace rows buffered per Parquet part")
     flush_seconds: float = Field(5.0, gt=0, description="seconds before buffered rows are written")
     tunnel: TunnelSettings = Field(default_factory=TunnelSettings)
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop",
+        description="the event loop of the run's own process (the driver; on the local "
+        "backend also every rollout): uvloop, as Ray's async actors run (about a fifth less "
+        "CPU per rollout than asyncio's), or asyncio; asyncio's where uvloop is not installed",
+    )
 
 
 class EvalConfig(BaseSettings):

@@ -241,7 +241,8 @@ class Farm:
         return run_sync(
             self.run_async(
                 tasks, rollouts_per_task, resume=resume, name=name, on_run_dir=on_run_dir
-            )
+            ),
+            self.config.farm.event_loop,
         )
 
     async def run_async(

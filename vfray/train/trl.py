@@ -160,7 +160,7 @@ class TRLRollouts:
                 groups[group.episode.task.key] = group
             return groups
 
-        return run_sync(collect())
+        return run_sync(collect(), self.farm.config.farm.event_loop)
 
 
 def _filler_token(trainer: Any) -> int:
