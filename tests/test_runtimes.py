@@ -312,3 +312,46 @@ async def test_boxes_with_network_get_tls_roots_and_proxies(
     seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
     assert seen["HTTPS_PROXY"] == "http://proxy.invalid:3128" and seen["no_proxy"] == "localhost"
     assert os.path.isfile(seen["SSL_CERT_FILE"]) and seen["NODE_EXTRA_CA_CERTS"]
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+async def test_a_fifo_in_the_box_never_stalls_the_event_loop(kind: str) -> None:
+    """Small files are read and written on the loop itself (no thread hop); a FIFO the box's
+    programs put where vfray reads or writes must still go to a thread and wait there, while
+    the loop runs on. Regular files keep their bytes and modes, a new 0o600 file included."""
+    rt = factory(kind)()
+    await rt.start()
+    try:
+        await rt.write("key", b"secret", mode=0o600)
+        await rt.write("prog", b"#!/bin/sh\n", mode=0o755)
+        assert (os.stat(rt.resolve("key")).st_mode & 0o777, await rt.read("key")) == (
+            0o600,
+            b"secret",
+        )
+        assert os.stat(rt.resolve("prog")).st_mode & 0o777 == 0o755
+        os.mkfifo(rt.resolve("pipe"))
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        reading = asyncio.ensure_future(rt.read("pipe"))
+        await asyncio.sleep(0.3)
+        assert not reading.done() and ticks >= 10
+        with open(rt.resolve("pipe"), "wb") as writer:  # the thread's read ends
+            writer.write(b"from the box")
+        assert await asyncio.wait_for(reading, 10) == b"from the box"
+        ticks = 0
+        writing = asyncio.ensure_future(rt.write("pipe", b"to the box"))
+        await asyncio.sleep(0.3)
+        assert not writing.done() and ticks >= 10
+        with open(rt.resolve("pipe"), "rb") as reader:
+            assert reader.read() == b"to the box"
+        await asyncio.wait_for(writing, 10)
+        ticker.cancel()
+    finally:
+        await rt.stop()

@@ -25,6 +25,7 @@ from typing import ClassVar
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._remove import remove_tree
+from vfray.runtimes._small_files import read_small, write_small
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
@@ -248,8 +249,10 @@ class SubprocessRuntime(Runtime):
         return f"http://127.0.0.1:{port}"
 
     async def read(self, path: str) -> bytes:
+        target = self.resolve(path)
         try:
-            return await blocking(self.resolve(path).read_bytes)
+            small = read_small(target)
+            return small if small is not None else await blocking(target.read_bytes)
         except OSError as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
@@ -262,7 +265,8 @@ class SubprocessRuntime(Runtime):
             target.chmod(mode)
 
         try:
-            await blocking(_write)
+            if not write_small(target, data, mode):
+                await blocking(_write)
         except OSError as exc:
             raise SandboxError(f"cannot write {path!r}: {exc}") from exc
 
