@@ -18,12 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from vfray.endpoints.serving import (
     GRACEFUL_SHUTDOWN_S,
     HeadLimits,
     close_abandoning,
     serve_in_loop,
+    serve_in_thread,
 )
 from vfray.interception import Interception, InterceptionSettings, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
@@ -421,3 +423,44 @@ def test_a_request_in_flight_when_its_loop_is_closed_gets_503_and_no_traceback(
     assert answer.status_code == 503
     assert "shutting down" in answer.text
     assert "Exception in ASGI application" not in caplog.text
+
+
+async def _hello(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"hi"})
+
+
+async def test_an_idle_server_ticks_once_a_second_and_a_close_wakes_it_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn's own loop wakes ten times a second to look for ``should_exit``: the idle CPU
+    of every server vfray runs. Its ticks here are one a second, its date header still made
+    on each, and a close (``should_exit``, set from the server's loop or another thread) ends
+    it at once, not at its next tick."""
+    ticks: list[int] = []
+    on_tick = uvicorn.Server.on_tick
+
+    async def counted(self: uvicorn.Server, counter: int) -> bool:
+        ticks.append(counter)
+        return await on_tick(self, counter)
+
+    async def just_ticked() -> None:
+        seen = len(ticks)
+        while len(ticks) == seen:
+            await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(uvicorn.Server, "on_tick", counted)
+    async with serve_in_loop(_hello) as url:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(url)
+            assert response.status_code == 200 and response.headers["date"]
+        await asyncio.sleep(1.6)
+        assert 2 <= len(ticks) <= 3 and all(c % 10 == 0 for c in ticks), ticks
+        await just_ticked()  # the next tick is a second away: only a wake ends it sooner
+        closed_at = time.monotonic()
+    assert time.monotonic() - closed_at < 0.7
+    with serve_in_thread(_hello):
+        await just_ticked()
+        await just_ticked()
+        closed_at = time.monotonic()
+    assert time.monotonic() - closed_at < 0.7
