@@ -22,8 +22,13 @@ its join shell), and it holds everything however the box's processes end (a kill
 namespace's processes are never reaped into this process's children's times). Without a
 writable ``cpuacct`` hierarchy it falls back to the reaped children's times (subprocess only).
 
+The rollouts run on uvloop, the loop vfray runs them on (``--loop asyncio``: asyncio's own).
+``--by-task`` (with ``--loop asyncio``) prints where the event loop's CPU went per rollout, by
+the task or transport each callback ran for: the interception's request tasks, the harness's
+session, the box's start and stop.
+
 Run: ``python benchmarks/agents.py [--harnesses mini-swe-agent,codex,claude-code]
-[--runtime subprocess|bwrap] [--concurrency 8,32] [--rollouts N] [--no-cold]``.
+[--runtime subprocess|bwrap] [--concurrency 8,32] [--rollouts N] [--no-cold] [--loop L]``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +259,49 @@ def count_clients() -> None:
     InterceptionApp.__call__ = noting  # type: ignore[method-assign]
 
 
+BY_TASK: dict[str, float] = {}
+"""With ``--by-task``: the event loop's CPU seconds per kind of callback (see :func:`by_task`)."""
+
+
+def _callback_kind(handle: asyncio.Handle) -> str:
+    """What a loop callback runs for: the root coroutine of the task it steps, the transport
+    (and its protocol) whose event it handles, or the function's name."""
+    callback = handle._callback  # type: ignore[attr-defined]
+    owner = getattr(callback, "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        return "task " + getattr(owner.get_coro(), "__qualname__", "?")
+    name = getattr(callback, "__name__", "?")
+    if owner is not None:
+        protocol = getattr(owner, "_protocol", None)
+        of = f" <{type(protocol).__name__}>" if protocol is not None else ""
+        return f"{type(owner).__name__}.{name}{of}"
+    return str(getattr(callback, "__qualname__", name))
+
+
+@contextmanager
+def by_task() -> Iterator[None]:
+    """Charge each callback of asyncio's loop (a task's step, a transport's read) to what it
+    runs for, in thread CPU: where a rollout's loop time goes by layer (the interception's
+    request tasks, the harness's session, the box), which cProfile's per-function times of
+    coroutines do not tell. The rest of the loop thread's time is the loop's own polling.
+    asyncio's loop only: uvloop's handles are native."""
+    run = asyncio.Handle._run
+
+    def timed(handle: asyncio.Handle) -> None:
+        start = time.thread_time()
+        try:
+            run(handle)
+        finally:
+            kind = _callback_kind(handle)
+            BY_TASK[kind] = BY_TASK.get(kind, 0.0) + time.thread_time() - start
+
+    asyncio.Handle._run = timed  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        asyncio.Handle._run = run  # type: ignore[method-assign]
+
+
 @contextmanager
 def peak_tree_rss() -> Iterator[list[float]]:
     """Sample this process tree's RSS every 0.25 s (in a thread); yields [peak bytes, the
@@ -298,7 +346,12 @@ async def first_rollout(harness: str, runtime: str, root: str) -> tuple[float, s
 
 
 async def throughput(
-    harness: str, runtime: str, root: str, concurrency: int, count: int
+    harness: str,
+    runtime: str,
+    root: str,
+    concurrency: int,
+    count: int,
+    charge_by_task: bool = False,
 ) -> dict[str, Any]:
     gate = asyncio.Semaphore(concurrency)
     with tools_dir(root):
@@ -313,9 +366,11 @@ async def throughput(
             await one(tasks(1, runtime, harness)[0])
             floor = tree_rss(psutil.Process())
             CLIENTS.clear()
+            BY_TASK.clear()
             box_before = AGENT_CPU[0].seconds()
             cpu_before, loop_before = psutil.Process().cpu_times(), time.thread_time()
-            with peak_tree_rss() as peak:
+            timed = by_task() if charge_by_task else nullcontext()
+            with peak_tree_rss() as peak, timed:
                 started = time.perf_counter()
                 traces = await asyncio.gather(*(one(t) for t in tasks(count, runtime, harness)))
                 elapsed = time.perf_counter() - started
@@ -370,11 +425,19 @@ async def main() -> None:
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-install rollout")
     parser.add_argument(
         "--loop",
-        default="asyncio",
+        default="uvloop",
         choices=["asyncio", "uvloop"],
-        help="the event loop (a Ray SandboxHost actor runs its rollouts on uvloop)",
+        help="the event loop: uvloop, as vfray runs rollouts on both backends (a Ray "
+        "SandboxHost actor's loop; the local backend's, farm.event_loop), or asyncio's",
+    )
+    parser.add_argument(
+        "--by-task",
+        action="store_true",
+        help="print the event loop's CPU per rollout by task and transport (--loop asyncio)",
     )
     args = parser.parse_args()
+    if args.by_task and args.loop != "asyncio":
+        parser.error("--by-task needs --loop asyncio (uvloop's callbacks are native)")
     count_clients()
     harnesses = args.harnesses.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -400,7 +463,9 @@ async def main() -> None:
         rates = {}
         for level in levels:
             count = args.rollouts or level
-            row = await throughput(harness, args.runtime, args.tools_dir, level, count)
+            row = await throughput(
+                harness, args.runtime, args.tools_dir, level, count, args.by_task
+            )
             rates[level] = row["rollouts_per_s"]
             print(
                 f"  c={level:<3} {count} rollouts: {row['rollouts_per_s']:.2f} rollouts/s "
@@ -418,6 +483,13 @@ async def main() -> None:
                 f"({row['agent_cpu_from']}): vfray CPU / agent CPU {share:.1%} (goal <= 5%)"
             )
             summary.append((harness, level, row))
+            if args.by_task:
+                spent = sum(BY_TASK.values())
+                print(
+                    f"  c={level:<3} the loop's callbacks: {1000 * spent / count:.2f} ms a rollout"
+                )
+                for kind, seconds in sorted(BY_TASK.items(), key=lambda kv: -kv[1])[:20]:
+                    print(f"    {1000 * seconds / count:7.3f} ms  {kind}")
         if len(levels) > 1:
             low, high = min(levels), max(levels)
             print(f"  c={high} / c={low} rollouts/s: x{rates[high] / rates[low]:.2f}")
@@ -438,12 +510,12 @@ if __name__ == "__main__":
     with scripted_model():
         AGENT_CPU.append(AgentCpu())
         try:
-            # --loop uvloop (main parses it: a wrong value exits there)
-            if any(arg.endswith("uvloop") for arg in sys.argv[1:]):
+            # --loop asyncio (main parses it: a wrong value exits there)
+            if any(arg.endswith("asyncio") for arg in sys.argv[1:]):
+                asyncio.run(main())
+            else:
                 import uvloop
 
                 uvloop.run(main())
-            else:
-                asyncio.run(main())
         finally:
             AGENT_CPU[0].close()
