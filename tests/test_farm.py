@@ -284,7 +284,11 @@ def test_a_host_killed_just_after_its_harness_programs_has_its_rollouts_retried(
     assert [r["error_message"] for r in final if not r["ok"]] == []
     lost = [r for r in result.traces.to_pylist() if not r["ok"]]
     assert {r["error_type"] for r in lost} == {"InfrastructureError"}, lost
-    assert len(lost) == 4
+    # Each of the four was lost with its host. A retry that reaches the host while Ray is
+    # still restarting it (seconds on a loaded machine: CI saw 8 lost rows) is lost again and
+    # retried, never kept.
+    rollouts = {(r["task_key"], r["rollout_index"]) for r in final}
+    assert {(r["task_key"], r["rollout_index"]) for r in lost} == rollouts and len(rollouts) == 4
 
 
 def _box_processes(root: Path) -> list[int]:
