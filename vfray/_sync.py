@@ -45,9 +45,9 @@ def cancel_runs() -> bool:
 
 
 def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The factory of ``loop`` (None: asyncio's own). uvloop runs the same rollouts for
-    about a fifth less of the process's CPU (its scheduling, selector and transports are
-    native); without it installed, asyncio's loop is used."""
+    """The factory of ``loop`` (None: asyncio's own). uvloop's scheduling, selector and
+    transports are native: an agent's rollout cost vfray 11-14% less CPU on it
+    (docs/guides/performance.md); without it installed, asyncio's loop is used."""
     if loop == "asyncio":
         return None
     try:
