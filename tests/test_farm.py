@@ -132,7 +132,7 @@ def test_a_task_with_a_next_message_runs_two_segments_in_the_farm(
 
 
 class LoopKind(vf.Task[vf.TaskData]):
-    """Scores 1.0 when its rollout's event loop is the one the test expects."""
+    """Scores 1.0 when its rollout runs on uvloop, 0.0 on any other loop."""
 
     @vf.reward
     async def on_uvloop(self, trace: vf.Trace) -> float:

@@ -63,9 +63,9 @@ def _run(coro: Coroutine[Any, Any, T], loop: EventLoop) -> T:
         return runner.run(_tracked(coro))
 
 
-def run_sync(coro: Coroutine[Any, Any, T], loop: EventLoop = "uvloop") -> T:
+def run_sync(coro: Coroutine[Any, Any, T], loop: EventLoop) -> T:
     """Run a coroutine to completion from sync code, also inside a running loop (Jupyter),
-    on a new event loop of kind ``loop``."""
+    on a new event loop of kind ``loop`` (the run's ``farm.event_loop``)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
