@@ -8,6 +8,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -17,6 +18,7 @@ from starlette.routing import Route
 
 from vfray.endpoints.serving import serve_in_loop
 from vfray.errors import ConfigError, MissingExtraError, SandboxError
+from vfray.runtimes._box_paths import Mount, open_in_box
 from vfray.runtimes.base import Runtime, RuntimeSpec
 from vfray.runtimes.bwrap import BwrapRuntime, shares_network
 from vfray.runtimes.processes import box_env, is_secret
@@ -312,6 +314,100 @@ async def test_boxes_with_network_get_tls_roots_and_proxies(
     seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
     assert seen["HTTPS_PROXY"] == "http://proxy.invalid:3128" and seen["no_proxy"] == "localhost"
     assert os.path.isfile(seen["SSL_CERT_FILE"]) and seen["NODE_EXTRA_CA_CERTS"]
+
+
+LINKS_OUT = """
+set -e
+ln -s /root/vfray-host-secret/key leak           # a host file the box cannot see
+ln -s /root/vfray-host-written planted           # where a host write would land
+ln -s /root up                                   # a dir out of the box
+ln -s ../../../../root/vfray-host-secret/key climb
+mkdir -p sub && ln -s ../leak sub/again          # a link to a link out
+echo in-the-box > /tmp/answer
+ln -s /tmp/answer answer.txt                     # absolute, to the box's own /tmp
+ln -s sub/../kept relative && echo kept > kept   # relative, with .. inside the box
+ln -s loop1 loop2 && ln -s loop2 loop1
+"""
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+async def test_a_link_the_box_made_never_leads_a_host_read_or_write_out_of_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """vfray reads a box's files (a reward's answer file) and writes them (a harness's next
+    prompt) from the host, as the node's user: a link the box made is followed as the box
+    would follow it, and one that leads out of the box's writable dirs is refused (before:
+    the host read /root's files through it, and wrote where it pointed)."""
+    secret = Path("/root/vfray-host-secret")
+    if os.geteuid() != 0:
+        secret = tmp_path_factory.mktemp("host") / "vfray-host-secret"
+    secret.mkdir(exist_ok=True)
+    (secret / "key").write_text("HOST SECRET\n")
+    written = secret.parent / "vfray-host-written"
+    written.unlink(missing_ok=True)
+    try:
+        async with BwrapRuntime() as rt:
+            made = await rt.run(["sh", "-c", LINKS_OUT.replace("/root", str(secret.parent))])
+            assert made.ok, made
+            for name in ("leak", "up/vfray-host-secret/key", "climb", "sub/again"):
+                with pytest.raises(SandboxError, match="outside the box's writable dirs"):
+                    await rt.read(name)
+            with pytest.raises(SandboxError, match="outside the box's writable dirs"):
+                await rt.write("planted", b"from the host")
+            with pytest.raises(SandboxError, match="outside the box's writable dirs"):
+                await rt.write("up/vfray-host-written", b"from the host")
+            assert not written.exists()
+            # Links that stay in the box read what the box reads through them.
+            assert await rt.read("answer.txt") == b"in-the-box\n"
+            assert await rt.read("relative") == b"kept\n"
+            with pytest.raises(SandboxError, match="symbolic links"):
+                await rt.read("loop1")
+            await rt.write("answer.txt", b"rewritten\n")
+            seen = await rt.run(["cat", "/tmp/answer"])
+            assert seen.stdout == "rewritten\n"
+            await rt.write("deep/er/file", b"x")  # parent dirs still made
+            assert (await rt.run(["cat", "deep/er/file"])).stdout == "x"
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
+        written.unlink(missing_ok=True)
+
+
+def test_open_in_box_follows_links_as_the_box_does(tmp_path: Path) -> None:
+    """The walk on its own: a box with its work dir mounted at /tmp/work over its /tmp."""
+    tmp, work = tmp_path / "tmp", tmp_path / "work"
+    (tmp / "work").mkdir(parents=True)  # what the work dir's mount hides
+    work.mkdir()
+    (tmp / "work" / "hidden").write_text("under the mount")
+    (tmp / "t").write_text("box tmp")
+    mounts = (Mount("/tmp", str(tmp)), Mount("/tmp/work", str(work)))
+
+    def read(path: str) -> str:
+        fd = open_in_box(mounts, path, os.O_RDONLY, cwd="/tmp/work")
+        with os.fdopen(fd) as f:
+            return f.read()
+
+    os.symlink("/tmp/t", work / "abs")
+    os.symlink("../t", work / "rel")  # up out of the work dir's mount, into /tmp's
+    os.symlink("hidden", work / "under")
+    os.symlink(str(tmp / "t"), work / "host-name")  # the host's name for it: not the box's
+    os.symlink("/etc/passwd", work / "out")
+    assert read("abs") == read("rel") == read("/tmp/work/../t") == "box tmp"
+    with pytest.raises(FileNotFoundError):
+        read("under")  # the box sees its work dir over /tmp/work, never what it hides
+    with pytest.raises(FileNotFoundError if str(tmp).startswith("/tmp/") else SandboxError):
+        read("host-name")
+    with pytest.raises(SandboxError):
+        read("out")
+    with pytest.raises(SandboxError):
+        read("/etc/passwd")
+    with pytest.raises(IsADirectoryError):
+        read("/tmp")
+    fd = open_in_box(
+        mounts, "a/b/c", os.O_WRONLY | os.O_CREAT, 0o600, cwd="/tmp/work", make_parents=True
+    )
+    os.close(fd)
+    assert (work / "a" / "b" / "c").is_file()
+    assert os.stat(work / "a" / "b" / "c").st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize("kind", LOCAL)

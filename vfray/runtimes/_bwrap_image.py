@@ -90,12 +90,18 @@ def mount_box_root(
     return node, Path(workdir)
 
 
-def in_layer(root: Path, box: Path, path: str) -> Path:
-    """The host path of the box's absolute path ``box`` (named ``path`` by the caller) in its
-    root ``root``, its links resolved inside it; never what the box mounts over its root."""
+def refuse_mounted(box: Path, path: str) -> None:
+    """SandboxError when the box's absolute path ``box`` (named ``path``) is under what the
+    box mounts over its root (its ``/proc``, ``/dev``, bridges and node programs)."""
     for mounted in ("/proc", "/dev", BRIDGE_DIR, NODE_DIR):
         if box == Path(mounted) or Path(mounted) in box.parents:
             raise SandboxError(f"{path!r} is not in the box's root filesystem")
+
+
+def in_layer(root: Path, box: Path, path: str) -> Path:
+    """The host path of the box's absolute path ``box`` (named ``path`` by the caller) in its
+    root ``root``, its links resolved inside it; never what the box mounts over its root."""
+    refuse_mounted(box, path)
     try:
         return Path(in_root(str(root), str(box)))
     except OSError as exc:

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from vfray.endpoints.serving import in_loop_server
 from vfray.errors import SandboxError
 from vfray.runtimes._box_netns import BoxNetns
+from vfray.runtimes._box_paths import Mount, open_in_box
 from vfray.runtimes._box_pool import POOL, WARM_BOXES, Parked
 from vfray.runtimes._bwrap_args import (
     BOX_UID,
@@ -54,7 +55,7 @@ from vfray.runtimes._bwrap_args import (
     host_mounts,
     with_ids,
 )
-from vfray.runtimes._bwrap_image import ImageBox, in_layer
+from vfray.runtimes._bwrap_image import ImageBox, in_layer, refuse_mounted
 from vfray.runtimes._bwrap_launch import (
     bwrap_args,
     command_env,
@@ -67,6 +68,7 @@ from vfray.runtimes._cgroup_v1 import CgroupV1
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._foreign_root import NodePrograms
 from vfray.runtimes._overlay import CowRoot
+from vfray.runtimes._small_files import Opener
 from vfray.runtimes.base import LiveProcess, RuntimeSpec
 from vfray.runtimes.bridge import BridgeSet, ExposedPort, UnixBridge
 from vfray.runtimes.egress import EgressGate, check_named_hosts, open_gate
@@ -307,6 +309,8 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         return self._executing or not self.setup_network
 
     def resolve(self, path: str) -> Path:
+        """The host path of the box's ``path``, named as written (a link in it is not
+        followed): for a look from the host. :meth:`opener` is how the host opens it."""
         workdir = self._require_workdir()
         assert self.base is not None
         box = Path(self.box_workdir, path)  # an absolute path replaces the work dir
@@ -321,6 +325,27 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         raise SandboxError(
             f"{path!r} is outside the box's writable dirs ({self.box_workdir}, /tmp)"
         )
+
+    def opener(self, path: str) -> Opener:
+        """Opens the box's ``path`` from the host as the box finds it: every link on it
+        followed as in the box, never out of its root (over an image) or its writable dirs
+        (over the host's root) (:mod:`vfray.runtimes._box_paths`)."""
+        workdir = self._require_workdir()
+        assert self.base is not None
+        if self.layer is not None:
+            refuse_mounted(Path(self.box_workdir, path), path)
+            mounts: tuple[Mount, ...] = (Mount("/", str(self.layer.root)),)
+            what = "the box's root"
+        else:
+            mounts = (Mount(self.box_workdir, str(workdir)), Mount("/tmp", str(self.base / "tmp")))
+            what = f"the box's writable dirs ({self.box_workdir}, /tmp)"
+        cwd = self.box_workdir
+
+        def open_(flags: int, mode: int) -> int:
+            made = bool(flags & os.O_CREAT)
+            return open_in_box(mounts, path, flags, mode, cwd=cwd, make_parents=made, what=what)
+
+        return open_
 
     def _preexec(self) -> Callable[[], None] | None:
         """The rlimits the cgroups do not cover (the cgroups are joined by :meth:`_launcher`'s

@@ -25,7 +25,7 @@ from typing import ClassVar
 from vfray.errors import SandboxError
 from vfray.runtimes._executor import blocking
 from vfray.runtimes._remove import remove_tree
-from vfray.runtimes._small_files import read_small, write_small
+from vfray.runtimes._small_files import Opener, read_file, read_small, write_file, write_small
 from vfray.runtimes.base import LiveProcess, ProgramResult, Runtime, RuntimeSpec
 from vfray.runtimes.images import refuse_image, runs_images
 from vfray.runtimes.launches import Launch, launch_limit, launch_slots
@@ -248,25 +248,31 @@ class SubprocessRuntime(Runtime):
         self._require_workdir()
         return f"http://127.0.0.1:{port}"
 
-    async def read(self, path: str) -> bytes:
+    def opener(self, path: str) -> Opener:
+        """How the host opens the box's ``path`` (:meth:`resolve`'s host path; parent dirs made
+        for a write). A box of its own confines this to its dirs (bwrap)."""
         target = self.resolve(path)
+
+        def open_(flags: int, mode: int) -> int:
+            if flags & os.O_CREAT:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(target, flags, mode)
+
+        return open_
+
+    async def read(self, path: str) -> bytes:
+        opener = self.opener(path)
         try:
-            small = read_small(target)
-            return small if small is not None else await blocking(target.read_bytes)
+            small = read_small(opener)
+            return small if small is not None else await blocking(read_file, opener)
         except OSError as exc:
             raise SandboxError(f"cannot read {path!r}: {exc}") from exc
 
     async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        target = self.resolve(path)
-
-        def _write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            target.chmod(mode)
-
+        opener = self.opener(path)
         try:
-            if not write_small(target, data, mode):
-                await blocking(_write)
+            if not write_small(opener, data, mode):
+                await blocking(write_file, opener, data, mode)
         except OSError as exc:
             raise SandboxError(f"cannot write {path!r}: {exc}") from exc
 
