@@ -64,7 +64,12 @@ class DockerFiles(ContainerBox):
         target = self._box_path(path)
 
         def _read() -> bytes:
-            chunks, _ = container.get_archive(str(target))
+            chunks, stat = container.get_archive(str(target))
+            link = stat.get("linkTarget") if isinstance(stat, dict) else None
+            if link:
+                # The archive of a link is the link: its target, as the engine resolved it in
+                # the container (never outside it), is the file the box reads there.
+                chunks, _ = container.get_archive(str(link))
             return untar_file(b"".join(chunks), path)
 
         try:

@@ -309,8 +309,9 @@ class BwrapRuntime(ImageBox, SubprocessRuntime):
         return self._executing or not self.setup_network
 
     def resolve(self, path: str) -> Path:
-        """The host path of the box's ``path``, named as written (a link in it is not
-        followed): for a look from the host. :meth:`opener` is how the host opens it."""
+        """The host path of the box's ``path``, for a look from the host (over an image, its
+        links resolved inside the root; over the host's root, as named). The host opens box
+        files through :meth:`opener`, which follows no link out of the box."""
         workdir = self._require_workdir()
         assert self.base is not None
         box = Path(self.box_workdir, path)  # an absolute path replaces the work dir

@@ -97,6 +97,15 @@ async def _check_files(runtime: Runtime) -> None:
     made = await runtime.run(["sh", "-c", "printf made > conformance/made.txt"], timeout=30)
     _check(made.ok, f"cannot write in the work dir: {made}")
     _check(await runtime.read("conformance/made.txt") == b"made", "read() misses a box's file")
+    # A link the box's programs made to a file of the box reads that file, as in the box.
+    linked = await runtime.run(
+        ["sh", "-c", 'ln -s made.txt conformance/rel && ln -s "$PWD/conformance/made.txt" '
+         "conformance/abs"],
+        timeout=30,
+    )  # fmt: skip
+    _check(linked.ok, f"cannot make links in the work dir: {linked}")
+    for link in ("conformance/rel", "conformance/abs"):
+        _check(await runtime.read(link) == b"made", f"read() of the box's link {link} failed")
 
 
 async def _check_run(runtime: Runtime, secret: str) -> None:
