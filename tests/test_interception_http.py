@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -464,3 +465,57 @@ async def test_an_idle_server_ticks_once_a_second_and_a_close_wakes_it_at_once(
         await just_ticked()
         closed_at = time.monotonic()
     assert time.monotonic() - closed_at < 0.7
+
+
+LINE_BREAKS = "one\u2028two\u2029three\x85four"
+"""Characters ``str.splitlines`` breaks at that JSON may hold unescaped (vLLM's pydantic
+serializer and Node's JSON.stringify leave them raw); none ends an SSE line."""
+
+
+async def test_a_streamed_reply_keeps_unescaped_line_separators_in_its_json() -> None:
+    """A model's stream whose JSON carries U+2028, U+2029 and U+0085 unescaped, as vLLM sends
+    it: the trace records the whole reply and its token ids (the old parser split the event's
+    data at them and dropped the event from the trace, while the agent still got it)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    pieces = ["Hello ", LINE_BREAKS, "!"]
+
+    async def events() -> AsyncIterator[bytes]:
+        for i, piece in enumerate(pieces):
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "token_ids": [i]}]}
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        yield f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode()
+
+    async def complete(request: Request) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+    async with serve_in_loop(model) as url, Interception(Upstream(f"{url}/v1", model="m")) as icpt:
+        trace = new_trace()
+        client = openai.AsyncOpenAI(base_url=icpt.url, api_key=icpt.app.register(trace))
+        stream = await client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        said = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert said == "".join(pieces)
+    [call] = trace.calls
+    assert call.error is None and call.completion_token_ids == [0, 1, 2]
+    assert trace.graph[call.response_id].content == "".join(pieces)
+
+
+def test_sse_blocks_split_at_line_feeds_only() -> None:
+    from vfray.interception.dialects.base import parse_sse_block
+
+    raw = f'data: {{"a": "{LINE_BREAKS}"}}\n\n'.encode()
+    assert json.loads(parse_sse_block(raw).data) == {"a": LINE_BREAKS}
+    several = f"event: e\ndata: {LINE_BREAKS}\ndata: x\n\n".encode()
+    assert (parse_sse_block(several).event, parse_sse_block(several).data) == (
+        "e",
+        f"{LINE_BREAKS}\nx",
+    )
+    assert parse_sse_block(b"event: e\rdata: x\n\n").data == "x"  # a lone CR ends a line too
+    assert parse_sse_block(b": keepalive\n\n").data == ""

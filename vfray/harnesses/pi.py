@@ -62,7 +62,7 @@ def models_json(model: str, base_url: str) -> str:
 def model_failure(events: str) -> str | None:
     """The error of the last assistant message in Pi's JSON event stream, when it ended in one
     (``stopReason: "error"``); None when it ended normally."""
-    for line in reversed(events.splitlines()):
+    for line in reversed(events.split("\n")):  # not splitlines: Node leaves U+2028 raw
         try:
             event = json.loads(line)
         except ValueError:

@@ -266,7 +266,8 @@ def _path(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def read_v1_traces(path: str | Path) -> list[Outcome]:
     """The rollouts of a v1 ``traces.jsonl`` (written by verifiers, or by :func:`export_run`)."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    # JSON Lines end at "\n": splitlines would also split at a U+2028 a writer left raw.
+    for line in Path(path).read_text(encoding="utf-8").split("\n"):
         if not line.strip():
             continue
         episode = json.loads(line)

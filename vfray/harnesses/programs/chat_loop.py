@@ -443,7 +443,8 @@ class McpClient:
         if notify:
             return None
         replies = (
-            [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+            # Lines end at "\n" only: a tool's text may hold U+2028, which splitlines splits.
+            [json.loads(line[5:]) for line in raw.split("\n") if line.startswith("data:")]
             if "text/event-stream" in kind
             else [json.loads(raw)]
         )

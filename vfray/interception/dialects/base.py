@@ -79,9 +79,22 @@ class SSEEvent:
 
 
 def parse_sse_block(raw: bytes) -> SSEEvent:
+    """One event block (``\r\n`` already made ``\n``, as :class:`SSESplitter` gives them)."""
+    # The shapes every provider streams, read without a walk of the lines: one data line
+    # (chat completions), or an event line then one data line (Responses, Anthropic).
+    lines = raw.count(b"\n")
+    if lines == 2 and raw.startswith(b"data: ") and raw.endswith(b"\n\n"):
+        return SSEEvent(raw=raw, event=None, data=raw[6:-2].decode("utf-8", "replace"))
+    if lines == 3 and raw.startswith(b"event: ") and raw.endswith(b"\n\n"):
+        end = raw.index(b"\n")
+        if raw.startswith(b"data: ", end + 1):
+            name = raw[7:end].decode("utf-8", "replace").strip()
+            return SSEEvent(raw=raw, event=name, data=raw[end + 7 : -2].decode("utf-8", "replace"))
     event: str | None = None
     data: list[str] = []
-    for line in raw.decode("utf-8", "replace").splitlines():
+    # Lines end at \n (or a lone \r), as the SSE format says: not at every line break
+    # str.splitlines knows (U+2028 and others may stand unescaped in a JSON string).
+    for line in raw.decode("utf-8", "replace").replace("\r", "\n").split("\n"):
         if line.startswith("event:"):
             event = line[6:].strip()
         elif line.startswith("data:"):
