@@ -16,6 +16,7 @@ import pytest
 
 from vfray.config import load_config
 from vfray.interception import Interception, InterceptionSettings, Upstream
+from vfray.interception.exchange import Exchange
 from vfray.models.scripted.server import scripted_server
 from vfray.run.environment import LocalEnvironment
 from vfray.run.spec import resolve_run
@@ -125,6 +126,36 @@ async def test_a_silent_stream_gets_keepalive_comments() -> None:
     assert all(b == b": keepalive" or b.startswith(b"data: ") for b in blocks), blocks
     assert raw.rstrip().endswith(b"data: [DONE]")
     assert trace.calls[0].error is None and trace.calls[0].streamed
+
+
+async def test_keepalive_comments_come_only_after_silence() -> None:
+    """The exchange's one silence timer: chunks arriving more often than the keepalive get no
+    comment between them (the timer moves on without firing a comment), a silence gets one per
+    keepalive, and a chunk after it starts the count again."""
+    exchange = Exchange(b"", stream=True)
+    exchange.start(200, {})
+    got: list[tuple[float, bytes]] = []
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def read() -> None:
+        async for chunk in exchange.iter_chunks(0.2, b"#"):
+            got.append((loop.time() - start, chunk))
+
+    reader = asyncio.ensure_future(read())
+    for i in range(8):  # 0.8 s of chunks every 0.1 s
+        exchange.push(b"%d" % i)
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.55)  # then silence: comments at ~1.0 and ~1.2 (and ~1.4)
+    exchange.push(b"end")
+    await asyncio.sleep(0.1)
+    exchange.finish()
+    await asyncio.wait_for(reader, 5)
+    chunks = [c for _, c in got]
+    first_comment = chunks.index(b"#")
+    assert chunks[:first_comment] == [b"%d" % i for i in range(8)], chunks
+    assert 2 <= chunks.count(b"#") <= 3 and chunks[-1] == b"end", chunks
+    assert got[first_comment][0] >= 0.85  # 0.2 s after the last chunk (at ~0.7 s), not before
 
 
 async def test_the_body_cap_comes_from_the_config() -> None:

@@ -26,7 +26,8 @@ class Exchange:
         self.finished_at: float | None = None
         """``time.monotonic()`` when the exchange finished (None while it is in flight)."""
         self._head = asyncio.Event()
-        self._changed = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
+        """Readers waiting for the next change, each woken once by it."""
 
     @property
     def ok(self) -> bool:
@@ -50,9 +51,19 @@ class Exchange:
         self._wake()
 
     def _wake(self) -> None:
-        # A fresh event per change: readers waiting on the old one all wake, none miss an update.
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        # Every reader waiting now wakes, none misses an update: a reader that was not waiting
+        # sees the new chunks before it waits again. One future per wait, where an
+        # asyncio.Event per change cost a deque and its bookkeeping per streamed event.
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _changed(self) -> asyncio.Future[None]:
+        """A future that the next change (a chunk, the finish) resolves."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
 
     async def head(self) -> tuple[int, dict[str, str]]:
         await self._head.wait()
@@ -60,7 +71,7 @@ class Exchange:
 
     async def body(self) -> bytes:
         while not self.done:
-            await self._changed.wait()
+            await self._changed()
         return b"".join(self.chunks)
 
     async def iter_chunks(
@@ -69,19 +80,55 @@ class Exchange:
         """Every chunk, from the first, as it arrives (those pushed meanwhile joined in one);
         with ``keepalive`` > 0, ``comment`` after each ``keepalive`` seconds without either."""
         sent = 0
-        while True:
-            if sent < len(self.chunks):
-                batch = self.chunks[sent:]
-                sent += len(batch)
-                yield b"".join(batch)
-            elif self.done:
+        if keepalive <= 0:
+            while True:
+                if sent < len(self.chunks):
+                    batch = self.chunks[sent:]
+                    sent += len(batch)
+                    yield b"".join(batch)
+                elif self.done:
+                    return
+                else:
+                    await self._changed()
+        # One timer for the silence, not one per wait: a streamed reply waits once per event,
+        # and a timeout armed and cancelled each time cost more than relaying the event. The
+        # timer is pushed back only when it fires (to the last chunk plus ``keepalive``).
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        waiter: asyncio.Future[None] | None = None
+        silent = False  # the timer found ``keepalive`` seconds without a chunk (and stopped)
+        timer: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal timer, silent
+            left = last + keepalive - loop.time()
+            if left > 0:
+                timer = loop.call_later(left, check)
                 return
-            elif keepalive > 0:
-                # A timeout on the wait itself, not a task per chunk raced against a timer.
-                try:
-                    async with asyncio.timeout(keepalive):
-                        await self._changed.wait()
-                except TimeoutError:
-                    yield comment
-            else:
-                await self._changed.wait()
+            silent = True
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+        timer = loop.call_later(keepalive, check)
+        try:
+            while True:
+                if sent < len(self.chunks) or silent:
+                    if sent < len(self.chunks):
+                        batch = self.chunks[sent:]
+                        sent += len(batch)
+                        out = b"".join(batch)
+                    else:
+                        out = comment
+                    last = loop.time()
+                    if silent:
+                        silent = False
+                        timer = loop.call_later(keepalive, check)
+                    yield out
+                elif self.done:
+                    return
+                else:
+                    waiter = self._changed()
+                    await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()

@@ -14,7 +14,7 @@ from vfray.harnesses.base import AgentSession, Harness, LaunchContext, classify_
 from vfray.harnesses.session import run_segments
 from vfray.rollout.plan import RolloutPlan, SessionBroker, Timeouts
 from vfray.runtimes.base import Runtime
-from vfray.scoring import check_stop
+from vfray.scoring import HookKind, check_stop, select_hooks
 from vfray.task import Task
 from vfray.tools.attach import RolloutTools
 from vfray.trace import StopCondition, Trace
@@ -37,10 +37,15 @@ async def run_agent_phase(
     trace.start_phase("agent")
     secret: str | None = None
     try:
+        # A task without @stop hooks asks nothing before each call (the interception's limits
+        # still apply): the ask itself cost ~40 us a call, most of it finding no hook.
+        has_stop = bool(select_hooks(task, plan.scoring_overrides, HookKind.STOP))
         secret = await broker.register(
             trace,
             plan.limits,
-            lambda t: check_stop(task, t, plan.scoring_overrides, timeouts.stop),
+            (lambda t: check_stop(task, t, plan.scoring_overrides, timeouts.stop))
+            if has_stop
+            else None,
             plan.sampling,
         )
         live = secret

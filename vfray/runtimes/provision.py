@@ -11,6 +11,7 @@ spec as image build steps instead (:func:`image_build_commands`), at the same pa
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -117,7 +118,14 @@ def _safe(text: str) -> str:
 def tools_root(root: str | os.PathLike[str] | None = None) -> Path:
     """The tools root: ``root``, else ``$VFRAY_TOOLS_DIR``, else ``~/.cache/vfray/tools``."""
     chosen = root or os.environ.get(TOOLS_DIR_ENV) or Path.home() / ".cache" / "vfray" / "tools"
-    return Path(chosen).expanduser().resolve()
+    return _resolved(os.fspath(chosen))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(path: str) -> Path:
+    # Resolved once per name (a stat and readlink per component each time, ~0.1 ms of the
+    # owner's CPU per box launch that mounts the tool dir).
+    return Path(path).expanduser().resolve()
 
 
 def _bin_dir(spec: ToolSpec, path: Path) -> Path:
