@@ -519,3 +519,43 @@ def test_sse_blocks_split_at_line_feeds_only() -> None:
     )
     assert parse_sse_block(b"event: e\rdata: x\n\n").data == "x"  # a lone CR ends a line too
     assert parse_sse_block(b": keepalive\n\n").data == ""
+
+
+async def test_a_crlf_stream_cut_between_cr_and_lf_keeps_every_event() -> None:
+    """sse-starlette ends SSE lines with CRLF, and a large event spans several reads: a read
+    that ends between an event's CR and LF once made that event run into the next, which was
+    then lost from the trace (its text and token ids). Every write here ends on such a CR."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    pieces = ["Hello", " there", ", agent", "!"]
+    wire = b""
+    for i, piece in enumerate(pieces):
+        chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "token_ids": [i]}]}
+        wire += f"data: {json.dumps(chunk)}\r\n\r\n".encode()
+    wire += b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\r\n\r\n'
+    wire += b"data: [DONE]\r\n\r\n"
+    cuts = [i + 1 for i in range(len(wire)) if wire[i : i + 1] == b"\r"]
+
+    async def writes() -> AsyncIterator[bytes]:
+        for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+            yield wire[start:end]
+            await asyncio.sleep(0.005)  # apart on the wire: each its own read upstream
+
+    async def complete(request: Request) -> StreamingResponse:
+        return StreamingResponse(writes(), media_type="text/event-stream")
+
+    model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+    async with serve_in_loop(model) as url, Interception(Upstream(f"{url}/v1", model="m")) as icpt:
+        trace = new_trace()
+        client = openai.AsyncOpenAI(base_url=icpt.url, api_key=icpt.app.register(trace))
+        stream = await client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        said = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert said == "".join(pieces)
+    [call] = trace.calls
+    assert call.error is None and call.completion_token_ids == [0, 1, 2, 3]
+    assert trace.graph[call.response_id].content == "".join(pieces)

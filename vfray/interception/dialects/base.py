@@ -109,10 +109,16 @@ class SSESplitter:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        chunk = chunk.replace(b"\r\n", b"\n")
+        data = self._buffer + chunk if self._buffer else chunk
+        # A CR ending the chunk may be half of a CRLF whose LF comes next (sse-starlette ends
+        # lines with CRLF, and a large event spans reads): held back until then, or the two
+        # halves stayed apart and the event ran into the next one.
+        held = b""
+        if data.endswith(b"\r"):
+            data, held = data[:-1], b"\r"
         # One split, not a find and a copy of the rest per event (a chunk holds many events).
-        parts = (self._buffer + chunk if self._buffer else chunk).split(b"\n\n")
-        self._buffer = parts.pop()
+        parts = data.replace(b"\r\n", b"\n").split(b"\n\n")
+        self._buffer = parts.pop() + held
         return [part + b"\n\n" for part in parts]
 
     def rest(self) -> bytes:
