@@ -472,26 +472,22 @@ LINE_BREAKS = "one\u2028two\u2029three\x85four"
 serializer and Node's JSON.stringify leave them raw); none ends an SSE line."""
 
 
-async def test_a_streamed_reply_keeps_unescaped_line_separators_in_its_json() -> None:
-    """A model's stream whose JSON carries U+2028, U+2029 and U+0085 unescaped, as vLLM sends
-    it: the trace records the whole reply and its token ids (the old parser split the event's
-    data at them and dropped the event from the trace, while the agent still got it)."""
+async def record_stream(writes: list[bytes], pause: float = 0.0) -> tuple[str, Trace]:
+    """One streamed chat call through the interception to an upstream that writes ``writes``
+    as they are (``pause`` seconds apart: each its own read); what the client said it got
+    (the OpenAI SDK's text), and the trace."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    pieces = ["Hello ", LINE_BREAKS, "!"]
-
-    async def events() -> AsyncIterator[bytes]:
-        for i, piece in enumerate(pieces):
-            chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "token_ids": [i]}]}
-            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
-        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-        yield f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode()
+    async def send() -> AsyncIterator[bytes]:
+        for data in writes:
+            yield data
+            await asyncio.sleep(pause)
 
     async def complete(request: Request) -> StreamingResponse:
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(send(), media_type="text/event-stream")
 
     model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
     async with serve_in_loop(model) as url, Interception(Upstream(f"{url}/v1", model="m")) as icpt:
@@ -501,10 +497,71 @@ async def test_a_streamed_reply_keeps_unescaped_line_separators_in_its_json() ->
             model="x", messages=[{"role": "user", "content": "hi"}], stream=True
         )
         said = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    return said, trace
+
+
+def chunk(delta: dict[str, Any], token_ids: list[int] | None = None, ascii: bool = True) -> str:
+    choice: dict[str, Any] = {"index": 0, "delta": delta}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return json.dumps({"choices": [choice]}, ensure_ascii=ascii)
+
+
+STOP = json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+
+
+async def test_a_streamed_reply_keeps_unescaped_line_separators_in_its_json() -> None:
+    """A model's stream whose JSON carries U+2028, U+2029 and U+0085 unescaped, as vLLM sends
+    it: the trace records the whole reply and its token ids (the old parser split the event's
+    data at them and dropped the event from the trace, while the agent still got it)."""
+    pieces = ["Hello ", LINE_BREAKS, "!"]
+    events = [chunk({"content": p}, [i], ascii=False) for i, p in enumerate(pieces)]
+    wire = "".join(f"data: {e}\n\n" for e in [*events, STOP, "[DONE]"]).encode()
+    said, trace = await record_stream([wire])
     assert said == "".join(pieces)
     [call] = trace.calls
     assert call.error is None and call.completion_token_ids == [0, 1, 2]
     assert trace.graph[call.response_id].content == "".join(pieces)
+
+
+async def test_a_crlf_stream_cut_between_cr_and_lf_keeps_every_event() -> None:
+    """sse-starlette ends SSE lines with CRLF, and a large event spans several reads: a read
+    that ends between an event's CR and LF once kept the halves apart, so no event ended and
+    the whole reply was lost from the trace (its text and token ids) while the client got it.
+    Every write here ends on such a CR."""
+    pieces = ["Hello", " there", ", agent", "!"]
+    events = [chunk({"content": p}, [i]) for i, p in enumerate(pieces)]
+    wire = "".join(f"data: {e}\r\n\r\n" for e in [*events, STOP, "[DONE]"]).encode()
+    cuts = [i + 1 for i in range(len(wire)) if wire[i : i + 1] == b"\r"]
+    writes = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True)]
+    said, trace = await record_stream(writes, pause=0.005)
+    assert said == "".join(pieces)
+    [call] = trace.calls
+    assert call.error is None and call.completion_token_ids == [0, 1, 2, 3]
+    assert trace.graph[call.response_id].content == "".join(pieces)
+
+
+async def test_tool_calls_streamed_without_an_index_stay_apart() -> None:
+    """Gemini's OpenAI-compatible stream sends ``tool_calls`` parts with no ``index``: each
+    call whole with an id of its own, or its arguments split over parts without one. They
+    were all recorded as call 0, their arguments run together (``{...}{...}``)."""
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": "glob", "arguments": ""}},
+        {"function": {"arguments": '{"pattern": '}},
+        {"function": {"arguments": '"*.py"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+    ]
+    events = [chunk({"role": "assistant", "tool_calls": [part]}) for part in calls]
+    done = json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    wire = "".join(f"data: {e}\n\n" for e in [*events, done, "[DONE]"]).encode()
+    _, trace = await record_stream([wire])
+    [call] = trace.calls
+    reply = trace.graph[call.response_id]
+    got = [
+        (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in reply.tool_calls or []
+    ]
+    assert got == [("call_a", "glob", {"pattern": "*.py"}), ("call_b", "read", {})]
 
 
 def test_sse_blocks_split_at_line_feeds_only() -> None:
@@ -519,43 +576,3 @@ def test_sse_blocks_split_at_line_feeds_only() -> None:
     )
     assert parse_sse_block(b"event: e\rdata: x\n\n").data == "x"  # a lone CR ends a line too
     assert parse_sse_block(b": keepalive\n\n").data == ""
-
-
-async def test_a_crlf_stream_cut_between_cr_and_lf_keeps_every_event() -> None:
-    """sse-starlette ends SSE lines with CRLF, and a large event spans several reads: a read
-    that ends between an event's CR and LF once made that event run into the next, which was
-    then lost from the trace (its text and token ids). Every write here ends on such a CR."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import StreamingResponse
-    from starlette.routing import Route
-
-    pieces = ["Hello", " there", ", agent", "!"]
-    wire = b""
-    for i, piece in enumerate(pieces):
-        chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "token_ids": [i]}]}
-        wire += f"data: {json.dumps(chunk)}\r\n\r\n".encode()
-    wire += b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\r\n\r\n'
-    wire += b"data: [DONE]\r\n\r\n"
-    cuts = [i + 1 for i in range(len(wire)) if wire[i : i + 1] == b"\r"]
-
-    async def writes() -> AsyncIterator[bytes]:
-        for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
-            yield wire[start:end]
-            await asyncio.sleep(0.005)  # apart on the wire: each its own read upstream
-
-    async def complete(request: Request) -> StreamingResponse:
-        return StreamingResponse(writes(), media_type="text/event-stream")
-
-    model = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
-    async with serve_in_loop(model) as url, Interception(Upstream(f"{url}/v1", model="m")) as icpt:
-        trace = new_trace()
-        client = openai.AsyncOpenAI(base_url=icpt.url, api_key=icpt.app.register(trace))
-        stream = await client.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-        said = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    assert said == "".join(pieces)
-    [call] = trace.calls
-    assert call.error is None and call.completion_token_ids == [0, 1, 2, 3]
-    assert trace.graph[call.response_id].content == "".join(pieces)

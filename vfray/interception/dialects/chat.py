@@ -139,6 +139,7 @@ class _ChatStream(StreamAccumulator):
         self.logprobs: list[float] | None = None
         self.error: str | None = None
         self.saw_choice = False
+        self._last_call: int | None = None
 
     def feed(self, event: SSEEvent) -> Action:
         if event.data.strip() == "[DONE]":
@@ -189,7 +190,7 @@ class _ChatStream(StreamAccumulator):
         for part in delta.get("tool_calls") or []:
             if not isinstance(part, dict):
                 continue
-            slot = self.calls.setdefault(as_int(part.get("index")), {"args": []})
+            slot = self.calls.setdefault(self._call_index(part), {"args": []})
             if part.get("id"):
                 slot["id"] = part["id"]
             fn = part.get("function")
@@ -198,6 +199,21 @@ class _ChatStream(StreamAccumulator):
                     slot["name"] = fn["name"]
                 if isinstance(fn.get("arguments"), str):
                     slot["args"].append(fn["arguments"])
+
+    def _call_index(self, part: JSON) -> int:
+        """The slot of a streamed tool-call part: its ``index``. Gemini's OpenAI-compatible
+        stream (and some proxies) sends none: then a part with an id of its own opens the next
+        call and one without continues the last (they were all merged into call 0)."""
+        index = part.get("index")
+        if isinstance(index, int) and not isinstance(index, bool):
+            self._last_call = index
+            return index
+        own_id = part.get("id")
+        last = self._last_call
+        if last is None or (own_id and own_id != self.calls.get(last, {}).get("id")):
+            last = max(self.calls, default=-1) + 1
+        self._last_call = last
+        return last
 
     def result(self) -> ParsedResponse:
         message = None
