@@ -13,13 +13,13 @@ from vfray.interception.dialects.base import SSESplitter
 
 
 def _reference(stream: list[bytes]) -> tuple[list[bytes], bytes]:
-    """The splitter as first written: each event found from the start, the rest copied."""
-    buffer, blocks = b"", []
-    for chunk in stream:
-        buffer += chunk.replace(b"\r\n", b"\n")
-        while (end := buffer.find(b"\n\n")) >= 0:
-            blocks.append(buffer[: end + 2])
-            buffer = buffer[end + 2 :]
+    """Each event found from the start of the whole stream, its CRLFs made LFs. (It once
+    normalized each chunk on its own, as the splitter did, and so shared its bug: a chunk
+    ending between a CR and its LF.)"""
+    buffer, blocks = b"".join(stream).replace(b"\r\n", b"\n"), []
+    while (end := buffer.find(b"\n\n")) >= 0:
+        blocks.append(buffer[: end + 2])
+        buffer = buffer[end + 2 :]
     return blocks, buffer
 
 

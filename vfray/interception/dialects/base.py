@@ -107,22 +107,26 @@ class SSESplitter:
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._cr = False
+        """The last chunk ended with a CR, held back: half of a CRLF if the next starts LF."""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._buffer + chunk if self._buffer else chunk
-        # A CR ending the chunk may be half of a CRLF whose LF comes next (sse-starlette ends
-        # lines with CRLF, and a large event spans reads): held back until then, or the two
-        # halves stayed apart and the event ran into the next one.
-        held = b""
-        if data.endswith(b"\r"):
-            data, held = data[:-1], b"\r"
+        # A large event spans reads, and sse-starlette ends lines with CRLF: a read ending
+        # between a CR and its LF kept the halves apart, so no event ever ended. The CR waits
+        # for the next read, and each byte is normalized exactly once.
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if chunk.endswith(b"\r"):
+            chunk, self._cr = chunk[:-1], True
+        chunk = chunk.replace(b"\r\n", b"\n")
         # One split, not a find and a copy of the rest per event (a chunk holds many events).
-        parts = data.replace(b"\r\n", b"\n").split(b"\n\n")
-        self._buffer = parts.pop() + held
+        parts = (self._buffer + chunk if self._buffer else chunk).split(b"\n\n")
+        self._buffer = parts.pop()
         return [part + b"\n\n" for part in parts]
 
     def rest(self) -> bytes:
-        rest, self._buffer = self._buffer, b""
+        rest = self._buffer + (b"\r" if self._cr else b"")
+        self._buffer, self._cr = b"", False
         return rest
 
 
