@@ -576,3 +576,27 @@ def test_sse_blocks_split_at_line_feeds_only() -> None:
     )
     assert parse_sse_block(b"event: e\rdata: x\n\n").data == "x"  # a lone CR ends a line too
     assert parse_sse_block(b": keepalive\n\n").data == ""
+
+
+async def test_a_reply_with_utf16_surrogates_is_recorded_with_a_note() -> None:
+    """An emoji split between two events as JSON escapes (``"\\ud83d"``, ``"\\ude00"``) and a
+    lone half: the call is on the trace, the pair joined into its character, the lone half
+    U+FFFD, said in a note; it writes to Parquet. It was dropped from the trace without an
+    error (its content address could not be computed), while the agent got the reply."""
+    from vfray.traces.convert import table_to_traces, traces_to_table
+
+    events = [
+        chunk({"content": "emoji "}, [0]),
+        '{"choices": [{"index": 0, "delta": {"content": "\\ud83d"}, "token_ids": [1]}]}',
+        '{"choices": [{"index": 0, "delta": {"content": "\\ude00 and "}, "token_ids": [2]}]}',
+        '{"choices": [{"index": 0, "delta": {"content": "\\ud800!"}, "token_ids": [3]}]}',
+    ]
+    wire = "".join(f"data: {e}\n\n" for e in [*events, STOP, "[DONE]"]).encode()
+    said, trace = await record_stream([wire])
+    assert said == "emoji \ud83d\ude00 and \ud800!"  # the SDK's own decoding of the bytes
+    [call] = trace.calls
+    assert call.error is None and call.completion_token_ids == [0, 1, 2, 3]
+    assert trace.graph[call.response_id].content == "emoji \U0001f600 and \ufffd!"
+    assert any("surrogates" in n and "1 lone one(s)" in n for n in trace.notes), trace.notes
+    [back] = table_to_traces(traces_to_table([trace]))
+    assert back.graph[call.response_id].content == "emoji \U0001f600 and \ufffd!"

@@ -21,6 +21,7 @@ import aiohttp
 from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
 from vfray.interception._echo import ECHO_KEY, without_echo
+from vfray.interception._storable import storable
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
@@ -85,13 +86,23 @@ class Turn:
             # One ModelCall per exchange; and a concluded rollout has taken its trace, so
             # mutating it now would race whoever is writing it.
             return
-        self.recorded = True
         reply = reply or ParsedResponse(message=None)
         if error is None and reply.error is not None:
             error = ErrorInfo(type="ProviderError", message=f"upstream stream error: {reply.error}")
+        message = reply.message
+        if message is not None:
+            message, replaced = storable(message)
+            if message is not reply.message:
+                self.session.trace.notes.append(
+                    f"call {len(self.session.trace.calls)}: the reply's text held UTF-16 "
+                    f"surrogates (split pairs joined, {replaced} lone one(s) recorded as U+FFFD; "
+                    "the agent got the reply as sent)"
+                )
+        # Marked only once on the trace: a call that could not be recorded is recorded by the
+        # caller's fallback as an InterceptionError, never dropped without a word.
         self.session.trace.record_call(
             self.request.messages,
-            reply.message,
+            message,
             dialect=self.dialect.name,
             model=self.model,
             sampling=self.dialect.recorded_sampling(self.upstream_body),
@@ -109,6 +120,7 @@ class Turn:
             completion_token_ids=reply.completion_token_ids,
             completion_logprobs=reply.completion_logprobs,
         )
+        self.recorded = True
         if (
             self.require_tokens
             and error is None
