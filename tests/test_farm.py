@@ -154,6 +154,34 @@ def test_local_runs_are_on_uvloop_unless_asyncio_is_asked_for(
     assert trace.errors == [] and trace.rewards["on_uvloop"].value == uvloop
 
 
+class ScrapedText(vf.Task[vf.TaskData]):
+    """Its tool output (here a note its reward adds) holds a lone UTF-16 surrogate."""
+
+    @vf.reward
+    async def ok(self, trace: vf.Trace) -> float:
+        trace.notes.append("the tool printed \ud800 here")
+        return 1.0
+
+
+def test_text_with_utf16_surrogates_is_written_not_lost(tmp_path: Path) -> None:
+    """A dataset row with a lone surrogate (a broken scrape) and a rollout whose trace picks
+    one up: every row is written, the text made UTF-8 (pairs joined, a lone half U+FFFD) and
+    said in a note. Before, the task's hash raised UnicodeEncodeError at planning and the
+    whole run ended in a traceback; a trace holding one could not be written at all."""
+    tasks = [
+        ScrapedText(vf.TaskData(prompt="broken \udc80 row"), key="broken"),
+        ScrapedText(vf.TaskData(prompt="fine row"), key="fine"),
+    ]
+    with farm(tmp_path, model="scripted:echo", backend="local") as f:
+        result = f.run(tasks, rollouts_per_task=1)
+    traces = {t.task.key: t for t in table_to_traces(result.traces)}
+    assert set(traces) == {"broken", "fine"}
+    assert all(t.reward == 1.0 for t in traces.values())
+    assert traces["fine"].notes[0] == "the tool printed \ufffd here"
+    assert traces["broken"].task.data["prompt"] == "broken \ufffd row"
+    assert "2 lone one(s) written as U+FFFD" in traces["broken"].notes[-1]
+
+
 class FlakyData(vf.TaskData):
     marker: str
 

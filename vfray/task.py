@@ -126,7 +126,9 @@ class TaskData(BaseModel):
     def hash(self) -> str:
         """SHA-256 of the canonical JSON of the data (type name included)."""
         payload = {"type": type(self).__qualname__, "data": self.model_dump(mode="json")}
-        return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+        # surrogatepass: a dataset row holding a lone UTF-16 surrogate (a broken scrape) still
+        # has an identity; its rollout then fails on its own, not the whole run at planning.
+        return hashlib.sha256(canonical_json(payload).encode("utf-8", "surrogatepass")).hexdigest()
 
     @property
     def prompt_messages(self) -> list[Message]:

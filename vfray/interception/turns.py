@@ -21,7 +21,7 @@ import aiohttp
 from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
 from vfray.interception._echo import ECHO_KEY, without_echo
-from vfray.interception._storable import storable
+from vfray.interception._storable import storable_reply
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
@@ -91,7 +91,7 @@ class Turn:
             error = ErrorInfo(type="ProviderError", message=f"upstream stream error: {reply.error}")
         message = reply.message
         if message is not None:
-            message, replaced = storable(message)
+            message, replaced = storable_reply(message)
             if message is not reply.message:
                 self.session.trace.notes.append(
                     f"call {len(self.session.trace.calls)}: the reply's text held UTF-16 "

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pydantic_core
 
 from vfray.trace import Trace
+from vfray.trace.storable import storable
 from vfray.traces.columns import MessagesColumn, ScoresColumn
 from vfray.traces.schema import PHASES, TRACE_SCHEMA, TRACE_SCHEMA_VERSION
 
@@ -57,7 +58,22 @@ def trace_json(trace: Trace) -> str:
     # columns of their own, so leaving them out saves a third of the serialization time.
     if _typed_floats_finite(trace):
         return trace.model_dump_json(exclude_computed_fields=True)
-    return json.dumps(trace.model_dump(exclude_computed_fields=True), ensure_ascii=False)
+    text = json.dumps(trace.model_dump(exclude_computed_fields=True), ensure_ascii=False)
+    text.encode()  # UnicodeEncodeError on a surrogate, as model_dump_json raises on one
+    return text
+
+
+def _storable_trace(trace: Trace) -> Trace:
+    """``trace`` with its text made UTF-8 encodable (:func:`vfray.trace.storable.storable`)
+    and a note saying so: a string holding a UTF-16 surrogate (a JSON escape an agent's tool
+    output or transcript carried) failed the whole row, and the rollout was not written."""
+    data, replaced = storable(trace.model_dump(exclude_computed_fields=True))
+    fixed = Trace.model_validate(data)
+    fixed.notes.append(
+        f"text with UTF-16 surrogates made writable: split pairs joined, {replaced} lone "
+        "one(s) written as U+FFFD"
+    )
+    return fixed
 
 
 def _micros(seconds: float | None) -> int | None:
@@ -133,7 +149,12 @@ def traces_to_table(traces: Iterable[Trace]) -> pa.Table:
     rows: list[dict[str, Any]] = []
     messages, rewards, metrics = MessagesColumn(), ScoresColumn(), ScoresColumn()
     for trace in traces:
-        rows.append(_trace_row(trace))
+        try:
+            row = _trace_row(trace)
+        except (UnicodeEncodeError, pydantic_core.PydanticSerializationError):
+            trace = _storable_trace(trace)
+            row = _trace_row(trace)
+        rows.append(row)
         messages.append(trace, final_message_ids(trace))
         rewards.append((name, r.value) for name, r in trace.rewards.items())
         metrics.append(trace.metrics.items())
