@@ -600,3 +600,24 @@ async def test_a_reply_with_utf16_surrogates_is_recorded_with_a_note() -> None:
     assert any("surrogates" in n and "1 lone one(s)" in n for n in trace.notes), trace.notes
     [back] = table_to_traces(traces_to_table([trace]))
     assert back.graph[call.response_id].content == "emoji \U0001f600 and \ufffd!"
+
+
+async def test_a_stream_of_two_choices_records_choice_0() -> None:
+    """With ``n=2`` the stream interleaves the choices' chunks, each by its index: the trace
+    records choice 0, its text and token ids, as a non-streamed call records choices[0]
+    (the two were run together into one reply)."""
+    events = []
+    for i, (first, second) in enumerate([("Hel", "Oth"), ("lo", "er")]):
+        events.append(
+            json.dumps({"choices": [{"index": 0, "delta": {"content": first}, "token_ids": [i]}]})
+        )
+        events.append(
+            json.dumps(
+                {"choices": [{"index": 1, "delta": {"content": second}, "token_ids": [10 + i]}]}
+            )
+        )
+    wire = "".join(f"data: {e}\n\n" for e in [*events, STOP, "[DONE]"]).encode()
+    _, trace = await record_stream([wire])
+    [call] = trace.calls
+    assert trace.graph[call.response_id].content == "Hello"
+    assert call.completion_token_ids == [0, 1]

@@ -156,7 +156,9 @@ class _ChatStream(StreamAccumulator):
             usage_only = "usage" in chunk and "error" not in chunk
             return Action.DROP if usage_only and not self.client_wants_usage else Action.RELAY
         choice = choices[0]
-        if isinstance(choice, dict):
+        # With n > 1 each chunk carries one choice, by its index: the reply recorded is choice
+        # 0, as a non-streamed call's (the others were run into it, text and token ids alike).
+        if isinstance(choice, dict) and choice.get("index", 0) in (0, None):
             self._choice(chunk, choice)
         return Action.RELAY
 
