@@ -621,3 +621,34 @@ async def test_a_stream_of_two_choices_records_choice_0() -> None:
     [call] = trace.calls
     assert trace.graph[call.response_id].content == "Hello"
     assert call.completion_token_ids == [0, 1]
+
+
+async def test_a_custom_tool_call_is_recorded_whole_and_continues_its_branch() -> None:
+    """GPT-5's custom tools: a call carries free text in ``custom.input``, not JSON
+    ``function.arguments``. Streamed in pieces, it is recorded whole; sent back in the next
+    request, it is the same message, so the call extends the branch. It was made a function
+    call with no name and ``{}`` for arguments, its input lost."""
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    parts = [
+        {
+            "index": 0,
+            "id": "call_p",
+            "type": "custom",
+            "custom": {"name": "apply_patch", "input": ""},
+        },
+        {"index": 0, "custom": {"input": patch[:20]}},
+        {"index": 0, "custom": {"input": patch[20:]}},
+    ]
+    events = [chunk({"role": "assistant", "tool_calls": [p]}) for p in parts]
+    wire = "".join(f"data: {e}\n\n" for e in [*events, STOP, "[DONE]"]).encode()
+    _, trace = await record_stream([wire])
+    [call] = trace.calls
+    sent = {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": patch}}
+    assert trace.graph[call.response_id].tool_calls == [sent]
+    # The client sends the reply back with the tool's output: the same message, one branch.
+    from vfray.interception.dialects import DIALECTS
+
+    reply = {"role": "assistant", "content": None, "tool_calls": [sent]}
+    body = {"messages": [{"role": "user", "content": "hi"}, reply]}
+    again = DIALECTS["chat"].parse_request(body).messages
+    assert [m.id for m in again] == trace.branch_list[0].message_ids

@@ -50,7 +50,10 @@ def _meaning(message: Message) -> dict[str, Any] | None:
     fields = message.model_dump(exclude_none=True)
     calls = []
     for call in fields.pop("tool_calls", []):
-        function = dict(call.get("function") or {})
+        if not isinstance(call.get("function"), dict):
+            calls.append(call)  # a call of another kind: compared whole
+            continue
+        function = dict(call["function"])
         try:
             function["arguments"] = json.loads(function.get("arguments") or "{}")
         except ValueError:

@@ -327,7 +327,13 @@ def chat_message(raw: Any, where: str) -> Message:
         normalized = []
         for i, call in enumerate(calls):
             require(isinstance(call, dict), f"{where}.tool_calls[{i}] must be an object")
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            fn = call.get("function")
+            if not isinstance(fn, dict) and call.get("type") not in (None, "function"):
+                # A call of another kind (GPT-5's "custom" tools: free text in custom.input)
+                # is kept whole: made a function call, its name and input were dropped.
+                normalized.append(dict(call))
+                continue
+            fn = fn if isinstance(fn, dict) else {}
             normalized.append(tool_call(call.get("id"), fn.get("name"), fn.get("arguments")))
         fields["tool_calls"] = normalized
     if raw.get("tool_call_id") is not None:

@@ -65,6 +65,16 @@ def _fold(items: list[Any], start: int, offset: int) -> tuple[list[Message], lis
     return messages, list(range(1, len(messages) + 1))
 
 
+def _custom_call(slot: dict[str, Any]) -> JSON:
+    """A streamed call of a custom tool, whole, as the chat API writes one."""
+    name, text = str(slot.get("name") or ""), "".join(slot["args"])
+    return {
+        "id": str(slot.get("id") or ""),
+        "type": "custom",
+        "custom": {"name": name, "input": text},
+    }
+
+
 class ChatDialect(Dialect):
     name = "chat"
     token_request = {"logprobs": True, "return_token_ids": True}
@@ -196,11 +206,15 @@ class _ChatStream(StreamAccumulator):
             if part.get("id"):
                 slot["id"] = part["id"]
             fn = part.get("function")
+            if not isinstance(fn, dict) and isinstance(part.get("custom"), dict):
+                fn = part["custom"]  # a custom tool's call: free text streamed as "input"
+                slot["custom"] = True
             if isinstance(fn, dict):
                 if fn.get("name"):
                     slot["name"] = fn["name"]
-                if isinstance(fn.get("arguments"), str):
-                    slot["args"].append(fn["arguments"])
+                text = fn.get("input") if slot.get("custom") else fn.get("arguments")
+                if isinstance(text, str):
+                    slot["args"].append(text)
 
     def _call_index(self, part: JSON) -> int:
         """The slot of a streamed tool-call part: its ``index``. Gemini's OpenAI-compatible
@@ -225,7 +239,9 @@ class _ChatStream(StreamAccumulator):
                 raw["reasoning_content"] = "".join(self.reasoning)
             if self.calls:
                 raw["tool_calls"] = [
-                    tool_call(c.get("id"), c.get("name"), "".join(c["args"]))
+                    _custom_call(c)
+                    if c.get("custom")
+                    else tool_call(c.get("id"), c.get("name"), "".join(c["args"]))
                     for _, c in sorted(self.calls.items())
                 ]
             message = chat_message(raw, "reply")
