@@ -652,3 +652,35 @@ async def test_a_custom_tool_call_is_recorded_whole_and_continues_its_branch() -
     body = {"messages": [{"role": "user", "content": "hi"}, reply]}
     again = DIALECTS["chat"].parse_request(body).messages
     assert [m.id for m in again] == trace.branch_list[0].message_ids
+
+
+def test_responses_custom_tool_calls_fold_into_chat_form() -> None:
+    """Codex's apply_patch with GPT-5 is a custom tool: a ``custom_tool_call`` output item
+    and, sent back, a ``custom_tool_call_output`` input item. They fold into the assistant's
+    tool call and a tool message, as function calls do (they were kept whole as messages of
+    role "custom_tool_call"), and the reply sent back as input keeps its content id."""
+    from vfray.interception.dialects import DIALECTS
+
+    responses = DIALECTS["responses"]
+    call = {
+        "type": "custom_tool_call",
+        "call_id": "c1",
+        "name": "apply_patch",
+        "input": "*** Begin",
+    }
+    reply = responses.parse_response({"output": [{"id": "ct_1", "status": "completed", **call}]})
+    assert reply.message is not None
+    want = {"id": "c1", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin"}}
+    assert reply.message.role == "assistant" and reply.message.tool_calls == [want]
+    request = responses.parse_request(
+        {
+            "input": [
+                {"role": "user", "content": "edit"},
+                call,
+                {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+            ]
+        }
+    )
+    _user, assistant, tool = request.messages
+    assert assistant.id == reply.message.id
+    assert (tool.role, tool.tool_call_id, tool.content) == ("tool", "c1", "Done!")

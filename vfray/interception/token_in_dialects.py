@@ -92,6 +92,8 @@ def chat_request(dialect: str, body: JSON, request: ParsedRequest) -> JSON:
     for m in messages:
         if m["role"] not in _CHAT_ROLES:  # a Responses item kept whole (web_search_call, ...)
             raise NoChatForm(f"a {m['role']!r} item has no chat form")
+        if any(c.get("type", "function") != "function" for c in m.get("tool_calls") or []):
+            raise NoChatForm("a custom tool's call (free-text input) has no chat-template form")
     chat: JSON = {
         "model": body.get("model"),
         "messages": messages,

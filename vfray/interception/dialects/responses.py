@@ -1,7 +1,8 @@
 """The OpenAI Responses dialect (``POST /v1/responses``): input and output items as chat messages.
 
-An assistant ``message`` item, the ``function_call`` items and ``reasoning`` that follow it fold
-into one assistant chat message; a ``function_call_output`` is a ``tool`` message. A part list's
+An assistant ``message`` item, the ``function_call`` (and ``custom_tool_call``) items and
+``reasoning`` that follow it fold into one assistant chat message; a ``function_call_output`` (or
+``custom_tool_call_output``) is a ``tool`` message. A part list's
 ``input_text`` parts are recorded as chat ``text`` parts and its ``input_image`` parts (a URL or a
 data URL) as chat ``image_url`` parts. Request input and response output use the same folding, so
 a reply sent back as input keeps its content id.
@@ -96,7 +97,20 @@ def _fold_items(
             target = assistant()
             if text:
                 target["reasoning_content"] = (target.get("reasoning_content") or "") + text
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            # A custom tool's call (Codex's apply_patch with GPT-5): free text, not JSON
+            # arguments; recorded as the chat dialect records one.
+            target = assistant()
+            calls = target.setdefault("tool_calls", [])
+            name, text = item.get("name"), item.get("input")
+            calls.append(
+                {
+                    "id": str(item.get("call_id") or ""),
+                    "type": "custom",
+                    "custom": {"name": str(name or ""), "input": str(text or "")},
+                }
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             out.append(
                 {
