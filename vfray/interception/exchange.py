@@ -59,7 +59,7 @@ class Exchange:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _changed(self) -> asyncio.Future[None]:
+    def _next_change(self) -> asyncio.Future[None]:
         """A future that the next change (a chunk, the finish) resolves."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -71,7 +71,7 @@ class Exchange:
 
     async def body(self) -> bytes:
         while not self.done:
-            await self._changed()
+            await self._next_change()
         return b"".join(self.chunks)
 
     async def iter_chunks(
@@ -89,7 +89,7 @@ class Exchange:
                 elif self.done:
                     return
                 else:
-                    await self._changed()
+                    await self._next_change()
         # One timer for the silence, not one per wait: a streamed reply waits once per event,
         # and a timeout armed and cancelled each time cost more than relaying the event. The
         # timer is pushed back only when it fires (to the last chunk plus ``keepalive``).
@@ -127,7 +127,7 @@ class Exchange:
                 elif self.done:
                     return
                 else:
-                    waiter = self._changed()
+                    waiter = self._next_change()
                     await waiter
         finally:
             if timer is not None:

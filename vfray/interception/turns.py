@@ -21,7 +21,6 @@ import aiohttp
 from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
 from vfray.interception._echo import ECHO_KEY, without_echo
-from vfray.interception._storable import storable_reply
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
 from vfray.interception.exchange import Exchange
@@ -29,6 +28,7 @@ from vfray.interception.sessions import Session
 from vfray.interception.token_in import TokenIn, note
 from vfray.interception.upstream import Forwarder
 from vfray.trace import ErrorInfo, StopCondition
+from vfray.trace.storable import storable_message
 
 CONTEXT_LENGTH_MARKERS = (
     "context_length_exceeded",
@@ -91,15 +91,15 @@ class Turn:
             error = ErrorInfo(type="ProviderError", message=f"upstream stream error: {reply.error}")
         message = reply.message
         if message is not None:
-            message, replaced = storable_reply(message)
+            message, replaced = storable_message(message)
             if message is not reply.message:
                 self.session.trace.notes.append(
                     f"call {len(self.session.trace.calls)}: the reply's text held UTF-16 "
                     f"surrogates (split pairs joined, {replaced} lone one(s) recorded as U+FFFD; "
                     "the agent got the reply as sent)"
                 )
-        # Marked only once on the trace: a call that could not be recorded is recorded by the
-        # caller's fallback as an InterceptionError, never dropped without a word.
+        # ``recorded`` is set only once the call is on the trace: one that could not be recorded
+        # is then recorded by run_turn's fallback as an InterceptionError, never dropped unsaid.
         self.session.trace.record_call(
             self.request.messages,
             message,
