@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from vfray.errors import SandboxError
+from vfray.runtimes import _trust_policy
 from vfray.runtimes._image_layers import can_untar
 from vfray.runtimes.base import RuntimeSpec
 from vfray.runtimes.docker import DockerRuntime
@@ -36,6 +38,8 @@ from vfray.runtimes.images import (
 REPO = Path(__file__).resolve().parents[1]
 NO_REGISTRY = "127.0.0.1:9/nothing/here:1"
 """A registry reference whose registry is a closed local port: the pull fails at once."""
+SKOPEO = ["skopeo", "--insecure-policy"]
+"""The tests' own copies of their local layouts, on a node with or without a trust policy."""
 
 pytestmark = pytest.mark.skipif(
     shutil.which("skopeo") is None or shutil.which("umoci") is None,
@@ -190,7 +194,7 @@ async def test_archives_and_layouts_are_loaded_by_content(
     subprocess.run(["tar", "-C", str(layout), "-cf", str(oci_archive), "."], check=True)
     docker_archive = tmp_path / "tiny-docker.tar"
     subprocess.run(
-        ["skopeo", "copy", "--quiet", f"oci:{layout}:tiny",
+        [*SKOPEO, "copy", "--quiet", f"oci:{layout}:tiny",
          f"docker-archive:{docker_archive}:team/tiny:1"],
         check=True,
         capture_output=True,
@@ -329,7 +333,7 @@ async def test_archives_are_copied_to_a_layout_then_unpacked(store: Path, tmp_pa
     layout = _tiny_layout(tmp_path, shell=True)
     docker_archive, oci_archive = tmp_path / "docker.tar", tmp_path / "oci.tar"
     subprocess.run(
-        ["skopeo", "copy", "--quiet", f"oci:{layout}:tiny", f"docker-archive:{docker_archive}:t:1"],
+        [*SKOPEO, "copy", "--quiet", f"oci:{layout}:tiny", f"docker-archive:{docker_archive}:t:1"],
         check=True,
         capture_output=True,
     )
@@ -389,3 +393,34 @@ def test_has_shell_follows_links_inside_the_root(tmp_path: Path) -> None:
     (tmp_path / "usr/bin/sh").unlink()
     (tmp_path / "usr/bin/sh").symlink_to("/bin/bash")  # the host has one; the root has not
     assert not has_shell(tmp_path)
+
+
+# -- a node without a containers trust policy ---------------------------------------------------
+
+
+def test_local_images_get_a_policy_only_where_the_node_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """skopeo and podman load no image without a trust policy; a node without one (its
+    containers-common setup cut off) gets vfray's for local files, never for a registry."""
+    home, where = tmp_path / "home", tmp_path / "scratch"
+    home.mkdir()
+    monkeypatch.setattr(_trust_policy, "SYSTEM_POLICY", tmp_path / "no-such-policy.json")
+    args = _trust_policy.local_policy_args("--policy", "oci-archive", where, home=str(home))
+    assert args == ["--policy", str(where / _trust_policy.POLICY_NAME)]
+    assert _trust_policy.local_policy_args("--policy", "docker", where, home=str(home)) == []
+    # skopeo takes the file and copies a local layout under it; anything else it rejects.
+    layout = _tiny_layout(tmp_path)
+    copied = subprocess.run(
+        ["skopeo", *args, "copy", "--quiet", f"oci:{layout}:tiny", f"oci:{tmp_path / 'out'}:t"],
+        capture_output=True,
+        text=True,
+    )
+    assert copied.returncode == 0, copied.stderr
+    policy = json.loads(Path(args[1]).read_text())
+    assert policy["default"] == [{"type": "reject"}]
+    assert set(policy["transports"]) == {"oci", "oci-archive", "docker-archive", "dir"}
+    # The node's own policy (here the user's) is left to apply.
+    (home / ".config/containers").mkdir(parents=True)
+    (home / ".config/containers/policy.json").write_text('{"default": [{"type": "reject"}]}')
+    assert _trust_policy.local_policy_args("--policy", "oci", where, home=str(home)) == []

@@ -25,6 +25,7 @@ from vfray.runtimes._image_flight import (
     scratch_dir,
 )
 from vfray.runtimes._image_ref import ImageRef, content_key
+from vfray.runtimes._trust_policy import local_policy_args
 
 IMAGE_REPOSITORY = "vfray-image"
 LOG_TAIL_LINES = 8
@@ -177,8 +178,9 @@ def _copy_and_load(client: Any, ref: ImageRef, name: str, cache: Path) -> None:
     work = scratch_dir(cache)
     try:
         archive = work / "image.tar"
+        policy = local_policy_args("--policy", ref.transport, work)
         copied = subprocess.run(
-            [skopeo, "copy", "--quiet", str(ref), f"docker-archive:{archive}:{name}"],
+            [skopeo, *policy, "copy", "--quiet", str(ref), f"docker-archive:{archive}:{name}"],
             capture_output=True,
             text=True,
         )

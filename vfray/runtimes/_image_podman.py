@@ -22,6 +22,7 @@ from vfray.runtimes._image_flight import (
     image_cache_dir,
 )
 from vfray.runtimes._image_ref import ImageRef, content_key
+from vfray.runtimes._trust_policy import local_policy_args
 
 IMAGE_REPOSITORY = "localhost/vfray-image"
 _FLIGHTS = SingleFlight()
@@ -125,7 +126,11 @@ def _make_present(
                     why = _one_line((built.stderr or built.stdout)[-2000:])
                     raise ContentFailure(f"cannot build image {str(ref)!r}: {why}")
                 return name
-            pulled = _podman(podman, env, ["pull", "--quiet", str(ref)])
+            # The hidden flag of podman 4's pull; the policy file lives beside the locks.
+            policy = local_policy_args(
+                "--signature-policy", ref.transport, cache / "policy", home=env.get("HOME")
+            )
+            pulled = _podman(podman, env, ["pull", "--quiet", *policy, str(ref)])
             if pulled.returncode:
                 why = _one_line(pulled.stderr or pulled.stdout)
                 if ref.transport == "docker":  # a registry may answer next time

@@ -41,6 +41,7 @@ from vfray.runtimes._image_flight import (
 )
 from vfray.runtimes._image_layers import can_untar, docker_archive, oci_layout, unpack
 from vfray.runtimes._image_ref import ImageRef, content_key, parse_image
+from vfray.runtimes._trust_policy import local_policy_args
 
 logger = logging.getLogger(__name__)
 
@@ -214,13 +215,14 @@ def _layout(source: ImageSource, work: Path) -> tuple[str, str]:
     if ref.transport == "oci":
         assert ref.path is not None
         return ref.path, ref.reference or only_tag(Path(ref.path))
-    copied = str(ref)
+    copied, transport = str(ref), ref.transport
     if source.engine_name is not None:
-        copied = f"docker-archive:{_engine_archive(source, work)}"
+        copied, transport = f"docker-archive:{_engine_archive(source, work)}", "docker-archive"
     elif ref.transport == "docker":
         copied = f"docker://{ref.reference}"
     layout = work / "layout"
-    _tool(ref, "skopeo", ["copy", "--quiet", copied, f"oci:{layout}:{LAYOUT_TAG}"])
+    policy = local_policy_args("--policy", transport, work)
+    _tool(ref, "skopeo", [*policy, "copy", "--quiet", copied, f"oci:{layout}:{LAYOUT_TAG}"])
     return str(layout), LAYOUT_TAG
 
 
