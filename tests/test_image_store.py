@@ -328,6 +328,21 @@ async def test_an_image_is_unpacked_once_into_a_whole_root(
     assert calls.read_text().split() == once
 
 
+async def test_each_store_unpacks_its_own_root_and_a_removed_one_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root unpacked in one process was kept by content alone: another store (another
+    $VFRAY_IMAGE_CACHE) was handed the first store's root, and a removed root its old path."""
+    ref = f"oci:{_tiny_layout(tmp_path, shell=True)}:tiny"
+    roots = {}
+    for name in ("a", "b"):
+        monkeypatch.setenv(CACHE_ENV, str(tmp_path / name))
+        roots[name] = await rootfs(ref)
+        assert roots[name].is_relative_to(tmp_path / name) and has_shell(roots[name])
+    shutil.rmtree(tmp_path / "b")  # the store pruned
+    assert await rootfs(ref) == roots["b"] and has_shell(roots["b"])
+
+
 async def test_archives_are_copied_to_a_layout_then_unpacked(store: Path, tmp_path: Path) -> None:
     """Docker and OCI archives go through skopeo into a scratch layout, removed after."""
     layout = _tiny_layout(tmp_path, shell=True)

@@ -13,6 +13,7 @@ read-only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -112,8 +113,14 @@ async def rootfs(
         source = ImageSource(ref, engine_name, make_client)
         return await waiting(_unpack, source, key, cache, max_unpacks)
 
+    # Keyed by the root's path: another store (another $VFRAY_IMAGE_CACHE) unpacks its own,
+    # and a kept root since removed (a pruned store) is unpacked again, not handed out.
+    flight = str(root)
+    with contextlib.suppress(SandboxError):
+        if _FLIGHTS.cached(flight) is not None:
+            _FLIGHTS.forget(flight)
     try:
-        return await _FLIGHTS.do(key, work)
+        return await _FLIGHTS.do(flight, work)
     except SandboxError as exc:
         raise SandboxError(str(exc)) from None
 
