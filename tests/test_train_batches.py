@@ -76,6 +76,17 @@ def test_samples_flag_a_prefix_break_and_missing_ids() -> None:
     assert samples.column("completion_token_ids").to_pylist()[2] is None  # never repaired
 
 
+def test_every_array_of_a_batch_is_its_own_and_writable() -> None:
+    # Per-sample int columns came straight from Arrow's read-only buffers (policy_version,
+    # rollout_index): torch.from_numpy warned, and a trainer writing into that CPU tensor
+    # would have written into Arrow's memory.
+    for layout in ("padded", "packed"):
+        batch = build_batch(vf.to_samples(_traces()), layout=layout)
+        for name, value in vars(batch).items():
+            if isinstance(value, np.ndarray):
+                assert value.flags.writeable, (layout, name)
+
+
 def test_padded_batch_is_exactly_what_the_endpoint_saw_and_returned() -> None:
     batch = build_batch(vf.to_samples(_traces()), pad_id=-1)
     assert batch.stats.samples == 5 and batch.stats.used == 2

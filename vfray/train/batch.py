@@ -175,7 +175,9 @@ def _column(
     column = rows.column(name)
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(fill, type=column.type))
-    return np.asarray(column.to_numpy(), dtype=dtype)
+    # A copy (one value a sample): a column already of ``dtype`` converts without one, to a
+    # read-only view of Arrow's buffer, which a trainer's CPU tensor would then share.
+    return np.array(column.to_numpy(), dtype=dtype)
 
 
 def _per_position(
