@@ -142,6 +142,10 @@ class SingleFlight:
         self._done.pop(key, None)
         self._failed.pop(key, None)
 
+    def forget_result(self, key: str) -> None:
+        """Drop a kept result for ``key`` (what it named is gone); a kept failure stays."""
+        self._done.pop(key, None)
+
     async def do(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         kept = self.cached(key)
         if kept is not None:

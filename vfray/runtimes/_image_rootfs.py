@@ -13,7 +13,6 @@ read-only.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -113,14 +112,12 @@ async def rootfs(
         source = ImageSource(ref, engine_name, make_client)
         return await waiting(_unpack, source, key, cache, max_unpacks)
 
-    # Keyed by the root's path: another store (another $VFRAY_IMAGE_CACHE) unpacks its own,
-    # and a kept root since removed (a pruned store) is unpacked again, not handed out.
-    flight = str(root)
-    with contextlib.suppress(SandboxError):
-        if _FLIGHTS.cached(flight) is not None:
-            _FLIGHTS.forget(flight)
+    # Keyed by the root's path: another store (another $VFRAY_IMAGE_CACHE) unpacks its own.
+    # The root is not there (above), so a root kept for it was removed since (a pruned store):
+    # unpacked again, not handed out.
+    _FLIGHTS.forget_result(str(root))
     try:
-        return await _FLIGHTS.do(flight, work)
+        return await _FLIGHTS.do(str(root), work)
     except SandboxError as exc:
         raise SandboxError(str(exc)) from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 LOCAL_TRANSPORTS = ("oci", "oci-archive", "docker-archive", "dir")
@@ -48,5 +49,9 @@ def local_policy_args(
         return []
     where.mkdir(parents=True, exist_ok=True)
     path = where / POLICY_NAME
-    path.write_text(json.dumps(_POLICY))
+    # Renamed into place: another process's tool may be reading the same file (podman's is
+    # shared by the node's pulls), and must never see it half written.
+    partial = where / f".{POLICY_NAME}.{os.getpid()}.{threading.get_ident()}"
+    partial.write_text(json.dumps(_POLICY))
+    os.replace(partial, path)
     return [flag, str(path)]
