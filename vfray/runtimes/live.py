@@ -66,12 +66,27 @@ class LiveProcess(abc.ABC):
         """SIGTERM the process tree, SIGKILL it after ``grace`` seconds; the exit status."""
 
 
-def _comm(pid: int) -> str:
+def _read_proc(path: str) -> bytes | None:
+    """A small /proc file's bytes (None: gone). A descriptor and one read: ``open()``'s buffered
+    file object cost ~12 µs a file against ~6 µs here, and stopping a box reads one per thread of
+    each of its processes (~30 for an ACP agent's tree)."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 - one small read
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _comm(pid: int) -> str:
+    stat = _read_proc(f"/proc/{pid}/stat")
+    if stat is None:
         return ""
-    return stat[stat.find("(") + 1 : stat.rfind(")")]
+    return stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
 
 
 def descendants(root: int) -> list[int]:
@@ -104,11 +119,9 @@ def _children(pid: int) -> list[int]:
         return []
     found: list[int] = []
     for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listing:
-                found.extend(int(child) for child in listing.read().split())
-        except OSError:  # the thread has exited
-            continue
+        listing = _read_proc(f"/proc/{pid}/task/{tid}/children")
+        if listing:  # None: the thread has exited
+            found.extend(map(int, listing.split()))
     return found
 
 
