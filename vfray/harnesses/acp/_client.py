@@ -50,6 +50,11 @@ def _record(value: Any) -> Any:
     )
 
 
+_encode_line = json.JSONEncoder(ensure_ascii=False, default=str).encode
+"""One encoder for every line: ``json.dumps`` with these options builds a new one per call, a
+quarter of a small line's cost (~40 lines a rollout, most of them the agent's stream)."""
+
+
 class Transcript:
     """The session as JSON lines: what the client sent and what the agent streamed back."""
 
@@ -58,8 +63,9 @@ class Transcript:
 
     def add(self, kind: str, **fields: Any) -> None:
         entry = {"t": round(time.time(), 3), "kind": kind}
-        entry.update({k: _record(v) for k, v in fields.items()})
-        self.lines.append(json.dumps(entry, ensure_ascii=False, default=str))
+        for name, value in fields.items():
+            entry[name] = _record(value)
+        self.lines.append(_encode_line(entry))
 
     def text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
