@@ -273,9 +273,7 @@ async def run_planned_rollout(
 ) -> Trace:
     """Build the task's box from ``plan`` and run one rollout in it: the one entry point the
     in-process environment and the farm's SandboxHost share."""
-    runtime = make_runtime(
-        plan.runtime_type, task_spec(task.data), **dict(runtime_options)
-    )
+    runtime = make_runtime(plan.runtime_type, task_spec(task.data), **dict(runtime_options))
     return await execute_rollout(
         task,
         plan=plan,

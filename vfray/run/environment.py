@@ -198,6 +198,7 @@ class LocalEnvironment:
     ) -> list[Trace]:
         """Play one game of a :class:`~vfray.harnesses.seats.SeatedTask`: one trace per seat."""
         from vfray.harnesses.seats import SeatedTask
+
         if not isinstance(task, SeatedTask):
             raise ConfigError(f"{type(task).__name__} is not a vf.SeatedTask")
         return await play_game(

@@ -13,7 +13,6 @@ class HostLost(Exception):
     driver records the attempt and retries it on another host."""
 
 
-
 HOST_COOLDOWN_S = 10.0
 """How long a host that was just lost is picked last: Ray restarts a lost actor on another
 node, which takes seconds, and retries sent to it meanwhile would be lost again."""
@@ -54,4 +53,3 @@ class HostPool:
     def answered(self, index: int) -> None:
         """A rollout on the host finished: it is up again."""
         self._cooling.pop(index, None)
-

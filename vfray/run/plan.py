@@ -28,7 +28,6 @@ class ResumeState:
         return [*self.done.values(), *(t for game in self.games.values() for t in game)]
 
 
-
 @dataclass
 class RunPlan:
     run_id: str
@@ -59,4 +58,3 @@ class RunPlan:
             count_failed=self.count_failed,
             advantage=self.advantage,
         )
-

@@ -329,9 +329,7 @@ class Runtime(abc.ABC):
             timeout=timeout,
         )
 
-    async def prepare_uv_script(
-        self, script: str | bytes, *, timeout: float | None = None
-    ) -> None:
+    async def prepare_uv_script(self, script: str | bytes, *, timeout: float | None = None) -> None:
         """Install a PEP 723 script's dependencies into the box's uv cache now (``uv sync
         --script``), so a later :meth:`run_uv_script` of the same script needs no network: a
         task's setup calls it while the box can still reach the index, its reward runs the
