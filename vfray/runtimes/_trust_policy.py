@@ -52,6 +52,10 @@ def local_policy_args(
     # Renamed into place: another process's tool may be reading the same file (podman's is
     # shared by the node's pulls), and must never see it half written.
     partial = where / f".{POLICY_NAME}.{os.getpid()}.{threading.get_ident()}"
-    partial.write_text(json.dumps(_POLICY))
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(_POLICY))
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # a full disk leaves no stray file behind
+        raise
     return [flag, str(path)]
