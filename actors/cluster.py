@@ -106,6 +106,13 @@ def host_placement(total: int | None, per_node: int | None, cpus_per_host: float
 PLACEMENT_ROUNDS = 5
 """How often misplaced hosts are started again before the farm goes on with them as they are."""
 
+PLACEMENT_MEMORY_BYTES = 1
+"""The Ray ``memory`` a SandboxHost asks for: nothing, in effect, but not an empty request.
+Ray 2.60's scheduler places an actor whose resource request is empty on a random node unless
+its node affinity is hard, so a ``num_cpus=0`` host with soft affinity ignored its node
+(measured on a 3-node ``cluster_utils`` cluster: 3-8 of 9 such actors off their node in each
+of three rounds; with one byte of memory asked, 0 of 9 in each of three rounds)."""
+
 
 @dataclass(frozen=True)
 class HostLayout:
@@ -128,7 +135,8 @@ class HostLayout:
     def start(self, index: int) -> Any:
         """Create host ``index`` on its node with soft affinity, so a host whose node dies
         restarts elsewhere. Hosts reserve no Ray CPUs: sandbox processes are theirs to manage,
-        and a reservation would starve the episode tasks."""
+        and a reservation would starve the episode tasks. They ask for one byte of memory
+        instead (:data:`PLACEMENT_MEMORY_BYTES`), so that Ray honours the affinity."""
         node = self.placement[index]
         # The host's index among those on its node: it spreads a node's hosts over the node's
         # interception replicas (farm.interception_replicas_per_node).
@@ -137,6 +145,7 @@ class HostLayout:
             ray.remote(SandboxHost)
             .options(
                 num_cpus=0,
+                memory=PLACEMENT_MEMORY_BYTES,
                 max_concurrency=self.max_concurrency,
                 max_restarts=self.max_restarts,
                 scheduling_strategy=(
@@ -164,12 +173,12 @@ class HostLayout:
         """Wait for the hosts to be up, and start again those that came up on another node
         than their own (at most :data:`PLACEMENT_ROUNDS` times).
 
-        Ray 2.60 runs an actor with soft node affinity elsewhere even when its node is alive
-        and feasible: measured here on a 3-node ``cluster_utils`` cluster, 5 of 9 trivial
-        actors with ``num_cpus=0`` landed on another node (hard affinity: 0 of 9), and a farm
-        had two hosts on one node and none on another (rollouts per node 85 / 171 / 0). Hard
-        affinity would place right but fail a host for good when its node dies, where soft
-        affinity has Ray restart it on a live node."""
+        Hosts ask for soft node affinity, so that Ray restarts a host whose node died on a live
+        node (hard affinity would fail it for good). Ray places a soft-affinity actor on
+        another node when its own is not feasible at that moment; without the byte of memory
+        each host asks for, it placed one on a random node every time (a farm had two hosts on
+        one node and none on another: rollouts per node 85 / 171 / 0), and five rounds of
+        starting them again left two of three hosts off their node on a loaded CI machine."""
         hosts = list(hosts)
         for round_ in range(PLACEMENT_ROUNDS + 1):
             nodes = [_node_of(h) for h in hosts]

@@ -143,10 +143,11 @@ async def test_bwrap_box_limits_are_the_tasks_resources() -> None:
         # ...whose limits the host reads while a program of the box is a member.
         sleeper = asyncio.ensure_future(runtime.run(["sleep", "30"]))
         cgroup = runtime.cgroup  # type: ignore[attr-defined]
-        for _ in range(500):
-            if cgroup.pids():
-                break
+        # Waited for by the program's state, not a count of polls: on a loaded CI machine
+        # (load ~20 on 2 cores) starting bwrap took longer than 500 polls of 10 ms.
+        while not cgroup.pids() and not sleeper.done():
             await asyncio.sleep(0.01)
+        assert not sleeper.done(), f"the sleeper ended first: {sleeper.result()}"
         assert cgroup.pids(), "the box's program never joined its cgroup"
         files = {d.parent.name: d for d in cgroup.dirs}
         assert int((files["memory"] / "memory.limit_in_bytes").read_text()) == 256 * MB
