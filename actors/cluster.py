@@ -175,7 +175,7 @@ class HostLayout:
 
         Hosts ask for soft node affinity, so that Ray restarts a host whose node died on a live
         node (hard affinity would fail it for good). Ray places a soft-affinity actor on
-        another node when its own is not feasible at that moment; without the byte of memory
+        another node only when its own is dead or could never fit it; without the byte of memory
         each host asks for, it placed one on a random node every time (a farm had two hosts on
         one node and none on another: rollouts per node 85 / 171 / 0), and five rounds of
         starting them again left two of three hosts off their node on a loaded CI machine."""

@@ -15,6 +15,8 @@ how many chat turns one interception replica serves.
    children), which are the same programs on every backend.
 2. **Evenness on 3 nodes** (``ray.cluster_utils.Cluster``, one CPU each, the default hosts per
    node): rollouts finished per node over a measured run; the spread is (max - min) / mean.
+   Also the farm's start with its warm-up run, in seconds, and how many hosts it started again
+   because Ray had placed them off their node (``HostLayout.settle``).
 3. **First rollout with --address**: a head started with ``ray start`` (loopback, token auth,
    as a user's cluster would be), then ``vfray eval arithmetic -n 1 -r 2 --harness null
    --address …`` launched as a fresh command; seconds from the launch to the first rollout's
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -208,6 +211,20 @@ def run_cpu(args: argparse.Namespace) -> None:
     print(f"  serve vs host: rollouts/s {median(serve, 'rate') / median(host, 'rate'):.2f}x")
 
 
+class _PlacementLog(logging.Handler):
+    """Counts the SandboxHosts the farm started again because Ray placed them off their node
+    (``HostLayout.settle`` logs each round)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.restarted = self.rounds = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "came up off their node" in record.getMessage():
+            self.restarted += int(record.args[0])  # type: ignore[index]
+            self.rounds += 1
+
+
 def run_nodes(args: argparse.Namespace) -> None:
     import ray
     from ray.cluster_utils import Cluster
@@ -234,8 +251,12 @@ def run_nodes(args: argparse.Namespace) -> None:
     for _ in range(2):
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
+    restarts = _PlacementLog()
+    logging.getLogger("actors.cluster").addHandler(restarts)
+    logging.getLogger("actors.cluster").setLevel(logging.INFO)
     try:
         vcluster.connect(cluster.address)
+        started = time.perf_counter()
         with (
             tempfile.TemporaryDirectory() as out,
             vf.Farm(
@@ -249,6 +270,10 @@ def run_nodes(args: argparse.Namespace) -> None:
             ) as farm,
         ):
             farm.run(ArithmeticTaskset(num_tasks=6, seed=1), rollouts_per_task=2)  # warm-up
+            print(
+                f"  farm start and warm-up run: {time.perf_counter() - started:.1f} s; hosts "
+                f"started again off their node: {restarts.restarted} in {restarts.rounds} rounds"
+            )
             before = {h["pid"]: h["completed"] for h in farm.host_stats()}
             farm.run(ArithmeticTaskset(num_tasks=args.tasks // 2), rollouts_per_task=2)
             per_node: dict[str, int] = {}
@@ -257,6 +282,7 @@ def run_nodes(args: argparse.Namespace) -> None:
                 per_node[h["node_id"][:8]] = per_node.get(h["node_id"][:8], 0) + done
                 print(f"  host pid {h['pid']} on node {h['node_id'][:8]}: {done} rollouts")
     finally:
+        logging.getLogger("actors.cluster").removeHandler(restarts)
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
     counts = list(per_node.values())
