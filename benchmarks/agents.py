@@ -22,7 +22,8 @@ its join shell), and it holds everything however the box's processes end (a kill
 namespace's processes are never reaped into this process's children's times). Without a
 writable ``cpuacct`` hierarchy it falls back to the reaped children's times (subprocess only).
 
-The rollouts run on uvloop, the loop vfray runs them on (``--loop asyncio``: asyncio's own).
+The rollouts run on uvloop, the loop vfray runs them on (``--loop asyncio``: asyncio's own),
+with the collector thresholds the ``vfray`` command sets (``--gc python``: Python's).
 ``--by-task`` (with ``--loop asyncio``) prints where the event loop's CPU went per rollout, by
 the task or transport each callback ran for: the interception's request tasks, the harness's
 session, the box's start and stop.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import http.server
 import logging
 import os
@@ -57,6 +59,7 @@ from rollouts import tree_rss
 import vfray as vf
 from vfray.harnesses.swe_agent import UPSTREAM as SWE_AGENT_UPSTREAM
 from vfray.interception.app import InterceptionApp
+from vfray.owned_process import tune_owned_process
 from vfray.runtimes.base import Runtime
 from vfray.runtimes.provision import TOOLS_DIR_ENV
 
@@ -435,7 +438,16 @@ async def main() -> None:
         action="store_true",
         help="print the event loop's CPU per rollout by task and transport (--loop asyncio)",
     )
+    parser.add_argument(
+        "--gc",
+        default="vfray",
+        choices=["vfray", "python"],
+        help="the garbage collector's thresholds: vfray's, as the vfray command and its Ray "
+        "actors set them (vfray.owned_process), or Python's defaults",
+    )
     args = parser.parse_args()
+    if args.gc == "vfray":
+        tune_owned_process()
     if args.by_task and args.loop != "asyncio":
         parser.error("--by-task needs --loop asyncio (uvloop's callbacks are native)")
     count_clients()
@@ -444,7 +456,7 @@ async def main() -> None:
     print(
         f"{os.cpu_count()} CPUs, load average {load()} (1/5/15 min); runtime {args.runtime}; "
         f"scripted 'agent' model at 0 s latency (its own process); {args.loop} loop; "
-        f"warm tool dir {args.tools_dir}\n"
+        f"gc thresholds {gc.get_threshold()}; warm tool dir {args.tools_dir}\n"
     )
     summary: list[tuple[str, int, dict[str, Any]]] = []
     for harness in harnesses:

@@ -8,7 +8,14 @@ is measured alone: CPU seconds of this process (the interception and the clients
 wall time per turn; the upstream's own CPU per turn is read from its process (with token-in it
 renders and tokenizes no history). Both runs use the same server, tokenizer and conversations.
 Each run starts from a full collection with the process's older objects frozen, so a full
-collection of the startup heap landing in one mode's run does not decide the comparison.
+collection of the startup heap landing in one mode's run does not decide the comparison. The
+collector runs with the thresholds vfray sets in the processes that run its interception (the
+``vfray`` command, its Ray actors: :mod:`vfray.owned_process`); ``--gc python`` keeps Python's.
+The issue's goal compares token-in with "today's interception", and the process holds the 64
+clients too: each repeat also sends the same sessions straight to the upstream ("clients
+alone", asking for the token ids as the interception does, so the replies they read are the
+same size), and the interception's own CPU per turn is printed as well, the process's less the
+clients' (and so with ``--instructions``).
 ``--tools`` sends a tool list (about 12 KB of schemas, as agents do) with every call. Each
 mode's ratio to messages is given of the medians and paired (the median of each repeat's own
 ratio: every repeat runs the modes back to back). ``--only MODE`` (repeatable) and
@@ -29,11 +36,14 @@ start, a template's first renders and checks) cancels out, and a count hardly mo
 machine's load: runs agree to about two points (the event loop's wake-ups follow the native
 upstream's timing), where CPU time on a busy 2-core machine spreads by ten. It counts
 user-space instructions only (not the kernel's socket work, the same in every mode) and takes a
-few minutes (cachegrind runs the process ~50x slower).
+few minutes (cachegrind runs the process ~50x slower). ``--processes N`` times CPU the same
+way, in a fresh process per mode and run: N rounds, each mode and the clients alone in turn (the
+order flips every round), the CPU of the blocks after the first.
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
         [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]
         [--drop-reasoning] [--latency 0.01] [--instructions [--blocks 2]]
+        [--processes 6 [--blocks 3]] [--gc vfray|python]
 """
 
 from __future__ import annotations
@@ -56,13 +66,22 @@ from typing import Any
 import aiohttp
 
 from vfray.interception import Interception, Upstream
+from vfray.interception.dialects import DIALECTS
 from vfray.interception.settings import InterceptionSettings
 from vfray.interception.token_in import TokenIn
+from vfray.owned_process import tune_owned_process
 from vfray.trace import TaskRecord, Trace
 from vfray.traces.samples import to_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_token_in import CORPUS, SPECIALS, TEMPLATE
+
+Modes = dict[str, tuple[InterceptionSettings, dict[str, bool]]]
+"""Each mode's interception settings and TokenIn options, by name."""
+CHAT = DIALECTS["chat"]
+CLIENTS = "clients alone"
+"""Not a mode: the same sessions straight to the upstream, for the clients' own share of the
+process (the interception's own cost per turn is a mode's less it)."""
 
 
 def build_model(folder: Path) -> None:
@@ -136,7 +155,7 @@ def upstream_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def modes_for(folder: Path) -> dict[str, tuple[InterceptionSettings, dict[str, bool]]]:
+def modes_for(folder: Path) -> Modes:
     """Each mode's interception settings and TokenIn options, messages (today's path) first."""
     local = InterceptionSettings(token_in=True, tokenizer=str(folder))
     return {
@@ -156,13 +175,19 @@ async def session(
     tag: str,
     tools: bool,
     drop_reasoning: bool = False,
+    direct: bool = False,
 ) -> None:
+    """One client's chat of ``turns`` calls. ``direct``: to the upstream itself, as the
+    interception would forward it (asking for the token ids), so that the reply the client
+    reads is the same size."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "echo hello world"}]
     headers = {"authorization": f"Bearer {secret}"}
     for turn in range(turns):
         body: dict[str, Any] = {"model": "m", "messages": messages}
         if tools:
             body["tools"] = TOOLS
+        if direct:  # straight to the upstream: the body the interception would forward
+            body = CHAT.impose(body, "m", {"return_tokens": True})
         async with http.post(f"{url}/chat/completions", json=body, headers=headers) as response:
             reply = await response.json()
             assert response.status == 200, reply
@@ -256,16 +281,20 @@ async def run_blocks(
     distinct: bool,
     tools: bool,
     drop_reasoning: bool,
-) -> None:
+) -> float:
     """``blocks`` rounds of the sessions on one interception, each with traces of its own and
-    follow-ups of its own (a bridge cached in one block is not found in the next)."""
+    follow-ups of its own (a bridge cached in one block is not found in the next); the
+    process's CPU ms per turn over the blocks after the first (0 with one block)."""
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
+    cpu = 0.0
     async with Interception(upstream, settings=settings) as icpt:
         if icpt.app.token_in is not None:
             set_options(icpt.app.token_in, **options)
         connector = aiohttp.TCPConnector(limit=sessions)
         async with aiohttp.ClientSession(connector=connector) as http:
             for block in range(blocks):
+                if block == 1:  # the first block started the interception and its caches
+                    cpu = time.process_time()
                 traces = [Trace(task=TaskRecord(key=str(i), hash="h")) for i in range(sessions)]
                 secrets = [icpt.app.register(t) for t in traces]
                 tags = [
@@ -277,6 +306,109 @@ async def run_blocks(
                     session(http, icpt.url, s, turns, tag, tools, drop_reasoning) for s, tag in runs
                 )
                 await asyncio.gather(*calls)
+            if blocks > 1:
+                cpu = time.process_time() - cpu
+    return 1000 * cpu / max(1, (blocks - 1) * sessions * turns)
+
+
+async def clients_alone(
+    url: str,
+    sessions: int,
+    turns: int,
+    blocks: int = 1,
+    *,
+    distinct: bool,
+    tools: bool,
+    drop_reasoning: bool,
+) -> float:
+    """The same sessions straight to the upstream, no interception (``blocks`` rounds, each
+    with follow-ups of its own); the process's CPU ms per turn over them: the clients' own
+    share of a mode's figure."""
+    connector = aiohttp.TCPConnector(limit=sessions)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        gc.collect()
+        gc.freeze()
+        cpu = time.process_time()
+        for block in range(blocks):
+            if block == 1:  # as run_blocks: the blocks after the first when there are more
+                cpu = time.process_time()
+            tags = [
+                f" (block {block}, session {i})" if distinct else f" (block {block})"
+                for i in range(sessions)
+            ]
+            await asyncio.gather(
+                *(session(http, url, "-", turns, tag, tools, drop_reasoning, True) for tag in tags)
+            )
+        cpu = time.process_time() - cpu
+        gc.unfreeze()
+    return 1000 * cpu / ((blocks - 1 if blocks > 1 else 1) * sessions * turns)
+
+
+def child_command(
+    url: str, folder: Path, mode: str, blocks: int, distinct: bool, args: argparse.Namespace
+) -> list[str]:
+    """The command of a process that runs ``blocks`` blocks of ``mode`` (or the clients alone)
+    and prints its CPU per turn over the blocks after the first."""
+    return [
+        sys.executable,
+        __file__,
+        "--child",
+        json.dumps([url, mode, blocks, distinct]),
+        f"--sessions={args.sessions}",
+        f"--turns={args.turns}",
+        f"--tokenizer={folder}",
+        f"--gc={args.gc}",
+        *(["--tools"] if args.tools else []),
+        *(["--drop-reasoning"] if args.drop_reasoning else []),
+    ]
+
+
+def process_cpu(
+    url: str, folder: Path, mode: str, distinct: bool, args: argparse.Namespace
+) -> float:
+    """CPU ms per turn of a fresh process running ``1 + --blocks`` blocks of ``mode``, over
+    the blocks after the first."""
+    command = child_command(url, folder, mode, 1 + args.blocks, distinct, args)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the {mode!r} run failed: {done.stderr.strip()[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["cpu_ms"])
+
+
+def compare_processes(
+    url: str, folder: Path, modes: Modes, kinds: tuple[bool, ...], args: argparse.Namespace
+) -> None:
+    """``--processes N``: N rounds, each running every mode and the clients alone in a fresh
+    process of its own, in an order that flips every round; medians and paired ratios."""
+    print(
+        f"{args.sessions} sessions x {args.turns} turns, {args.processes} rounds of a fresh "
+        f"process per mode ({1 + args.blocks} blocks each, CPU of the last {args.blocks})"
+    )
+    for distinct in kinds:
+        kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
+        print(f" {kind}:", flush=True)
+        runs: dict[str, list[float]] = {}
+        for round_ in range(args.processes):
+            order = [*modes, CLIENTS]
+            if round_ % 2:
+                order.reverse()
+            for mode in order:
+                runs.setdefault(mode, []).append(process_cpu(url, folder, mode, distinct, args))
+        clients = runs.pop(CLIENTS)
+        base = runs["messages (today)"]
+        own_base = [b - c for b, c in zip(base, clients, strict=True)]
+        for mode, cpu in runs.items():
+            own = [r - c for r, c in zip(cpu, clients, strict=True)]
+            whole = statistics.median(cpu) / statistics.median(base) - 1
+            paired = statistics.median(r / b - 1 for r, b in zip(cpu, base, strict=True))
+            alone = statistics.median(own) / statistics.median(own_base) - 1
+            alone_paired = statistics.median(o / b - 1 for o, b in zip(own, own_base, strict=True))
+            print(
+                f"  {mode:26s} cpu {statistics.median(cpu):6.3f} ms/turn ({whole:+.1%}; paired "
+                f"{paired:+.1%})   the interception alone {statistics.median(own):6.3f} "
+                f"({alone:+.1%}; paired {alone_paired:+.1%})"
+            )
+        print(f"  ({CLIENTS}: {statistics.median(clients):.3f} ms/turn)")
 
 
 def instructions(
@@ -290,15 +422,7 @@ def instructions(
             "--tool=cachegrind",
             "--cache-sim=no",
             f"--cachegrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--child",
-            json.dumps([url, mode, blocks, distinct]),
-            f"--sessions={args.sessions}",
-            f"--turns={args.turns}",
-            f"--tokenizer={folder}",
-            *(["--tools"] if args.tools else []),
-            *(["--drop-reasoning"] if args.drop_reasoning else []),
+            *child_command(url, folder, mode, blocks, distinct, args),
         ]
         # A fixed hash seed: set and dict orders, and so the work done, are the same each run.
         env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -312,11 +436,7 @@ def instructions(
 
 
 def count_instructions(
-    url: str,
-    folder: Path,
-    modes: dict[str, tuple[InterceptionSettings, dict[str, bool]]],
-    kinds: tuple[bool, ...],
-    args: argparse.Namespace,
+    url: str, folder: Path, modes: Modes, kinds: tuple[bool, ...], args: argparse.Namespace
 ) -> None:
     turns = args.blocks * args.sessions * args.turns
     tools = f", {len(json.dumps(TOOLS)) // 1000} KB of tools per call" if args.tools else ""
@@ -328,8 +448,8 @@ def count_instructions(
     for distinct in kinds:
         kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
         print(f" {kind}:", flush=True)
-        base = 0.0
-        for mode in modes:
+        counted: dict[str, float] = {}
+        for mode in [*modes, CLIENTS]:
             one = instructions(url, folder, mode, 1, distinct, args)
             more = instructions(url, folder, mode, 1 + args.blocks, distinct, args)
             per_turn = (more - one) / turns
@@ -338,8 +458,16 @@ def count_instructions(
                     f"{mode}: the extra blocks counted no more than one block ({more - one:,} "
                     "instructions): too few turns to count, raise --sessions, --turns or --blocks"
                 )
-            base = base or per_turn
-            print(f"  {mode:26s} {per_turn / 1000:8.1f} K/turn ({per_turn / base - 1:+.1%})")
+            counted[mode] = per_turn
+        base = counted["messages (today)"]
+        clients = counted.pop(CLIENTS)
+        for mode, per_turn in counted.items():
+            own, own_base = per_turn - clients, base - clients
+            print(
+                f"  {mode:26s} {per_turn / 1000:8.1f} K/turn ({per_turn / base - 1:+.1%})   "
+                f"the interception alone {own / 1000:8.1f} K ({own / own_base - 1:+.1%})"
+            )
+        print(f"  ({CLIENTS}: {clients / 1000:.1f} K/turn, the same sessions to the upstream)")
 
 
 def main() -> None:
@@ -381,25 +509,37 @@ def main() -> None:
         help="count each mode's instructions per turn under valgrind's cachegrind, not CPU time",
     )
     parser.add_argument(
-        "--blocks", type=int, default=2, help="with --instructions: the blocks counted"
+        "--processes",
+        type=int,
+        default=0,
+        help="time CPU in a fresh process per mode and run, this many alternated rounds",
+    )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=2,
+        help="with --instructions or --processes: the blocks counted after the first",
+    )
+    parser.add_argument(
+        "--gc",
+        default="vfray",
+        choices=["vfray", "python"],
+        help="the garbage collector's thresholds: vfray's, as the processes that run its "
+        "interception set them (vfray.owned_process), or Python's defaults",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gc == "vfray":
+        tune_owned_process()
     if args.child:
         url, mode, blocks, distinct = json.loads(args.child)
-        settings, options = modes_for(args.tokenizer)[mode]
-        run = run_blocks(
-            url,
-            settings,
-            options,
-            args.sessions,
-            args.turns,
-            blocks,
-            distinct=distinct,
-            tools=args.tools,
-            drop_reasoning=args.drop_reasoning,
-        )
-        asyncio.run(run)
+        shape = {"distinct": distinct, "tools": args.tools, "drop_reasoning": args.drop_reasoning}
+        if mode == CLIENTS:
+            run = clients_alone(url, args.sessions, args.turns, blocks, **shape)
+        else:
+            settings, options = modes_for(args.tokenizer)[mode]
+            run = run_blocks(url, settings, options, args.sessions, args.turns, blocks, **shape)
+        print(json.dumps({"cpu_ms": asyncio.run(run)}))
         return
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt install valgrind)")
@@ -424,7 +564,11 @@ def main() -> None:
             if args.instructions:
                 count_instructions(url, folder, modes, kinds, args)
                 return
+            if args.processes:
+                compare_processes(url, folder, modes, kinds, args)
+                return
             results: dict[tuple[str, bool], list[dict[str, float]]] = {}
+            clients: dict[bool, list[float]] = {}
             for repeat in range(args.repeats):
                 # Interleaved: drift of the machine's load hits every mode alike; and the order
                 # flips every repeat (a repeat's first run measured slower than its second).
@@ -445,6 +589,11 @@ def main() -> None:
                             **options,
                         )
                         results.setdefault((mode, distinct), []).append(asyncio.run(run))
+                    alone = clients_alone(
+                        url, args.sessions, args.turns, distinct=distinct, tools=args.tools,
+                        drop_reasoning=args.drop_reasoning,
+                    )  # fmt: skip
+                    clients.setdefault(distinct, []).append(asyncio.run(alone))
         finally:
             server.kill()
     head = f"{args.sessions} sessions x {args.turns} turns, median of {args.repeats}"
@@ -481,8 +630,27 @@ def main() -> None:
                 f"TokenIn.prompt {own:.3f}   "
                 f"lost {int(runs[-1]['lost'])} of {int(runs[-1]['samples'])}"
             )
+        # The clients' own CPU is the same in every mode: less it, what is left is the
+        # interception's, the issue's "today's interception" (paired per repeat again).
+        alone = clients[distinct]
+        own_base = [b["cpu_ms"] - c for b, c in zip(base_runs, alone, strict=True)]
+        line = []
+        for mode in modes:
+            runs = results[(mode, distinct)]
+            own = [r["cpu_ms"] - c for r, c in zip(runs, alone, strict=True)]
+            ratio = statistics.median(own) / statistics.median(own_base) - 1
+            paired = statistics.median(o / b - 1 for o, b in zip(own, own_base, strict=True))
+            line.append(f"{mode} {statistics.median(own):.3f} ({ratio:+.1%}; paired {paired:+.1%})")
+        print(
+            f"  the interception alone, ms/turn (less the clients' own "
+            f"{statistics.median(alone):.3f}, the same sessions to the upstream): "
+            + ", ".join(line)
+        )
     tokenizer = args.tokenizer or "the test's byte-level BPE, 400 ids"
-    print(f"(tokenizer: {tokenizer}; cpus: {os.cpu_count()}, load {os.getloadavg()[0]:.1f})")
+    print(
+        f"(tokenizer: {tokenizer}; gc thresholds {gc.get_threshold()}; cpus: {os.cpu_count()}, "
+        f"load {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":
