@@ -15,6 +15,7 @@ import pytest
 
 from vfray.interception import Interception, InterceptionSettings, Limits, Upstream
 from vfray.models.scripted.server import ScriptedModel, scripted_server
+from vfray.scoring import PENDING_BODY
 from vfray.trace import StopCondition, TaskRecord, Trace
 
 MODEL = "imposed-model"
@@ -451,6 +452,49 @@ async def test_upstream_down_is_503_and_timeout_is_504() -> None:
                 )
             assert failed.value.status_code == 504
             assert len(trace.calls) == 1
+
+
+# Values json.dumps would write differently: an exponent, a \u escape, a wide character as
+# UTF-8, a 30-digit integer, the client's own spacing.
+CLIENT_TEXT = (
+    b'{"model": "gpt-x", "messages": [{"role": "user", "content": "caf\xc3\xa9 \\u0041"}],'
+    b' "metadata": {"n" :1.0E+2, "big": 123456789012345678901234567890}, "temperature": 2.0}'
+)
+
+
+async def test_unchanged_values_go_upstream_as_the_client_wrote_them(
+    model: tuple[ScriptedModel, str],
+) -> None:
+    """The body forwarded upstream reuses the client's text for every top-level value the
+    interception did not set; the ones it set (model, sampling) are its own. A stop hook is
+    handed the request and may change it in place: then the body is written out again, and the
+    upstream gets what the hook left."""
+    scripted, url = model
+    upstream = Upstream(url, "sk-upstream", model=MODEL, sampling={"max_tokens": 64})
+    async with Interception(upstream) as icpt, httpx.AsyncClient(base_url=icpt.url) as http:
+        secret = icpt.app.register(new_trace(), sampling={"temperature": 0.5})
+        headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
+        sent = await http.post("/chat/completions", content=CLIENT_TEXT, headers=headers)
+        assert sent.status_code == 200, sent.text
+        got = scripted.history[-1]
+        assert b'"metadata": {"n" :1.0E+2, "big": 123456789012345678901234567890}' in got.raw
+        assert b'"caf\xc3\xa9 \\u0041"' in got.raw
+        expected = {**json.loads(CLIENT_TEXT), "model": MODEL, "max_tokens": 64}
+        assert got.body == {**expected, "temperature": 0.5}
+
+        async def widen(trace: Trace) -> str | None:
+            request = PENDING_BODY.get()
+            assert request is not None
+            request["metadata"]["n"] = 7  # nested, in place: the top-level object is the same
+            return None
+
+        hooked = icpt.app.register(new_trace(), stop_check=widen)
+        headers["authorization"] = f"Bearer {hooked}"
+        sent = await http.post("/chat/completions", content=CLIENT_TEXT, headers=headers)
+        assert sent.status_code == 200, sent.text
+        got = scripted.history[-1]
+        assert got.body["metadata"] == {"n": 7, "big": 123456789012345678901234567890}
+        assert got.body["model"] == MODEL and got.body["temperature"] == 2.0
 
 
 async def test_model_and_sampling_are_imposed_and_the_key_stays_in_the_proxy(

@@ -140,9 +140,15 @@ async def test_bwrap_box_limits_are_the_tasks_resources() -> None:
         assert result.ok, result.stderr
         inside = dict(line.split(":", 2)[1:] for line in result.stdout.splitlines())
         assert inside["memory"] == inside["pids"] == inside["cpu"] == "/"
-        # ...whose limits the host reads while a program of the box is a member.
-        sleeper = asyncio.ensure_future(runtime.run(["sleep", "30"]))
+        # ...whose limits the host reads while a program of the box is a member. The run above
+        # has answered, but its processes can still be leaving the group (seen in CI under
+        # load: they were taken for the sleeper's, which had not joined yet): wait them out.
         cgroup = runtime.cgroup  # type: ignore[attr-defined]
+        deadline = asyncio.get_running_loop().time() + 30
+        while cgroup.pids() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert not cgroup.pids(), f"the first run's processes stayed: {cgroup.pids()}"
+        sleeper = asyncio.ensure_future(runtime.run(["sleep", "30"]))
         # Waited for by the program's state, not a count of polls: on a loaded CI machine
         # (load ~20 on 2 cores) starting bwrap took longer than 500 polls of 10 ms.
         while not cgroup.pids() and not sleeper.done():

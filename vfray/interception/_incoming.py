@@ -18,6 +18,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from vfray.interception._client_json import ClientJson, read_object
+
 DRAIN_BYTES = 64 * 1024 * 1024
 """At most this much of a refused body is read and dropped; past it the connection may reset."""
 DRAIN_SECONDS = 30.0
@@ -130,13 +132,24 @@ class ErrorResponse(JSONResponse):
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; :class:`RequestError` 400 for anything else."""
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        message = "malformed JSON body: nested too deeply"
-        raise RequestError(400, message, client_input=True) from None
-    except ValueError as exc:
-        raise RequestError(400, f"malformed JSON body: {exc}", client_input=True) from None
+    return parse_json_kept(raw)[0]
+
+
+def parse_json_kept(raw: bytes) -> tuple[dict[str, Any], ClientJson | None]:
+    """:func:`parse_json`, with its members' text kept where the body is a plain object
+    (:mod:`vfray.interception._client_json`), for forwarding it without writing it again."""
+    read = read_object(raw)
+    if read is not None:
+        body, kept = read
+    else:
+        kept = None
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            message = "malformed JSON body: nested too deeply"
+            raise RequestError(400, message, client_input=True) from None
+        except ValueError as exc:
+            raise RequestError(400, f"malformed JSON body: {exc}", client_input=True) from None
     if not isinstance(body, dict):
         message = f"the body must be a JSON object, not {type(body).__name__}"
         raise RequestError(400, message, client_input=True)
@@ -148,4 +161,4 @@ def parse_json(raw: bytes) -> dict[str, Any]:
             bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
             message = f"malformed JSON body: a string holds a lone UTF-16 surrogate ({bad})"
             raise RequestError(400, message, client_input=True) from None
-    return body
+    return body, kept

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from vfray.endpoints.chat_template import ChatTemplate
 from vfray.endpoints.serving import GRACEFUL_SHUTDOWN_S, HeadLimits, serve_in_loop
-from vfray.interception._incoming import Incoming, RequestError, parse_json
+from vfray.interception._incoming import Incoming, RequestError, parse_json, parse_json_kept
 from vfray.interception._relay import respond
 from vfray.interception.admission import authenticate, note_refusal, refusal, refused
 from vfray.interception.count_tokens import PATH as COUNT_TOKENS_PATH
@@ -275,7 +275,7 @@ class InterceptionApp:
         self, request: Request, dialect: Dialect, session: Session, incoming: Incoming
     ) -> Response:
         raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
-        body = parse_json(raw)
+        body, client_json = parse_json_kept(raw)
         try:
             parsed = dialect.parse_request(body, session.parsed)
         except DialectError as exc:
@@ -308,6 +308,9 @@ class InterceptionApp:
         if why is not None:
             raise RequestError(400, f"rollout stopped: {why}", final=True)
 
+        # Only the interception's own top-level changes touch the body on this path: a stop
+        # hook is handed the request (and may change it in place), token-in rewrites it.
+        kept_as_sent = session.stop_check is None and self.token_in is None
         sampling = self.upstream.sampling
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}
@@ -328,6 +331,7 @@ class InterceptionApp:
             api_key=self.upstream.api_key,
             policy_version=self.policy_version,
             require_tokens=sampling.get("return_tokens") == "required",
+            client_json=client_json if kept_as_sent else None,
         )
         if self.token_in is not None and isinstance(body, dict):
             await send_as_tokens(self.token_in, turn, session, dialect, parsed, body)

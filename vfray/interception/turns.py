@@ -20,6 +20,7 @@ import aiohttp
 
 from vfray.endpoints.answers import call_error
 from vfray.errors import ConfigError, no_token_ids
+from vfray.interception._client_json import ClientJson
 from vfray.interception._echo import ECHO_KEY, without_echo
 from vfray.interception.dialects import Dialect, ParsedRequest, ParsedResponse
 from vfray.interception.dialects.base import Action, SSESplitter, parse_sse_block
@@ -79,6 +80,10 @@ class Turn:
     token_in: TokenIn | None = None
     plain_request: ParsedRequest | None = None
     """The request as the client sent it, when token-in recorded the branch's history instead."""
+    client_json: ClientJson | None = None
+    """The client's body with its members' text, where nothing but the interception's own
+    top-level changes can have touched ``upstream_body``: its unchanged values are forwarded as
+    that text rather than serialised again."""
 
     def record(self, reply: ParsedResponse | None, error: ErrorInfo | None = None) -> None:
         """Append exactly one ModelCall, unless the rollout concluded meanwhile."""
@@ -209,6 +214,8 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
 
 def _body(turn: Turn) -> bytes:
     body = turn.upstream_body
+    if turn.client_json is not None:
+        return turn.client_json.forward(body)
     if turn.tokens_json is None or body.get("tokens") is not turn.sent_tokens:
         return json.dumps(body).encode()
     rest = json.dumps({k: v for k, v in body.items() if k != "tokens"})

@@ -47,6 +47,8 @@ class ReceivedRequest:
     route: str
     headers: dict[str, str]
     body: dict[str, Any]
+    raw: bytes = b""
+    """The body's bytes as they arrived."""
 
 
 _DIALECTS: dict[str, tuple[Callable[[wire.Json], wire.Request], str]] = {
@@ -259,7 +261,7 @@ class ScriptedModel:
             raise wire.BadRequest(f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise wire.BadRequest("request body must be a JSON object")
-        self.history.append(ReceivedRequest(request.url.path, dict(request.headers), body))
+        self.history.append(ReceivedRequest(request.url.path, dict(request.headers), body, raw))
         parsed = parse(body)
         self._failures.check(
             request.headers,
