@@ -308,9 +308,9 @@ class InterceptionApp:
         if why is not None:
             raise RequestError(400, f"rollout stopped: {why}", final=True)
 
-        # Only the interception's own top-level changes touch the body on this path: a stop
-        # hook is handed the request (and may change it in place), token-in rewrites it.
-        kept_as_sent = session.stop_check is None and self.token_in is None
+        # Only the interception's own top-level changes (the model, sampling, token-in's fields)
+        # touch the body unless a stop hook, handed the request, may change it in place.
+        kept_as_sent = session.stop_check is None
         sampling = self.upstream.sampling
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}

@@ -82,8 +82,8 @@ class Turn:
     """The request as the client sent it, when token-in recorded the branch's history instead."""
     client_json: ClientJson | None = None
     """The client's body with its members' text, where nothing but the interception's own
-    top-level changes can have touched ``upstream_body``: its unchanged values are forwarded as
-    that text rather than serialised again."""
+    top-level changes can have touched ``upstream_body``: the values it did not change are
+    forwarded as that text rather than serialised again."""
 
     def record(self, reply: ParsedResponse | None, error: ErrorInfo | None = None) -> None:
         """Append exactly one ModelCall, unless the rollout concluded meanwhile."""
@@ -214,13 +214,18 @@ async def run_turn(turn: Turn, forwarder: Forwarder, exchange: Exchange) -> None
 
 def _body(turn: Turn) -> bytes:
     body = turn.upstream_body
+    if turn.tokens_json is None or body.get("tokens") is not turn.sent_tokens:
+        return _json(turn, body)
+    # The prompt's ids as the JSON token-in already holds, not encoded again.
+    rest = _json(turn, {k: v for k, v in body.items() if k != "tokens"})
+    comma = b", " if rest != b"{}" else b""
+    return rest[:-1] + comma + b'"tokens": ' + turn.tokens_json.encode() + b"}"
+
+
+def _json(turn: Turn, body: dict[str, Any]) -> bytes:
     if turn.client_json is not None:
         return turn.client_json.forward(body)
-    if turn.tokens_json is None or body.get("tokens") is not turn.sent_tokens:
-        return json.dumps(body).encode()
-    rest = json.dumps({k: v for k, v in body.items() if k != "tokens"})
-    comma = ", " if rest != "{}" else ""
-    return f'{rest[:-1]}{comma}"tokens": {turn.tokens_json}}}'.encode()
+    return json.dumps(body).encode()
 
 
 async def _relay(turn: Turn, response: aiohttp.ClientResponse, exchange: Exchange) -> None:
