@@ -455,10 +455,11 @@ async def test_upstream_down_is_503_and_timeout_is_504() -> None:
 
 
 # Values json.dumps would write differently: an exponent, a \u escape, a wide character as
-# UTF-8, a 30-digit integer, the client's own spacing.
+# UTF-8, a 30-digit integer, the client's own spacing; in a body over WORTH_FROM_BYTES.
 CLIENT_TEXT = (
-    b'{"model": "gpt-x", "messages": [{"role": "user", "content": "caf\xc3\xa9 \\u0041"}],'
-    b' "metadata": {"n" :1.0E+2, "big": 123456789012345678901234567890}, "temperature": 2.0}'
+    b'{"model": "gpt-x", "messages": [{"role": "user", "content": "caf\xc3\xa9 \\u0041 '
+    + b"filler " * 700
+    + b'"}], "metadata": {"n" :1.0E+2, "big": 123456789012345678901234567890}, "temperature": 2.0}'
 )
 
 
@@ -478,7 +479,7 @@ async def test_unchanged_values_go_upstream_as_the_client_wrote_them(
         assert sent.status_code == 200, sent.text
         got = scripted.history[-1]
         assert b'"metadata": {"n" :1.0E+2, "big": 123456789012345678901234567890}' in got.raw
-        assert b'"caf\xc3\xa9 \\u0041"' in got.raw
+        assert b'"caf\xc3\xa9 \\u0041 filler filler' in got.raw
         expected = {**json.loads(CLIENT_TEXT), "model": MODEL, "max_tokens": 64}
         assert got.body == {**expected, "temperature": 0.5}
 

@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from vfray.interception._client_json import ClientJson, read_object
+from vfray.interception._client_json import WORTH_FROM_BYTES, ClientJson, read_object
 
 DRAIN_BYTES = 64 * 1024 * 1024
 """At most this much of a refused body is read and dropped; past it the connection may reset."""
@@ -138,7 +138,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 def parse_json_kept(raw: bytes) -> tuple[dict[str, Any], ClientJson | None]:
     """:func:`parse_json`, with its members' text kept where the body is a plain object
     (:mod:`vfray.interception._client_json`), for forwarding it without writing it again."""
-    read = read_object(raw)
+    read = read_object(raw) if len(raw) >= WORTH_FROM_BYTES else None
     if read is not None:
         body, kept = read
     else:
