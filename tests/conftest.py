@@ -98,7 +98,7 @@ def ray_fresh() -> Iterator[None]:
 
 
 # The files that take longest (measured: junit times of a full run, the files of 40 s or more),
-# longest first. Under `-n 3 --dist loadfile` each worker takes the next file as it frees, so
+# longest first. Under `-n 2 --dist loadfile` each worker takes the next file as it frees, so
 # starting with the long ones leaves short files to fill the end instead of one long file
 # running alone at the tail.
 SLOWEST_FILES_FIRST = (

@@ -20,7 +20,7 @@ DOCS = REPO / "docs"
 README = REPO / "README.md"
 
 QUICK_START = "pip install -e . && vfray eval arithmetic -n 20 -r 4 --harness null"
-DEV_TEST = 'pip install -e ".[dev]" && python -m pytest -n 3 --dist loadfile'
+DEV_TEST = 'pip install -e ".[dev]" && python -m pytest -n 2 --dist loadfile'
 
 
 def test_readme_is_a_front_page() -> None:
