@@ -50,7 +50,8 @@ class ClientJson:
         """``body`` as JSON: a value that is the very object parsed from the client's text is
         that text; any other value (set or replaced by the interception) is ``json.dumps``'d.
         Only the top level is compared: callers hand this only bodies whose nested values no
-        one changed in place (no stop hook saw the request, no token-in rewrote it)."""
+        one changed in place (no stop hook was handed the request; token-in only sets
+        top-level keys)."""
         members, raw, text = self.members, self.raw, self.text
         # An ASCII body's characters are its bytes: its spans are cut from the bytes as they
         # came. Otherwise each kept span is encoded on its own (a slice with no wide character
