@@ -38,18 +38,21 @@ upstream's timing), where CPU time on a busy 2-core machine spreads by ten. It c
 user-space instructions only (not the kernel's socket work, the same in every mode) and takes a
 few minutes (cachegrind runs the process ~50x slower). ``--processes N`` times CPU the same
 way, in a fresh process per mode and run: N rounds, each mode and the clients alone in turn (the
-order flips every round), the CPU of the blocks after the first.
+order flips every round), the CPU of the blocks after the first. ``--apart`` (with either):
+the clients run in a process of their own, driven block by block over a pipe, so the measured
+process holds the interception alone and nothing is subtracted.
 
     python benchmarks/token_in.py [--sessions 64] [--turns 8] [--repeats 3] [--tools]
         [--only 'token-in, local'] [--follow-ups distinct] [--tokenizer FOLDER]
         [--drop-reasoning] [--latency 0.01] [--instructions [--blocks 2]]
-        [--processes 6 [--blocks 3]] [--gc vfray|python]
+        [--processes 6 [--blocks 3]] [--apart] [--gc vfray|python]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -281,17 +284,29 @@ async def run_blocks(
     distinct: bool,
     tools: bool,
     drop_reasoning: bool,
+    apart: bool = False,
 ) -> float:
     """``blocks`` rounds of the sessions on one interception, each with traces of its own and
     follow-ups of its own (a bridge cached in one block is not found in the next); the
-    process's CPU ms per turn over the blocks after the first (0 with one block)."""
+    process's CPU ms per turn over the blocks after the first (0 with one block). ``apart``:
+    the clients run in a process of their own (:func:`serve_clients`), so this process's CPU
+    is the interception's alone."""
     upstream = Upstream(url, model="m", sampling={"return_tokens": True})
     cpu = 0.0
     async with Interception(upstream, settings=settings) as icpt:
         if icpt.app.token_in is not None:
             set_options(icpt.app.token_in, **options)
         connector = aiohttp.TCPConnector(limit=sessions)
-        async with aiohttp.ClientSession(connector=connector) as http:
+        async with contextlib.AsyncExitStack() as stack:
+            if apart:
+                shape = [icpt.url, turns, tools, drop_reasoning]
+                clients = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, "--clients", json.dumps(shape),
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                stack.push_async_callback(clients.wait)
+            else:
+                http = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
             for block in range(blocks):
                 if block == 1:  # the first block started the interception and its caches
                     cpu = time.process_time()
@@ -301,6 +316,13 @@ async def run_blocks(
                     f" (block {block}, session {i})" if distinct else f" (block {block})"
                     for i in range(sessions)
                 ]
+                if apart:
+                    assert clients.stdin is not None and clients.stdout is not None
+                    clients.stdin.write(json.dumps([secrets, tags]).encode() + b"\n")
+                    await clients.stdin.drain()
+                    if not await clients.stdout.readline():
+                        raise SystemExit("the clients' process ended before its block was done")
+                    continue
                 runs = zip(secrets, tags, strict=True)
                 calls = (
                     session(http, icpt.url, s, turns, tag, tools, drop_reasoning) for s, tag in runs
@@ -308,7 +330,24 @@ async def run_blocks(
                 await asyncio.gather(*calls)
             if blocks > 1:
                 cpu = time.process_time() - cpu
+            if apart:
+                assert clients.stdin is not None
+                clients.stdin.close()
     return 1000 * cpu / max(1, (blocks - 1) * sessions * turns)
+
+
+async def serve_clients(url: str, turns: int, tools: bool, drop_reasoning: bool) -> None:
+    """``--apart``'s clients: for each line on stdin (a block's secrets and follow-up tags),
+    that block's sessions against the interception at ``url``, then a line on stdout."""
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            secrets, tags = json.loads(line)
+            runs = zip(secrets, tags, strict=True)
+            await asyncio.gather(
+                *(session(http, url, s, turns, tag, tools, drop_reasoning) for s, tag in runs)
+            )
+            print("done", flush=True)
 
 
 async def clients_alone(
@@ -360,6 +399,7 @@ def child_command(
         f"--gc={args.gc}",
         *(["--tools"] if args.tools else []),
         *(["--drop-reasoning"] if args.drop_reasoning else []),
+        *(["--apart"] if args.apart else []),
     ]
 
 
@@ -389,11 +429,14 @@ def compare_processes(
         print(f" {kind}:", flush=True)
         runs: dict[str, list[float]] = {}
         for round_ in range(args.processes):
-            order = [*modes, CLIENTS]
+            order = [*modes] if args.apart else [*modes, CLIENTS]
             if round_ % 2:
                 order.reverse()
             for mode in order:
                 runs.setdefault(mode, []).append(process_cpu(url, folder, mode, distinct, args))
+        if args.apart:
+            print_apart(runs)
+            continue
         clients = runs.pop(CLIENTS)
         base = runs["messages (today)"]
         own_base = [b - c for b, c in zip(base, clients, strict=True)]
@@ -409,6 +452,19 @@ def compare_processes(
                 f"({alone:+.1%}; paired {alone_paired:+.1%})"
             )
         print(f"  ({CLIENTS}: {statistics.median(clients):.3f} ms/turn)")
+
+
+def print_apart(runs: dict[str, list[float]], unit: str = "ms/turn", scale: float = 1.0) -> None:
+    """``--apart``'s figures: each mode's interception process alone, against messages."""
+    base = runs["messages (today)"]
+    for mode, values in runs.items():
+        whole = statistics.median(values) / statistics.median(base) - 1
+        paired = statistics.median(r / b - 1 for r, b in zip(values, base, strict=True))
+        spread = f"{min(values) * scale:.3f}-{max(values) * scale:.3f}"
+        print(
+            f"  {mode:26s} the interception alone {statistics.median(values) * scale:8.3f} "
+            f"{unit} ({whole:+.1%}; paired {paired:+.1%}; runs {spread})"
+        )
 
 
 def instructions(
@@ -449,7 +505,7 @@ def count_instructions(
         kind = "distinct follow-ups per session" if distinct else "the same follow-ups"
         print(f" {kind}:", flush=True)
         counted: dict[str, float] = {}
-        for mode in [*modes, CLIENTS]:
+        for mode in [*modes] if args.apart else [*modes, CLIENTS]:
             one = instructions(url, folder, mode, 1, distinct, args)
             more = instructions(url, folder, mode, 1 + args.blocks, distinct, args)
             per_turn = (more - one) / turns
@@ -459,6 +515,9 @@ def count_instructions(
                     "instructions): too few turns to count, raise --sessions, --turns or --blocks"
                 )
             counted[mode] = per_turn
+        if args.apart:
+            print_apart({m: [v] for m, v in counted.items()}, "K/turn", 1e-3)
+            continue
         base = counted["messages (today)"]
         clients = counted.pop(CLIENTS)
         for mode, per_turn in counted.items():
@@ -527,10 +586,21 @@ def main() -> None:
         help="the garbage collector's thresholds: vfray's, as the processes that run its "
         "interception set them (vfray.owned_process), or Python's defaults",
     )
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="with --instructions or --processes: the clients in a process of their own, so "
+        "the interception's process is measured alone (no clients' share subtracted)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--clients", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gc == "vfray":
         tune_owned_process()
+    if args.clients:
+        url, turns, tools, drop_reasoning = json.loads(args.clients)
+        asyncio.run(serve_clients(url, turns, tools, drop_reasoning))
+        return
     if args.child:
         url, mode, blocks, distinct = json.loads(args.child)
         shape = {"distinct": distinct, "tools": args.tools, "drop_reasoning": args.drop_reasoning}
@@ -538,7 +608,10 @@ def main() -> None:
             run = clients_alone(url, args.sessions, args.turns, blocks, **shape)
         else:
             settings, options = modes_for(args.tokenizer)[mode]
-            run = run_blocks(url, settings, options, args.sessions, args.turns, blocks, **shape)
+            run = run_blocks(
+                url, settings, options, args.sessions, args.turns, blocks, **shape,
+                apart=args.apart,
+            )  # fmt: skip
         print(json.dumps({"cpu_ms": asyncio.run(run)}))
         return
     if args.instructions and shutil.which("valgrind") is None:

@@ -153,5 +153,26 @@ def marked(temp: Path) -> list[str]:
         except OSError:
             continue
         if str(temp).encode() in cmd + env or cwd.startswith(str(temp)):
-            found.append(f"{entry}: {cmd[:120].decode(errors='replace')}")
+            name = cmd[:120].decode(errors="replace").rstrip()
+            found.append(f"{entry}: {name} ({_facts(entry, env)})")
     return found
+
+
+def watchdogs() -> dict[str, list[int]]:
+    """The live watchdogs, by the first 8 characters of the owner token each watches: with
+    :func:`marked`'s owner tokens, a failure says whether a leftover's owner still had one."""
+    return {token[:8]: pids for token, pids in _reap.env_pids(_reap.WATCHDOG_ENV).items()}
+
+
+def _facts(pid: str, env: bytes) -> str:
+    """What a process that outlived its owner was doing: its state, parent, kernel wait channel
+    and whether it carries an owner token (what the watchdogs kill by), for a failure's message."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "gone"
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    owner = [v for v in env.split(b"\0") if v.startswith(f"{_reap.OWNER_ENV}=".encode())]
+    token = owner[0].split(b"=", 1)[1][:8].decode() if owner else "none"
+    return f"state {fields[0].decode()}, ppid {fields[1].decode()}, wchan {wchan}, owner {token}"

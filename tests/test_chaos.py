@@ -38,6 +38,7 @@ from chaos_checks import (
     on_disk,
     owners_of,
     rows,
+    watchdogs,
 )
 
 import vfray as vf
@@ -343,7 +344,7 @@ def run_faulted_then_resume(
 
     with contextlib.suppress(AssertionError):
         wait_for(lambda: not leftovers(), 60, "what the dead driver left to go")
-    assert leftovers() == [], "outlived their SIGKILLed driver"
+    assert leftovers() == [], f"outlived their SIGKILLed driver (watchdogs: {watchdogs()})"
 
     resumed = subprocess.run(
         [*vfray_cli(), "resume", str(run_dir), "--no-progress"],

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chaos_checks import box_dirs, gone, marked
+from chaos_checks import box_dirs, gone, marked, watchdogs
 from docker_engine import runtime_options
 from test_chaos import descendants, env_for, temp, vfray_cli, wait_for
 
@@ -105,6 +105,7 @@ def test_a_killed_drivers_docker_containers_and_box_dirs_go(
     left = leftovers()
     assert not left, (
         f"outlived their SIGKILLed driver (running at the kill: {sorted(live)}): {left}; "
+        f"live watchdogs by owner: {watchdogs()}; "
         f"the driver's log ends: {log_path.read_text(errors='replace')[-2000:]}"
     )
     print(

@@ -145,6 +145,27 @@ def test_template_renders_like_transformers(template: ChatTemplate) -> None:
     assert ids.count(template.eos_token_id) == 2
 
 
+def test_encode_gives_the_tokenizers_own_ids(template: ChatTemplate, model_dir: Path) -> None:
+    """``ChatTemplate.encode`` goes through ``encode_batch_fast`` (no character offsets) where
+    the tokenizers package has it: the ids must be those of the plain ``encode``, added tokens,
+    wide characters and runs of whitespace included."""
+    assert template._encode_batch_fast is not None, "tokenizers without encode_batch_fast"
+    texts = [
+        "",
+        "hi",
+        "<|im_end|>\n<|im_start|>user\nand again, once more 7<|im_end|>\n<|im_start|>assistant\n",
+        "naïve café — 数字 🙂\t\t  spaced   out\n\n",
+        "<|im_start|><|im_end|><|im_start|>",
+        "x" * 3000,
+    ]
+    for text in texts:
+        plain = template.tokenizer.encode(text, add_special_tokens=False).ids
+        assert template.encode(text) == plain, text[:40]
+    older = ChatTemplate.load(model_dir)
+    older._encode_batch_fast = None  # tokenizers before 0.21: the plain encode
+    assert older.encode(texts[2]) == template.encode(texts[2])
+
+
 async def test_re_rendered_history_breaks_the_branch(server: tuple[ScriptedModel, str]) -> None:
     """Without token-in, the template drops the earlier <think> block: the sample is lost."""
     trace = await two_turns(server[1], InterceptionSettings())

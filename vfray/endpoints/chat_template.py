@@ -60,6 +60,10 @@ class ChatTemplate:
         self.eos_token = eos_token
         eos = tokenizer.token_to_id(eos_token) if eos_token else None
         self.eos_token_id: int | None = eos
+        # The same ids as ``encode`` without the character offsets it works out (tokenizers
+        # >= 0.21): ~25% less CPU a call, and token-in encodes each turn's new text. A batch of
+        # one is encoded on the calling thread (no thread pool, nothing for a fork to warn of).
+        self._encode_batch_fast = getattr(tokenizer, "encode_batch_fast", None)
 
     @classmethod
     def load(cls, path: str | Path) -> ChatTemplate:
@@ -115,6 +119,8 @@ class ChatTemplate:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, no special tokens added (the template wrote them)."""
+        if self._encode_batch_fast is not None:
+            return list(self._encode_batch_fast([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -131,14 +131,15 @@ class ErrorResponse(JSONResponse):
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; :class:`RequestError` 400 for anything else."""
-    return parse_json_kept(raw)[0]
+    """The body as a JSON object; :class:`RequestError` 400 for anything else. For a body that
+    is read, not forwarded (a token count): no member's text is kept."""
+    return parse_json_kept(raw, keep=False)[0]
 
 
-def parse_json_kept(raw: bytes) -> tuple[dict[str, Any], ClientJson | None]:
+def parse_json_kept(raw: bytes, *, keep: bool = True) -> tuple[dict[str, Any], ClientJson | None]:
     """:func:`parse_json`, with its members' text kept where the body is a plain object
     (:mod:`vfray.interception._client_json`), for forwarding it without writing it again."""
-    read = read_object(raw) if len(raw) >= WORTH_FROM_BYTES else None
+    read = read_object(raw) if keep and len(raw) >= WORTH_FROM_BYTES else None
     if read is not None:
         body, kept = read
     else:
