@@ -61,8 +61,9 @@ class ChatTemplate:
         eos = tokenizer.token_to_id(eos_token) if eos_token else None
         self.eos_token_id: int | None = eos
         # The same ids as ``encode`` without the character offsets it works out (tokenizers
-        # >= 0.21): ~25% less CPU a call, and token-in encodes each turn's new text. A batch of
-        # one is encoded on the calling thread (no thread pool, nothing for a fork to warn of).
+        # >= 0.21): ~20-25% less CPU a call, and token-in encodes each turn's new text. A batch
+        # of one is never split: it is encoded on the calling thread (the library starts its
+        # idle thread pool once, and a fork after it prints no warning).
         self._encode_batch_fast = getattr(tokenizer, "encode_batch_fast", None)
 
     @classmethod
