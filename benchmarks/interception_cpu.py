@@ -15,7 +15,11 @@ Prints the interception process's CPU (user + system, from ``/proc``) per call a
 
 ``--trees`` serves the interception from each tree in turn (its ``PYTHONPATH``), ``--runs``
 times, alternated, so a shared machine's load falls on both alike; the model and the client
-run from this tree.
+run from this tree. ``--bare`` adds a baseline to every run: a bare relay (aiohttp forwards the
+body as it came and streams the reply back, recording nothing) served the same way, and prints
+each tree's ratio to it. The served processes set vfray's garbage-collector thresholds, as
+every process that runs its interception does (:mod:`vfray.owned_process`; ``--gc python``
+keeps Python's).
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ async def _serve(kind: str, upstream: str, sessions: int, profile: str) -> None:
     secrets: list[str] = []
     if kind == "model":
         app = ScriptedModel("echo", history_size=1)
+    elif kind == BARE:
+        app = _BareRelay(upstream)
+        secrets = ["-"] * sessions
     else:
         app = InterceptionApp(Upstream(upstream, model="bench", sampling={"temperature": 0.0}))
         secrets = [
@@ -89,18 +96,68 @@ async def _serve(kind: str, upstream: str, sessions: int, profile: str) -> None:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
-        calls = sum(len(app.conclude(s).calls) for s in secrets)
+        recorded = (app.conclude(s).calls for s in secrets) if kind != BARE else ()
+        calls = app.calls if kind == BARE else sum(map(len, recorded))
         print(json.dumps({"calls": calls}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     if kind != "model":
         await app.aclose()
 
 
+BARE = "bare"
+"""``--bare``'s row: the relay below, not a tree."""
+
+
+class _BareRelay:
+    """The floor of a Python relay of these calls: the body forwarded as it came, the reply's
+    status, content type and bytes streamed back as they arrive; nothing parsed or recorded."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.http: aiohttp.ClientSession | None = None
+        self.calls = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if self.http is None:
+            self.http = aiohttp.ClientSession()
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        route = self.upstream + scope["path"].removeprefix("/v1")
+        headers = {"content-type": "application/json"}
+        async with self.http.post(route, data=body, headers=headers) as reply:
+            kind = reply.headers.get("content-type", "application/json").encode()
+            start = {"status": reply.status, "headers": [(b"content-type", kind)]}
+            await send({"type": "http.response.start", **start})
+            async for chunk in reply.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        self.calls += 1
+
+    async def aclose(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+
+
 class Served:
     def __init__(
-        self, kind: str, tree: Path = ROOT, upstream: str = "", sessions: int = 0, profile: str = ""
+        self,
+        kind: str,
+        tree: Path = ROOT,
+        upstream: str = "",
+        sessions: int = 0,
+        profile: str = "",
+        gc: str = "vfray",
     ) -> None:
-        argv = [sys.executable, __file__, "--serve", kind, "--upstream", upstream]
+        argv = [sys.executable, __file__, "--serve", kind, "--upstream", upstream, "--gc", gc]
         self.proc = subprocess.Popen(
             [*argv, "--sessions", str(sessions), "--profile", profile],
             stdin=subprocess.PIPE,
@@ -229,11 +286,19 @@ async def _rollouts(url: str, secrets: list[str], shape: str, calls: int) -> Non
 
 
 def _measure(
-    tree: Path, model: Served, shape: str, rollouts: int, calls: int, profile: str = ""
+    tree: Path | str,
+    model: Served,
+    shape: str,
+    rollouts: int,
+    calls: int,
+    profile: str = "",
+    gc: str = "vfray",
 ) -> float:
-    """The interception process's CPU seconds per call, for ``rollouts`` x ``calls`` calls."""
+    """The interception process's CPU seconds per call, for ``rollouts`` x ``calls`` calls
+    (``tree`` :data:`BARE`: the bare relay's, served from this tree)."""
     spy = profile.endswith(".txt")
-    proxy = Served("vfray", tree, f"{model.url}/v1", rollouts + 1, "" if spy else profile)
+    kind, root = ("vfray", tree) if isinstance(tree, Path) else (BARE, ROOT)
+    proxy = Served(kind, root, f"{model.url}/v1", rollouts + 1, "" if spy else profile, gc)
     try:
         # One rollout's warm-up, uncounted: imports, the upstream connection, first-use caches.
         asyncio.run(_rollouts(proxy.url, proxy.secrets[:1], shape, calls))
@@ -289,6 +354,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--trees", default=str(ROOT), help="comma-separated source trees")
     parser.add_argument("--profile", default="", help="write the interception's cProfile here")
+    parser.add_argument(
+        "--bare", action="store_true", help="also a bare relay, as the baseline of each run"
+    )
+    parser.add_argument(
+        "--gc",
+        default="vfray",
+        choices=["vfray", "python"],
+        help="the served processes' collector thresholds: vfray's (vfray.owned_process), as "
+        "the processes that run its interception set them, or Python's defaults",
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
@@ -302,22 +377,28 @@ def main() -> None:
         _stream_events([int(n) for n in args.stream_events.split(",")])
         return
     if args.serve:
+        if args.gc == "vfray":
+            from vfray.owned_process import tune_owned_process
+
+            tune_owned_process()
         asyncio.run(_serve(args.serve, args.upstream, args.sessions, args.profile))
         return
-    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    trees: list[Path | str] = [Path(t).resolve() for t in args.trees.split(",")]
+    if args.bare:
+        trees.append(BARE)
     shapes = args.shapes.split(",")
-    model = Served("model")
+    model = Served("model", gc=args.gc)
     try:
         if args.profile:
-            _measure(trees[0], model, shapes[0], args.rollouts, args.calls, args.profile)
+            _measure(trees[0], model, shapes[0], args.rollouts, args.calls, args.profile, args.gc)
             print(f"profile of {shapes[0]} written to {args.profile}")
             return
-        results: dict[tuple[str, Path], list[float]] = {}
+        results: dict[tuple[str, Path | str], list[float]] = {}
         for run in range(args.runs):
             for shape in shapes:
                 for tree in trees if run % 2 == 0 else trees[::-1]:
-                    ms = _measure(tree, model, shape, args.rollouts, args.calls) * 1e3
-                    results.setdefault((shape, tree), []).append(ms)
+                    ms = _measure(tree, model, shape, args.rollouts, args.calls, gc=args.gc)
+                    results.setdefault((shape, tree), []).append(ms * 1e3)
             print(f"run {run + 1}/{args.runs} done, load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         model.close()
@@ -329,7 +410,13 @@ def main() -> None:
     for (shape, tree), values in results.items():
         mid = statistics.median(values)
         spread = f"{mid:.3f} ({min(values):.3f}-{max(values):.3f})"
-        print(f"{shape:<13}{str(tree)[-27:]:<28}{spread:>22}{mid * args.calls:>14.2f}")
+        ratio = ""
+        if args.bare and tree != BARE:
+            # Paired: each run's tree against the bare relay of the same run.
+            pairs = zip(values, results[shape, BARE], strict=True)
+            ratio = f"{statistics.median(v / b for v, b in pairs):>8.2f}x bare"
+        row = f"{shape:<13}{str(tree)[-27:]:<28}{spread:>22}{mid * args.calls:>14.2f}{ratio}"
+        print(row)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,8 @@ class ChatTemplate:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, no special tokens added (the template wrote them)."""
         if self._encode_batch_fast is not None:
-            return list(self._encode_batch_fast([text], add_special_tokens=False)[0].ids)
+            ids: list[int] = self._encode_batch_fast([text], add_special_tokens=False)[0].ids
+            return ids  # ``ids`` makes a new list on each read: not copied again
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
