@@ -96,8 +96,7 @@ async def _serve(kind: str, upstream: str, sessions: int, profile: str) -> None:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
-        recorded = (app.conclude(s).calls for s in secrets) if kind != BARE else ()
-        calls = app.calls if kind == BARE else sum(map(len, recorded))
+        calls = app.calls if kind == BARE else sum(len(app.conclude(s).calls) for s in secrets)
         print(json.dumps({"calls": calls}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     if kind != "model":

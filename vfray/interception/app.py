@@ -275,7 +275,11 @@ class InterceptionApp:
         self, request: Request, dialect: Dialect, session: Session, incoming: Incoming
     ) -> Response:
         raw = await incoming.read(request.headers.get("content-length"), self.max_body_bytes)
-        body, client_json = parse_json_kept(raw)
+        # Only the interception's own top-level changes (the model, sampling, token-in's fields)
+        # touch the body unless a stop hook, handed the request, may change it in place: then
+        # no member's text is kept to forward, and none is walked for.
+        kept_as_sent = session.stop_check is None
+        body, client_json = parse_json_kept(raw, keep=kept_as_sent)
         try:
             parsed = dialect.parse_request(body, session.parsed)
         except DialectError as exc:
@@ -308,9 +312,6 @@ class InterceptionApp:
         if why is not None:
             raise RequestError(400, f"rollout stopped: {why}", final=True)
 
-        # Only the interception's own top-level changes (the model, sampling, token-in's fields)
-        # touch the body unless a stop hook, handed the request, may change it in place.
-        kept_as_sent = session.stop_check is None
         sampling = self.upstream.sampling
         if session.sampling is not None:
             sampling = {**sampling, **session.sampling}
@@ -331,7 +332,7 @@ class InterceptionApp:
             api_key=self.upstream.api_key,
             policy_version=self.policy_version,
             require_tokens=sampling.get("return_tokens") == "required",
-            client_json=client_json if kept_as_sent else None,
+            client_json=client_json,
         )
         if self.token_in is not None and isinstance(body, dict):
             await send_as_tokens(self.token_in, turn, session, dialect, parsed, body)
