@@ -296,7 +296,6 @@ async def run_blocks(
     async with Interception(upstream, settings=settings) as icpt:
         if icpt.app.token_in is not None:
             set_options(icpt.app.token_in, **options)
-        connector = aiohttp.TCPConnector(limit=sessions)
         async with contextlib.AsyncExitStack() as stack:
             if apart:
                 shape = [icpt.url, turns, tools, drop_reasoning]
@@ -306,6 +305,7 @@ async def run_blocks(
                 )  # fmt: skip
                 stack.push_async_callback(clients.wait)
             else:
+                connector = aiohttp.TCPConnector(limit=sessions)
                 http = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
             for block in range(blocks):
                 if block == 1:  # the first block started the interception and its caches
@@ -597,6 +597,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.gc == "vfray":
         tune_owned_process()
+    if args.apart and not (args.processes or args.instructions or args.child):
+        parser.error("--apart needs --processes N or --instructions")
     if args.clients:
         url, turns, tools, drop_reasoning = json.loads(args.clients)
         asyncio.run(serve_clients(url, turns, tools, drop_reasoning))
